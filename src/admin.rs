@@ -1,0 +1,94 @@
+//! The admin listener: `/metrics`, `/healthz`, `/readyz`, `/rules`.
+//!
+//! Keep it on a private address: `/rules` shows the whole rule set.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use serde_json::json;
+
+use crate::error::json_response;
+use crate::proxy::Proxy;
+use crate::reload::Reloader;
+use crate::store::Store;
+
+/// How long `/readyz` waits for the store to answer a ping.
+const READY_PING_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// What the admin endpoints read.
+pub struct Admin {
+    pub proxy: Arc<Proxy>,
+    pub reloader: Arc<Reloader>,
+}
+
+impl Admin {
+    /// Answers one admin request.
+    pub async fn handle<B>(&self, req: Request<B>) -> Response<Full<Bytes>> {
+        if req.method() != Method::GET && req.method() != Method::HEAD {
+            return json_response(StatusCode::METHOD_NOT_ALLOWED, &json!({"error": "method_not_allowed", "message": "The admin endpoints answer GET only."}));
+        }
+        match req.uri().path() {
+            "/metrics" => {
+                let mut resp = Response::new(Full::new(Bytes::from(self.proxy.metrics.render())));
+                resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
+                resp
+            }
+            "/healthz" => json_response(StatusCode::OK, &json!({"status": "ok"})),
+            "/readyz" => self.ready().await,
+            "/rules" => self.rules(),
+            _ => json_response(StatusCode::NOT_FOUND, &json!({"error": "not_found", "message": "Admin endpoints: /metrics /healthz /readyz /rules."})),
+        }
+    }
+
+    async fn ready(&self) -> Response<Full<Bytes>> {
+        let store = &self.proxy.store;
+        match tokio::time::timeout(READY_PING_TIMEOUT, store.ping()).await {
+            Ok(Ok(())) => json_response(StatusCode::OK, &json!({"status": "ready", "store": store.backend()})),
+            Ok(Err(e)) => json_response(StatusCode::SERVICE_UNAVAILABLE, &json!({"status": "not_ready", "store": store.backend(), "reason": e.to_string()})),
+            Err(_) => json_response(StatusCode::SERVICE_UNAVAILABLE, &json!({"status": "not_ready", "store": store.backend(), "reason": format!("the store did not answer a ping within {READY_PING_TIMEOUT:?}")})),
+        }
+    }
+
+    fn rules(&self) -> Response<Full<Bytes>> {
+        let set = self.proxy.rules.load();
+        let status = self.reloader.status.lock().map(|s| s.clone()).unwrap_or_else(|p| p.into_inner().clone());
+        let rules: Vec<_> = set
+            .rules
+            .iter()
+            .map(|r| {
+                let s = &r.spec;
+                json!({
+                    "name": s.name,
+                    "source": format!("{}:{}", s.source.display(), s.line),
+                    "algorithm": s.algorithm.as_str(),
+                    "limit": s.limit,
+                    "window_seconds": s.window.as_secs_f64(),
+                    "burst": s.burst,
+                    "key": s.key.iter().map(|k| k.describe()).collect::<Vec<_>>(),
+                    "mode": format!("{:?}", s.mode).to_lowercase(),
+                    "throttle": format!("{:?}", s.throttle),
+                })
+            })
+            .collect();
+        json_response(
+            StatusCode::OK,
+            &json!({
+                "rules": rules,
+                "files": set.files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
+                "loaded_at": epoch_secs(set.loaded_at),
+                "reloads": status.reloads,
+                "reload_failures": status.failures,
+                "last_reload_error": status.last_error,
+                "last_reload_error_at": status.last_error_at.map(epoch_secs),
+            }),
+        )
+    }
+}
+
+fn epoch_secs(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}

@@ -1,0 +1,170 @@
+//! The `tollgate` command line.
+//!
+//! - `tollgate [--config tollgate.toml]`: run the proxy.
+//! - `tollgate check --config tollgate.toml`: validate the config and every
+//!   rules file; exit 1 listing each problem as file:line:column.
+//! - `tollgate explain --config ... --method GET --path /x --header 'k: v'
+//!   --ip 203.0.113.7`: which route and rules a request would match, the key
+//!   of each rule, and the quota left, without consuming any.
+
+use std::fmt::Write as _;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use http::{HeaderMap, HeaderName, HeaderValue, Method};
+
+use crate::clock::SystemClock;
+use crate::config::{Backend, Config, ConfigErrors, load_rules};
+use crate::metrics::Metrics;
+use crate::rules::{RequestFacts, RuleSet};
+use crate::store::{Check, MemoryStore, Mode};
+
+/// Exit code for a config that does not validate (EX_USAGE... EX_CONFIG is
+/// 78, but 64 is what linkerd and mini-redis use for "bad input").
+pub const EXIT_CONFIG: i32 = 64;
+
+#[derive(Debug, Parser)]
+#[command(name = "tollgate", version, about = "A rate-limiting reverse proxy")]
+pub struct Cli {
+    /// The main config file.
+    #[arg(long, short, global = true, default_value = "tollgate.toml")]
+    pub config: PathBuf,
+    /// Log format: text (default) or json. Also TOLLGATE_LOG_FORMAT.
+    #[arg(long, global = true, env = "TOLLGATE_LOG_FORMAT", default_value = "text")]
+    pub log_format: String,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the proxy (the default).
+    Run,
+    /// Validate the config and every rules file, then exit.
+    Check,
+    /// Show which route and rules a request would match, and their keys.
+    Explain(ExplainArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ExplainArgs {
+    #[arg(long, default_value = "GET")]
+    pub method: String,
+    #[arg(long, default_value = "/")]
+    pub path: String,
+    /// The Host the request is for.
+    #[arg(long)]
+    pub host: Option<String>,
+    /// A request header, `name: value`; repeatable.
+    #[arg(long = "header", short = 'H')]
+    pub headers: Vec<String>,
+    /// The client address (as the proxy would key it, after X-Forwarded-For).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub ip: IpAddr,
+}
+
+/// `tollgate check`: every problem, one per line; `Ok` with a summary.
+pub fn check(config_path: &std::path::Path) -> Result<String, ConfigErrors> {
+    let config = Config::load(config_path)?;
+    let (specs, files) = load_rules(&config.rules_path, &config)?;
+    Ok(format!(
+        "{}: ok ({} upstreams, {} routes, {} rules in {} files)",
+        config_path.display(),
+        config.upstreams.len(),
+        config.routes.len(),
+        specs.len(),
+        files.len()
+    ))
+}
+
+/// `tollgate explain`: the report, as text.
+pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<String, String> {
+    let config = Config::load(config_path).map_err(|e| e.to_string())?;
+    let (specs, files) = load_rules(&config.rules_path, &config).map_err(|e| e.to_string())?;
+    let metrics = Metrics::new();
+    let set = RuleSet::build(specs, files, &metrics);
+    let method = Method::from_bytes(args.method.to_ascii_uppercase().as_bytes()).map_err(|_| format!("{:?} is not an HTTP method", args.method))?;
+    let mut headers = HeaderMap::new();
+    for h in &args.headers {
+        let (k, v) = h.split_once(':').ok_or_else(|| format!("--header {h:?} must look like 'name: value'"))?;
+        let name = HeaderName::from_bytes(k.trim().as_bytes()).map_err(|_| format!("{k:?} is not a header name"))?;
+        let value = HeaderValue::from_str(v.trim()).map_err(|_| format!("{v:?} is not a header value"))?;
+        headers.append(name, value);
+    }
+    let (path, query) = match args.path.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (args.path.as_str(), None),
+    };
+    let host = args.host.as_ref().map(|h| h.to_ascii_lowercase());
+    let mut routes: Vec<&crate::config::Route> = config.routes.iter().collect();
+    routes.sort_by_key(|r| (std::cmp::Reverse(r.path_prefix.len()), r.host.is_none()));
+    let route = routes
+        .into_iter()
+        .find(|r| path.starts_with(r.path_prefix.as_str()) && r.host.as_deref().is_none_or(|h| Some(h) == host.as_deref()));
+
+    let mut out = String::new();
+    let _ = writeln!(out, "request: {method} {} from {}", args.path, args.ip);
+    match route {
+        Some(r) => {
+            let u = &config.upstreams[r.upstream];
+            let _ = writeln!(out, "route:   {} (prefix {}) -> upstream {} at {}://{}{}", r.name, r.path_prefix, u.name, u.scheme, u.authority, u.base_path);
+        }
+        None => {
+            let _ = writeln!(out, "route:   none (tollgate would answer 404 after checking the rules)");
+        }
+    }
+    let facts = RequestFacts {
+        method: &method,
+        path,
+        query,
+        host: host.as_deref(),
+        route: route.map(|r| (r.name.as_str(), config.upstreams[r.upstream].name.as_str())),
+        headers: &headers,
+        client: crate::client::key_addr(args.ip, config.client.ipv6_prefix),
+        user_header: &config.client.user_header,
+        api_key_header: &config.client.api_key_header,
+    };
+    let matching: Vec<_> = set.matching(&facts).collect();
+    if matching.is_empty() {
+        let _ = writeln!(out, "rules:   none match (no rate-limit headers would be sent)");
+        return Ok(out);
+    }
+    // A store to peek at: this process's memory is always empty, so it can
+    // only show the full quota; the shared store shows live counts.
+    let memory = MemoryStore::new(Arc::new(SystemClock));
+    let _ = writeln!(out, "rules:   {} match", matching.len());
+    for rule in matching {
+        let s = &rule.spec;
+        let mut key = String::new();
+        rule.key(&facts, &mut key);
+        let _ = writeln!(out, "  - {} ({}:{})", s.name, s.source.display(), s.line);
+        let _ = writeln!(
+            out,
+            "    {} {} per {:?}, burst {}, mode {:?}, throttle {:?}",
+            s.algorithm.as_str(),
+            s.limit,
+            s.window,
+            s.burst,
+            s.mode,
+            s.throttle
+        );
+        let parts: Vec<String> = s.key.iter().map(|k| k.describe()).collect();
+        let _ = writeln!(out, "    key [{}] -> bucket {key}", parts.join(", "));
+        let cost = rule.cost(&headers).unwrap_or(1);
+        let check = Check { key: &key, limits: rule.nominal, cost, enforced: rule.enforced() };
+        let verdict = memory.check_now(std::slice::from_ref(&check), Mode::Peek);
+        let source = match config.store.backend {
+            Backend::Memory => "memory store: each process counts on its own; a new process starts full",
+            Backend::Redis => "not asked: the redis store is not queried by this build",
+        };
+        let _ = writeln!(
+            out,
+            "    remaining after this request: {} of {} ({source})",
+            verdict[0].remaining,
+            rule.nominal.capacity()
+        );
+    }
+    Ok(out)
+}

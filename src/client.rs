@@ -1,0 +1,156 @@
+//! Who the client is: the address a request is keyed by.
+//!
+//! The socket peer is the client unless it is one of `trusted_proxies`; only
+//! then are `X-Forwarded-For` (or, without it, `X-Real-IP`) consulted, walked
+//! from the right, skipping trusted hops: the right-most untrusted address is
+//! the client, because every hop to its left was written by someone we do
+//! not trust. Garbage in those headers falls back to the socket address.
+//!
+//! IPv6 clients are keyed by their prefix (`ipv6_prefix`, /64 by default):
+//! one host commonly owns a whole /64 and could otherwise rotate addresses
+//! to escape a per-IP limit.
+
+use std::net::{IpAddr, Ipv6Addr};
+
+use http::HeaderMap;
+use ipnet::IpNet;
+
+const X_FORWARDED_FOR: &str = "x-forwarded-for";
+const X_REAL_IP: &str = "x-real-ip";
+
+/// At most this many `X-Forwarded-For` hops are examined; a longer chain is
+/// treated as garbage.
+const MAX_HOPS: usize = 32;
+
+/// The client address of a request from `peer`, not yet reduced to a prefix.
+pub fn client_addr(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+    let peer = canonical(peer);
+    if !is_trusted(peer, trusted) {
+        return peer;
+    }
+    let mut hops = 0;
+    let mut leftmost = None;
+    for value in headers.get_all(X_FORWARDED_FOR).iter().rev() {
+        let Ok(value) = value.to_str() else { return peer };
+        for hop in value.rsplit(',') {
+            hops += 1;
+            if hops > MAX_HOPS {
+                return peer;
+            }
+            let Some(ip) = parse_hop(hop) else { return peer };
+            if !is_trusted(ip, trusted) {
+                return ip;
+            }
+            leftmost = Some(ip);
+        }
+    }
+    if let Some(ip) = leftmost {
+        // Every hop was a trusted proxy: the first of them is the client.
+        return ip;
+    }
+    headers
+        .get(X_REAL_IP)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_hop)
+        .unwrap_or(peer)
+}
+
+/// The address a rule keys on: IPv4 as is, IPv6 reduced to `ipv6_prefix` bits.
+pub fn key_addr(addr: IpAddr, ipv6_prefix: u8) -> IpAddr {
+    match addr {
+        IpAddr::V4(_) => addr,
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6);
+            let mask = if ipv6_prefix >= 128 { u128::MAX } else { !(u128::MAX >> ipv6_prefix) };
+            IpAddr::V6(Ipv6Addr::from(bits & mask))
+        }
+    }
+}
+
+fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
+    trusted.iter().any(|n| n.contains(&ip))
+}
+
+/// An IPv4-mapped IPv6 address (`::ffff:1.2.3.4`, what a dual-stack socket
+/// reports) is the IPv4 client it stands for.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// One hop: `1.2.3.4`, `1.2.3.4:5678`, `2001:db8::1` or `[2001:db8::1]:443`.
+fn parse_hop(hop: &str) -> Option<IpAddr> {
+    let hop = hop.trim();
+    if hop.is_empty() || hop.len() > 64 {
+        return None;
+    }
+    if let Ok(ip) = hop.parse::<IpAddr>() {
+        return Some(canonical(ip));
+    }
+    if let Some(rest) = hop.strip_prefix('[') {
+        let (ip, _) = rest.split_once(']')?;
+        return ip.parse::<IpAddr>().ok().map(canonical);
+    }
+    let (ip, port) = hop.rsplit_once(':')?;
+    port.parse::<u16>().ok()?;
+    ip.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nets(s: &[&str]) -> Vec<IpNet> {
+        s.iter().map(|n| n.parse().expect("test CIDR")).collect()
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(http::HeaderName::from_bytes(k.as_bytes()).expect("name"), v.parse().expect("value"));
+        }
+        h
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("test address")
+    }
+
+    #[test]
+    fn untrusted_peers_cannot_spoof() {
+        let h = headers(&[("x-forwarded-for", "1.1.1.1"), ("x-real-ip", "2.2.2.2")]);
+        assert_eq!(client_addr(ip("9.9.9.9"), &h, &nets(&["10.0.0.0/8"])), ip("9.9.9.9"));
+    }
+
+    #[test]
+    fn rightmost_untrusted_hop_is_the_client() {
+        let h = headers(&[("x-forwarded-for", "6.6.6.6, 5.5.5.5, 10.0.0.2"), ("x-forwarded-for", "10.0.0.3")]);
+        assert_eq!(client_addr(ip("10.0.0.1"), &h, &nets(&["10.0.0.0/8"])), ip("5.5.5.5"));
+    }
+
+    #[test]
+    fn garbage_falls_back_to_the_socket() {
+        for bad in ["not-an-ip", "1.2.3.4, ,", "999.1.1.1", "1.2.3.4:99999"] {
+            let h = headers(&[("x-forwarded-for", bad)]);
+            assert_eq!(client_addr(ip("10.0.0.1"), &h, &nets(&["10.0.0.0/8"])), ip("10.0.0.1"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn real_ip_and_ports_and_mapped_addresses() {
+        let t = nets(&["127.0.0.1/32"]);
+        assert_eq!(client_addr(ip("127.0.0.1"), &headers(&[("x-real-ip", "7.7.7.7")]), &t), ip("7.7.7.7"));
+        assert_eq!(client_addr(ip("127.0.0.1"), &headers(&[("x-forwarded-for", "[2001:db8::5]:443")]), &t), ip("2001:db8::5"));
+        assert_eq!(client_addr(ip("127.0.0.1"), &headers(&[("x-forwarded-for", "8.8.8.8:1234")]), &t), ip("8.8.8.8"));
+        assert_eq!(client_addr(ip("::ffff:3.3.3.3"), &HeaderMap::new(), &t), ip("3.3.3.3"));
+    }
+
+    #[test]
+    fn ipv6_is_keyed_by_prefix() {
+        assert_eq!(key_addr(ip("2001:db8:1:2:aaaa::1"), 64), ip("2001:db8:1:2::"));
+        assert_eq!(key_addr(ip("2001:db8:1:2:aaaa::1"), 128), ip("2001:db8:1:2:aaaa::1"));
+        assert_eq!(key_addr(ip("1.2.3.4"), 64), ip("1.2.3.4"));
+    }
+}

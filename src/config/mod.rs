@@ -1,0 +1,365 @@
+//! Reading and validating configuration: the only module that reads files.
+//!
+//! Two steps, as pingora and envoy's ratelimit do it: serde reads the TOML
+//! into raw structs that reject unknown keys, then `validate` turns them into
+//! typed values ([`Config`], [`RuleSpec`]) and collects every problem with
+//! its file:line:column. Nothing downstream ever sees an unvalidated value.
+//!
+//! The main file (`tollgate.toml`) is read once at start-up; the rules path
+//! (one file or a directory of `*.toml`) is read at start-up and again on
+//! every reload.
+
+mod error;
+mod raw;
+mod rules_file;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::HeaderName;
+use http::uri::{Authority, Scheme};
+use ipnet::IpNet;
+use serde::Deserialize;
+use toml::Spanned;
+
+pub use error::{ConfigError, ConfigErrors, line_col};
+pub use rules_file::{Cost, KeyPart, MatchSpec, PathPattern, RuleMode, RuleSpec, Throttle, load_rules, parse_rules, rule_files, rule_files_or_empty};
+
+/// What a check does when the store cannot answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OnError {
+    /// Fail open: forward the request as if the rule allowed it.
+    #[default]
+    Allow,
+    /// Fail closed: answer 503 with Retry-After.
+    Deny,
+    /// Count in this process's memory with the same rules until the store
+    /// is back.
+    Local,
+}
+
+/// Which store keeps the counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    #[default]
+    Memory,
+    Redis,
+}
+
+/// The validated main configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it was read from.
+    pub path: PathBuf,
+    pub listen: Listen,
+    /// The rules file or directory, resolved against the config file's
+    /// directory.
+    pub rules_path: PathBuf,
+    pub store: StoreConfig,
+    pub client: ClientConfig,
+    pub upstreams: Vec<Upstream>,
+    pub routes: Vec<Route>,
+}
+
+/// `[listen]`
+#[derive(Debug, Clone)]
+pub struct Listen {
+    pub proxy: SocketAddr,
+    pub admin: SocketAddr,
+    /// How long a client may take to send its request headers.
+    pub header_read_timeout: Duration,
+    /// How long an idle keep-alive connection stays open.
+    pub idle_timeout: Duration,
+    /// Connections served at once; further ones wait in the kernel backlog.
+    pub max_connections: usize,
+    /// How long shutdown waits for in-flight requests.
+    pub drain_timeout: Duration,
+    /// Largest request header section accepted (431 above it).
+    pub max_header_bytes: usize,
+}
+
+/// `[store]`
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    pub backend: Backend,
+    pub url: Option<String>,
+    pub timeout: Duration,
+    pub on_error: OnError,
+    pub pool_size: usize,
+    pub key_prefix: String,
+}
+
+/// `[client]`: how the client behind a request is identified.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    pub trusted_proxies: Vec<IpNet>,
+    pub ipv6_prefix: u8,
+    pub user_header: HeaderName,
+    pub api_key_header: HeaderName,
+}
+
+/// `[[upstream]]`
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    pub name: String,
+    pub scheme: Scheme,
+    pub authority: Authority,
+    /// A path prefix from the URL (`http://h/base` -> `/base`), without the
+    /// trailing slash; empty for none.
+    pub base_path: String,
+    pub connect_timeout: Duration,
+    pub timeout: Duration,
+}
+
+/// `[[route]]`
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// Label in metrics: the `name` key, or the upstream's name.
+    pub name: String,
+    pub path_prefix: String,
+    pub host: Option<String>,
+    /// Index into [`Config::upstreams`].
+    pub upstream: usize,
+}
+
+impl Config {
+    /// Reads and validates the main file.
+    pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+        let source = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::file(path, format!("cannot read the config file: {e}")))?;
+        Config::parse(path, &source)
+    }
+
+    /// Validates the text of a main file; `path` names it in errors and
+    /// anchors a relative rules path.
+    pub fn parse(path: &Path, source: &str) -> Result<Config, ConfigErrors> {
+        let raw: raw::RawConfig =
+            toml::from_str(source).map_err(|e| ConfigError::from_toml(path, source, &e))?;
+        let mut v = Validator { file: path, source, errors: Vec::new() };
+        let config = v.config(raw);
+        if v.errors.is_empty() {
+            // `config` is `Some` whenever no error was recorded.
+            config.ok_or_else(|| ConfigErrors(v.errors))
+        } else {
+            Err(ConfigErrors(v.errors))
+        }
+    }
+
+    /// The upstream a rule's `match.route` names, by name.
+    pub fn upstream_index(&self, name: &str) -> Option<usize> {
+        self.upstreams.iter().position(|u| u.name == name)
+    }
+}
+
+/// Collects errors while validating one file.
+pub(crate) struct Validator<'a> {
+    pub file: &'a Path,
+    pub source: &'a str,
+    pub errors: Vec<ConfigError>,
+}
+
+impl Validator<'_> {
+    pub fn error(&mut self, span: std::ops::Range<usize>, message: impl Into<String>) {
+        self.errors.push(ConfigError::at(self.file, self.source, Some(span), message));
+    }
+
+    /// A duration such as "250ms", "1s", "90s", "5m", "1h", "1d".
+    pub fn duration(&mut self, value: &Spanned<String>, what: &str) -> Option<Duration> {
+        match parse_duration(value.get_ref()) {
+            Ok(d) if !d.is_zero() => Some(d),
+            Ok(_) => {
+                self.error(value.span(), format!("{what} must be longer than zero"));
+                None
+            }
+            Err(e) => {
+                self.error(value.span(), format!("{what} {:?} is not a duration ({e}); write e.g. \"250ms\", \"1s\", \"5m\", \"1h\", \"1d\"", value.get_ref()));
+                None
+            }
+        }
+    }
+
+    fn opt_duration(&mut self, value: Option<&Spanned<String>>, what: &str, default: Duration) -> Duration {
+        value.and_then(|v| self.duration(v, what)).unwrap_or(default)
+    }
+
+    pub fn header_name(&mut self, value: &Spanned<String>, what: &str) -> Option<HeaderName> {
+        match HeaderName::from_bytes(value.get_ref().trim().as_bytes()) {
+            Ok(h) => Some(h),
+            Err(_) => {
+                self.error(value.span(), format!("{what} {:?} is not a valid HTTP header name", value.get_ref()));
+                None
+            }
+        }
+    }
+
+    fn socket_addr(&mut self, value: &Spanned<String>, what: &str) -> Option<SocketAddr> {
+        match value.get_ref().parse() {
+            Ok(a) => Some(a),
+            Err(_) => {
+                self.error(value.span(), format!("{what} {:?} is not an address such as \"0.0.0.0:8080\" or \"[::1]:8080\"", value.get_ref()));
+                None
+            }
+        }
+    }
+
+    fn config(&mut self, raw: raw::RawConfig) -> Option<Config> {
+        let listen = raw.listen.unwrap_or_default();
+        let proxy = match &listen.proxy {
+            Some(v) => self.socket_addr(v, "listen.proxy"),
+            None => Some(SocketAddr::from(([0, 0, 0, 0], 8080))),
+        };
+        let admin = match &listen.admin {
+            Some(v) => self.socket_addr(v, "listen.admin"),
+            None => Some(SocketAddr::from(([127, 0, 0, 1], 9090))),
+        };
+        let max_connections = match &listen.max_connections {
+            Some(n) if *n.get_ref() < 1 => {
+                self.error(n.span(), "listen.max_connections must be at least 1");
+                1
+            }
+            Some(n) => *n.get_ref() as usize,
+            None => 10_000,
+        };
+        let max_header_bytes = match &listen.max_header_bytes {
+            Some(n) if *n.get_ref() < 1024 => {
+                self.error(n.span(), "listen.max_header_bytes must be at least 1024");
+                1024
+            }
+            Some(n) => *n.get_ref() as usize,
+            None => 64 * 1024,
+        };
+        let listen = Listen {
+            proxy: proxy?,
+            admin: admin?,
+            header_read_timeout: self.opt_duration(listen.header_read_timeout.as_ref(), "listen.header_read_timeout", Duration::from_secs(10)),
+            idle_timeout: self.opt_duration(listen.idle_timeout.as_ref(), "listen.idle_timeout", Duration::from_secs(60)),
+            max_connections,
+            drain_timeout: self.opt_duration(listen.drain_timeout.as_ref(), "listen.drain_timeout", Duration::from_secs(30)),
+            max_header_bytes,
+        };
+
+        let rules = raw.rules.unwrap_or_default();
+        let rules_path = PathBuf::from(rules.path.as_ref().map_or("rules", |p| p.get_ref().as_str()));
+        let rules_path = if rules_path.is_absolute() {
+            rules_path
+        } else {
+            self.file.parent().unwrap_or(Path::new(".")).join(rules_path)
+        };
+
+        let store = raw.store.unwrap_or_default();
+        let backend = store.backend.unwrap_or_default();
+        if backend == Backend::Redis && store.url.is_none() {
+            self.errors.push(ConfigError::at(self.file, self.source, None, "store.backend = \"redis\" needs store.url, e.g. \"redis://127.0.0.1:6379\" or \"redis-cluster://10.0.0.1:6379?node=10.0.0.2:6379\""));
+        }
+        let pool_size = match &store.pool_size {
+            Some(n) if !(1..=64).contains(n.get_ref()) => {
+                self.error(n.span(), "store.pool_size must be between 1 and 64");
+                1
+            }
+            Some(n) => *n.get_ref() as usize,
+            None => 1,
+        };
+        let store = StoreConfig {
+            backend,
+            url: store.url.map(|u| u.into_inner()),
+            timeout: self.opt_duration(store.timeout.as_ref(), "store.timeout", Duration::from_millis(20)),
+            on_error: store.on_error.unwrap_or_default(),
+            pool_size,
+            key_prefix: store.key_prefix.unwrap_or_else(|| "tollgate:".to_string()),
+        };
+
+        let client = raw.client.unwrap_or_default();
+        let mut trusted = Vec::new();
+        for p in client.trusted_proxies.iter().flatten() {
+            match parse_net(p.get_ref()) {
+                Some(n) => trusted.push(n),
+                None => self.error(p.span(), format!("client.trusted_proxies entry {:?} is not an IP address or CIDR such as \"10.0.0.0/8\"", p.get_ref())),
+            }
+        }
+        let ipv6_prefix = match &client.ipv6_prefix {
+            Some(n) if !(1..=128).contains(n.get_ref()) => {
+                self.error(n.span(), "client.ipv6_prefix must be between 1 and 128");
+                64
+            }
+            Some(n) => *n.get_ref() as u8,
+            None => 64,
+        };
+        let user_header = client.user_header.as_ref().map_or(Some(HeaderName::from_static("x-user-id")), |h| self.header_name(h, "client.user_header"));
+        let api_key_header = client.api_key_header.as_ref().map_or(Some(HeaderName::from_static("x-api-key")), |h| self.header_name(h, "client.api_key_header"));
+        let client = ClientConfig { trusted_proxies: trusted, ipv6_prefix, user_header: user_header?, api_key_header: api_key_header? };
+
+        let mut upstreams: Vec<Upstream> = Vec::new();
+        for u in raw.upstream {
+            let u = u.into_inner();
+            if upstreams.iter().any(|o| o.name == *u.name.get_ref()) {
+                self.error(u.name.span(), format!("upstream {:?} is defined twice", u.name.get_ref()));
+                continue;
+            }
+            let connect_timeout = self.opt_duration(u.connect_timeout.as_ref(), "upstream.connect_timeout", Duration::from_secs(1));
+            let timeout = self.opt_duration(u.timeout.as_ref(), "upstream.timeout", Duration::from_secs(30));
+            let uri: http::Uri = match u.url.get_ref().parse() {
+                Ok(uri) => uri,
+                Err(_) => {
+                    self.error(u.url.span(), format!("upstream url {:?} is not a URL such as \"http://127.0.0.1:9001\"", u.url.get_ref()));
+                    continue;
+                }
+            };
+            let (Some(scheme), Some(authority)) = (uri.scheme().cloned(), uri.authority().cloned()) else {
+                self.error(u.url.span(), format!("upstream url {:?} needs a scheme and a host, such as \"http://127.0.0.1:9001\"", u.url.get_ref()));
+                continue;
+            };
+            if scheme != Scheme::HTTP {
+                self.error(u.url.span(), "only http:// upstreams are supported (tollgate sits in front of services on a private network)");
+                continue;
+            }
+            upstreams.push(Upstream {
+                name: u.name.into_inner(),
+                scheme,
+                authority,
+                base_path: uri.path().trim_end_matches('/').to_string(),
+                connect_timeout,
+                timeout,
+            });
+        }
+
+        let mut routes = Vec::new();
+        for r in raw.route {
+            let r = r.into_inner();
+            let Some(upstream) = upstreams.iter().position(|u| u.name == *r.upstream.get_ref()) else {
+                self.error(r.upstream.span(), format!("route names upstream {:?}, which no [[upstream]] defines", r.upstream.get_ref()));
+                continue;
+            };
+            let prefix = r.path_prefix.get_ref();
+            if !prefix.starts_with('/') {
+                self.error(r.path_prefix.span(), format!("route path_prefix {prefix:?} must start with '/'"));
+                continue;
+            }
+            routes.push(Route {
+                name: r.name.unwrap_or_else(|| upstreams[upstream].name.clone()),
+                path_prefix: prefix.clone(),
+                host: r.host.map(|h| h.to_ascii_lowercase()),
+                upstream,
+            });
+        }
+
+        Some(Config { path: self.file.to_path_buf(), listen, rules_path, store, client, upstreams, routes })
+    }
+}
+
+/// Parses "250ms", "1s", "90s", "5m", "1h", "1d" and combinations such as
+/// "1h30m".
+pub fn parse_duration(s: &str) -> Result<Duration, humantime::DurationError> {
+    humantime::parse_duration(s.trim())
+}
+
+/// An address or a CIDR; a bare address is a /32 or /128.
+pub fn parse_net(s: &str) -> Option<IpNet> {
+    let s = s.trim();
+    s.parse::<IpNet>().ok().or_else(|| s.parse::<std::net::IpAddr>().ok().map(IpNet::from))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,123 @@
+//! The files as serde reads them: every table rejects unknown keys, and
+//! values that are validated later keep their position (`Spanned`) so the
+//! error can point at them.
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::{Backend, OnError};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    pub listen: Option<RawListen>,
+    pub rules: Option<RawRules>,
+    pub store: Option<RawStore>,
+    pub client: Option<RawClient>,
+    #[serde(default)]
+    pub upstream: Vec<Spanned<RawUpstream>>,
+    #[serde(default)]
+    pub route: Vec<Spanned<RawRoute>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawListen {
+    pub proxy: Option<Spanned<String>>,
+    pub admin: Option<Spanned<String>>,
+    pub header_read_timeout: Option<Spanned<String>>,
+    pub idle_timeout: Option<Spanned<String>>,
+    pub max_connections: Option<Spanned<i64>>,
+    pub drain_timeout: Option<Spanned<String>>,
+    pub max_header_bytes: Option<Spanned<i64>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawRules {
+    pub path: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawStore {
+    pub backend: Option<Backend>,
+    pub url: Option<Spanned<String>>,
+    pub timeout: Option<Spanned<String>>,
+    pub on_error: Option<OnError>,
+    pub pool_size: Option<Spanned<i64>>,
+    pub key_prefix: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawClient {
+    pub trusted_proxies: Option<Vec<Spanned<String>>>,
+    pub ipv6_prefix: Option<Spanned<i64>>,
+    pub user_header: Option<Spanned<String>>,
+    pub api_key_header: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    pub name: Spanned<String>,
+    pub url: Spanned<String>,
+    pub connect_timeout: Option<Spanned<String>>,
+    pub timeout: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    pub name: Option<String>,
+    pub path_prefix: Spanned<String>,
+    pub host: Option<String>,
+    pub upstream: Spanned<String>,
+}
+
+/// A rules file: `[[rule]]` tables and nothing else.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRulesFile {
+    #[serde(default)]
+    pub rule: Vec<Spanned<RawRule>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRule {
+    pub name: Spanned<String>,
+    #[serde(rename = "match")]
+    pub matcher: Option<Spanned<RawMatch>>,
+    pub key: Option<Spanned<Vec<Spanned<String>>>>,
+    pub algorithm: Option<crate::limiter::Algorithm>,
+    pub limit: Spanned<i64>,
+    pub window: Spanned<String>,
+    pub burst: Option<Spanned<i64>>,
+    pub mode: Option<super::RuleMode>,
+    pub throttle: Option<Spanned<String>>,
+    pub soft_percent: Option<Spanned<i64>>,
+    pub elastic_percent: Option<Spanned<i64>>,
+    pub elastic_when_inflight_below: Option<Spanned<i64>>,
+    pub cost: Option<Spanned<i64>>,
+    pub cost_header: Option<Spanned<String>>,
+    pub on_error: Option<OnError>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMatch {
+    pub methods: Option<Vec<Spanned<String>>>,
+    pub path: Option<Spanned<String>>,
+    pub host: Option<String>,
+    pub route: Option<Spanned<String>>,
+    pub header: Option<RawHeaderMatch>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHeaderMatch {
+    pub name: Spanned<String>,
+    pub value: String,
+}

@@ -1,0 +1,371 @@
+//! Rules files: reading the rules path (one file, or every `*.toml` in a
+//! directory, in name order) and validating each `[[rule]]` into a
+//! [`RuleSpec`].
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::{HeaderName, Method};
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::raw::{RawRule, RawRulesFile};
+use super::{Config, ConfigError, ConfigErrors, OnError, Validator};
+use crate::limiter::Algorithm;
+
+/// Whether a rule may reject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleMode {
+    #[default]
+    Enforce,
+    /// Counted, with headers and metrics as usual, but never rejects: for
+    /// trialling a rule on live traffic.
+    Shadow,
+}
+
+/// How far over its limit a rule lets a key go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Throttle {
+    /// Never over the limit.
+    Hard,
+    /// Up to `limit * (1 + percent / 100)`, always.
+    Soft { percent: u32 },
+    /// Up to `limit * (1 + percent / 100)` while the route's upstream has
+    /// fewer than `inflight_below` requests in flight; the plain limit
+    /// otherwise.
+    Elastic { percent: u32, inflight_below: u32 },
+}
+
+/// How many units one request takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cost {
+    Fixed(u64),
+    /// Read from this request header; absent means 1.
+    Header(HeaderName),
+}
+
+/// One part of a rule's key: the request property whose distinct values get
+/// distinct buckets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyPart {
+    Ip,
+    User,
+    ApiKey,
+    Route,
+    Method,
+    Path,
+    Header(HeaderName),
+    Query(String),
+}
+
+impl KeyPart {
+    /// The spelling in config files.
+    pub fn describe(&self) -> String {
+        match self {
+            KeyPart::Ip => "ip".into(),
+            KeyPart::User => "user".into(),
+            KeyPart::ApiKey => "api_key".into(),
+            KeyPart::Route => "route".into(),
+            KeyPart::Method => "method".into(),
+            KeyPart::Path => "path".into(),
+            KeyPart::Header(h) => format!("header:{h}"),
+            KeyPart::Query(q) => format!("query:{q}"),
+        }
+    }
+}
+
+/// `match.path`: exact, or a prefix when written with a trailing `*`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathPattern {
+    Exact(String),
+    Prefix(String),
+}
+
+/// Which requests a rule applies to; every present condition must hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MatchSpec {
+    /// Empty: any method.
+    pub methods: Vec<Method>,
+    pub path: Option<PathPattern>,
+    /// Lower-cased; compared with the request's host without its port.
+    pub host: Option<String>,
+    /// A route's upstream name.
+    pub route: Option<String>,
+    pub header: Option<(HeaderName, String)>,
+}
+
+/// A validated rule.
+#[derive(Debug, Clone)]
+pub struct RuleSpec {
+    pub name: String,
+    /// The file it came from and the line of its `[[rule]]`.
+    pub source: PathBuf,
+    pub line: usize,
+    pub matcher: MatchSpec,
+    pub key: Vec<KeyPart>,
+    pub algorithm: Algorithm,
+    pub limit: u64,
+    pub window: Duration,
+    pub burst: u64,
+    pub mode: RuleMode,
+    pub throttle: Throttle,
+    pub cost: Cost,
+    pub on_error: Option<OnError>,
+}
+
+/// The files a rules path stands for: itself, or the `*.toml` files in it
+/// (hidden files, such as a Kubernetes ConfigMap's `..data`, are skipped).
+pub fn rule_files(path: &Path) -> Result<Vec<PathBuf>, ConfigError> {
+    let meta = std::fs::metadata(path).map_err(|e| ConfigError::file(path, format!("cannot read the rules path: {e}")))?;
+    if !meta.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let entries = std::fs::read_dir(path).map_err(|e| ConfigError::file(path, format!("cannot list the rules directory: {e}")))?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            !name.starts_with('.') && p.extension().is_some_and(|x| x == "toml") && p.is_file()
+        })
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// Reads and validates every rule under `path`. Rule names must be unique
+/// across files. Returns the rules and the files read, or every problem.
+pub fn load_rules(path: &Path, config: &Config) -> Result<(Vec<RuleSpec>, Vec<PathBuf>), ConfigErrors> {
+    let files = rule_files(path)?;
+    let mut specs: Vec<RuleSpec> = Vec::new();
+    let mut errors = Vec::new();
+    for file in &files {
+        let source = match std::fs::read_to_string(file) {
+            Ok(s) => s,
+            Err(e) => {
+                errors.push(ConfigError::file(file, format!("cannot read the rules file: {e}")));
+                continue;
+            }
+        };
+        match parse_rules(file, &source, config) {
+            Ok(mut rules) => {
+                for (rule, span) in rules.drain(..) {
+                    if let Some(first) = specs.iter().find(|s| s.name == rule.name) {
+                        errors.push(ConfigError::at(
+                            file,
+                            &source,
+                            Some(span),
+                            format!("rule name {:?} is already used at {}:{}", rule.name, first.source.display(), first.line),
+                        ));
+                    } else {
+                        specs.push(rule);
+                    }
+                }
+            }
+            Err(mut e) => errors.append(&mut e.0),
+        }
+    }
+    if errors.is_empty() { Ok((specs, files)) } else { Err(ConfigErrors(errors)) }
+}
+
+/// Validates the text of one rules file. Returns each rule with the span of
+/// its name (for duplicate-name errors across files).
+pub fn parse_rules(file: &Path, source: &str, config: &Config) -> Result<Vec<(RuleSpec, std::ops::Range<usize>)>, ConfigErrors> {
+    let raw: RawRulesFile = toml::from_str(source).map_err(|e| ConfigError::from_toml(file, source, &e))?;
+    let mut v = Validator { file, source, errors: Vec::new() };
+    let mut out: Vec<(RuleSpec, std::ops::Range<usize>)> = Vec::new();
+    for r in raw.rule {
+        let line = super::line_col(source, r.span().start).0;
+        let r = r.into_inner();
+        let name_span = r.name.span();
+        if let Some((first, _)) = out.iter().find(|(s, _)| s.name == *r.name.get_ref()) {
+            v.error(name_span.clone(), format!("rule name {:?} is already used at line {}", first.name, first.line));
+            continue;
+        }
+        if let Some(spec) = v.rule(r, line, config) {
+            out.push((spec, name_span));
+        }
+    }
+    if v.errors.is_empty() { Ok(out) } else { Err(ConfigErrors(v.errors)) }
+}
+
+/// The largest limit or burst: counters and Redis scripts stay well inside
+/// exact integer arithmetic (2^53 in Lua doubles, 2^32 in packed cells).
+const MAX_COUNT: i64 = 1_000_000_000;
+
+impl Validator<'_> {
+    fn count(&mut self, value: &Spanned<i64>, what: &str) -> Option<u64> {
+        let n = *value.get_ref();
+        if n < 1 {
+            self.error(value.span(), format!("{what} must be at least 1, not {n}"));
+            None
+        } else if n > MAX_COUNT {
+            self.error(value.span(), format!("{what} must be at most {MAX_COUNT}"));
+            None
+        } else {
+            Some(n as u64)
+        }
+    }
+
+    fn percent(&mut self, value: Option<&Spanned<i64>>, what: &str, default: u32) -> u32 {
+        match value {
+            None => default,
+            Some(p) if !(0..=1000).contains(p.get_ref()) => {
+                self.error(p.span(), format!("{what} must be between 0 and 1000"));
+                default
+            }
+            Some(p) => *p.get_ref() as u32,
+        }
+    }
+
+    fn rule(&mut self, r: RawRule, line: usize, config: &Config) -> Option<RuleSpec> {
+        let errors_before = self.errors.len();
+        let name = r.name.get_ref().trim().to_string();
+        if name.is_empty() || name.len() > 128 || name.chars().any(|c| c.is_control() || c == '"' || c == '\\') {
+            self.error(r.name.span(), "rule name must be 1 to 128 characters, without quotes, backslashes or control characters");
+        }
+        let matcher = match r.matcher {
+            Some(m) => self.matcher(m.into_inner(), config),
+            None => MatchSpec::default(),
+        };
+        let key = match &r.key {
+            None => vec![KeyPart::Ip],
+            Some(parts) => parts.get_ref().iter().filter_map(|p| self.key_part(p)).collect(),
+        };
+        let algorithm = r.algorithm.unwrap_or_default();
+        let limit = self.count(&r.limit, "limit");
+        let window = self.duration(&r.window, "window");
+        if let Some(w) = window
+            && w < Duration::from_millis(1)
+        {
+            self.error(r.window.span(), "window must be at least 1ms");
+        }
+        let burst = match &r.burst {
+            Some(b) => self.count(b, "burst"),
+            None => limit,
+        };
+        let throttle = match r.throttle.as_ref().map(|t| t.get_ref().as_str()) {
+            None | Some("hard") => Throttle::Hard,
+            Some("soft") => Throttle::Soft { percent: self.percent(r.soft_percent.as_ref(), "soft_percent", 10) },
+            Some("elastic") => {
+                let percent = self.percent(r.elastic_percent.as_ref(), "elastic_percent", 50);
+                let inflight_below = match &r.elastic_when_inflight_below {
+                    None => 100,
+                    Some(n) => self.count(n, "elastic_when_inflight_below").unwrap_or(100).min(u32::MAX as u64) as u32,
+                };
+                Throttle::Elastic { percent, inflight_below }
+            }
+            Some(other) => {
+                if let Some(t) = &r.throttle {
+                    self.error(t.span(), format!("throttle {other:?} is not one of hard, soft, elastic"));
+                }
+                Throttle::Hard
+            }
+        };
+        let capacity = if matches!(algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket) { burst } else { limit };
+        let cost = match (&r.cost, &r.cost_header) {
+            (Some(c), Some(h)) => {
+                self.error(h.span(), "set either cost or cost_header, not both");
+                let _ = c;
+                Cost::Fixed(1)
+            }
+            (Some(c), None) => {
+                let n = self.count(c, "cost").unwrap_or(1);
+                if let Some(cap) = capacity
+                    && n > cap
+                {
+                    self.error(c.span(), format!("cost {n} is larger than the bucket ({cap}): no request could ever pass"));
+                }
+                Cost::Fixed(n)
+            }
+            (None, Some(h)) => Cost::Header(self.header_name(h, "cost_header").unwrap_or(HeaderName::from_static("x-cost"))),
+            (None, None) => Cost::Fixed(1),
+        };
+        if self.errors.len() > errors_before {
+            return None;
+        }
+        Some(RuleSpec {
+            name,
+            source: self.file.to_path_buf(),
+            line,
+            matcher,
+            key,
+            algorithm,
+            limit: limit?,
+            window: window?,
+            burst: burst?,
+            mode: r.mode.unwrap_or_default(),
+            throttle,
+            cost,
+            on_error: r.on_error,
+        })
+    }
+
+    fn matcher(&mut self, m: super::raw::RawMatch, config: &Config) -> MatchSpec {
+        let mut spec = MatchSpec::default();
+        for method in m.methods.iter().flatten() {
+            match Method::from_bytes(method.get_ref().to_ascii_uppercase().as_bytes()) {
+                Ok(x) => spec.methods.push(x),
+                Err(_) => self.error(method.span(), format!("{:?} is not an HTTP method", method.get_ref())),
+            }
+        }
+        if let Some(p) = &m.path {
+            let s = p.get_ref();
+            if !s.starts_with('/') {
+                self.error(p.span(), format!("match.path {s:?} must start with '/'"));
+            } else if let Some(prefix) = s.strip_suffix('*') {
+                spec.path = Some(PathPattern::Prefix(prefix.to_string()));
+            } else if s.contains('*') {
+                self.error(p.span(), format!("match.path {s:?}: '*' is allowed only at the end (a prefix match)"));
+            } else {
+                spec.path = Some(PathPattern::Exact(s.clone()));
+            }
+        }
+        spec.host = m.host.map(|h| h.to_ascii_lowercase());
+        if let Some(route) = &m.route {
+            if config.upstream_index(route.get_ref()).is_none() && !config.routes.iter().any(|r| r.name == *route.get_ref()) {
+                self.error(route.span(), format!("match.route {:?} is not the name of any upstream or route in {}", route.get_ref(), config.path.display()));
+            } else {
+                spec.route = Some(route.get_ref().clone());
+            }
+        }
+        if let Some(h) = &m.header
+            && let Some(name) = self.header_name(&h.name, "match.header.name")
+        {
+            spec.header = Some((name, h.value.clone()));
+        }
+        spec
+    }
+
+    fn key_part(&mut self, part: &Spanned<String>) -> Option<KeyPart> {
+        let s = part.get_ref().trim();
+        let parsed = match s {
+            "ip" => Some(KeyPart::Ip),
+            "user" => Some(KeyPart::User),
+            "api_key" => Some(KeyPart::ApiKey),
+            "route" => Some(KeyPart::Route),
+            "method" => Some(KeyPart::Method),
+            "path" => Some(KeyPart::Path),
+            _ => {
+                if let Some(h) = s.strip_prefix("header:") {
+                    HeaderName::from_bytes(h.trim().as_bytes()).ok().map(KeyPart::Header)
+                } else if let Some(q) = s.strip_prefix("query:").filter(|q| !q.is_empty()) {
+                    Some(KeyPart::Query(q.to_string()))
+                } else {
+                    None
+                }
+            }
+        };
+        if parsed.is_none() {
+            self.error(part.span(), format!("key part {s:?} is not one of ip, user, api_key, route, method, path, \"header:NAME\", \"query:NAME\""));
+        }
+        parsed
+    }
+}
+
+/// [`rule_files`], or none when the path cannot be read (for change
+/// detection, where an unreadable path is simply a state to compare).
+pub fn rule_files_or_empty(path: &Path) -> Vec<PathBuf> {
+    rule_files(path).unwrap_or_default()
+}

@@ -1,0 +1,96 @@
+//! Every answer tollgate gives instead of the upstream's, mapped to its
+//! status and JSON body in one place.
+//!
+//! Bodies are short JSON objects with a stable `error` code and a sentence
+//! for humans; they never carry internal detail (addresses, store errors,
+//! stack traces): those go to the logs and metrics.
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderValue};
+use http::{Response, StatusCode};
+use http_body_util::Full;
+use serde_json::json;
+
+use crate::headers;
+
+/// Why tollgate answers a request itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProxyError {
+    /// A rule rejected the request.
+    Limited { rule: String, limit: u64, window_seconds: u64, retry_after_seconds: u64 },
+    /// No route matches the host and path.
+    NoRoute,
+    /// The request is malformed in a way only tollgate checks (e.g. a bad
+    /// `cost_header` value).
+    BadRequest(String),
+    /// The body is larger than the route allows.
+    PayloadTooLarge,
+    /// The store failed and the rule's policy is `deny`.
+    StoreUnavailable { retry_after_seconds: u64 },
+    /// The upstream refused, reset or broke the connection.
+    BadGateway,
+    /// The upstream did not answer within its timeout.
+    GatewayTimeout,
+}
+
+impl ProxyError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::Limited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ProxyError::NoRoute => StatusCode::NOT_FOUND,
+            ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ProxyError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::BadGateway => StatusCode::BAD_GATEWAY,
+            ProxyError::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> serde_json::Value {
+        match self {
+            ProxyError::Limited { rule, limit, window_seconds, retry_after_seconds } => json!({
+                "error": "too_many_requests",
+                "rule": rule,
+                "limit": limit,
+                "window_seconds": window_seconds,
+                "retry_after_seconds": retry_after_seconds,
+                "message": format!("Rate limit exceeded: at most {limit} requests per {window_seconds} s under rule {rule:?}. Retry in {retry_after_seconds} s."),
+            }),
+            ProxyError::NoRoute => json!({"error": "not_found", "message": "No route matches this host and path."}),
+            ProxyError::BadRequest(reason) => json!({"error": "bad_request", "message": reason}),
+            ProxyError::PayloadTooLarge => json!({"error": "payload_too_large", "message": "The request body is larger than this route accepts."}),
+            ProxyError::StoreUnavailable { retry_after_seconds } => json!({
+                "error": "rate_limiter_unavailable",
+                "retry_after_seconds": retry_after_seconds,
+                "message": "The rate limiter cannot decide right now; this route fails closed. Retry shortly.",
+            }),
+            ProxyError::BadGateway => json!({"error": "bad_gateway", "message": "The upstream service could not be reached or broke the connection."}),
+            ProxyError::GatewayTimeout => json!({"error": "gateway_timeout", "message": "The upstream service did not answer in time."}),
+        }
+    }
+
+    /// The full response, without rate-limit headers (the proxy adds those).
+    pub fn into_response(self) -> Response<Full<Bytes>> {
+        let retry = match &self {
+            ProxyError::Limited { retry_after_seconds, .. } | ProxyError::StoreUnavailable { retry_after_seconds } => Some(*retry_after_seconds),
+            _ => None,
+        };
+        let body = Bytes::from(self.body().to_string());
+        let mut resp = Response::new(Full::new(body));
+        *resp.status_mut() = self.status();
+        resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(secs) = retry {
+            headers::write_retry_after(resp.headers_mut(), secs);
+        }
+        resp
+    }
+}
+
+/// A JSON response for the admin listener and other internal answers.
+pub fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(value.to_string())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}

@@ -1,0 +1,49 @@
+//! tollgate: a rate-limiting reverse proxy.
+//!
+//! Every request is matched against hot-reloaded TOML rules, counted in a
+//! store (this process's memory, or Redis shared by every instance), and
+//! either forwarded to its upstream with `X-RateLimit-*` headers or answered
+//! `429 Too Many Requests` with `Retry-After`.
+//!
+//! # Map of the modules
+//!
+//! A request flows top to bottom:
+//!
+//! | module | responsibility |
+//! |---|---|
+//! | [`server`] | listeners, connection limits, graceful shutdown |
+//! | [`proxy`] | the request path: route, decide, forward or reject |
+//! | [`client`] | who the client is: trusted proxies, `X-Forwarded-For`, IPv6 prefixes |
+//! | [`rules`] | the compiled rule set: which rules match, the bucket key of each |
+//! | [`store`] | the [`store::Store`] trait; [`store::memory`] keeps counters in this process |
+//! | [`limiter`] | the five algorithms' arithmetic, pure, time injected |
+//! | [`headers`] | `X-RateLimit-*`, `RateLimit-Policy`, `RateLimit`, `Retry-After` |
+//! | [`error`] | every status tollgate answers itself, with its JSON body |
+//!
+//! Around it:
+//!
+//! | module | responsibility |
+//! |---|---|
+//! | [`config`] | the only code that reads files: main config and rules, validated with file:line:column errors |
+//! | [`reload`] | watch the rules, debounce, validate, swap; keep the old rules on error |
+//! | [`admin`] | `/metrics`, `/healthz`, `/readyz`, `/rules` |
+//! | [`metrics`] | Prometheus metrics on an explicit registry |
+//! | [`clock`] | wall-clock time, or a manual clock for tests |
+//! | [`cli`] | the `tollgate` command line: run, `check`, `explain` |
+
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod cli;
+pub mod client;
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod headers;
+pub mod limiter;
+pub mod metrics;
+pub mod proxy;
+pub mod reload;
+pub mod rules;
+pub mod server;
+pub mod store;

@@ -1,0 +1,125 @@
+//! Prometheus metrics, registered once on an explicit registry.
+//!
+//! The `prometheus` crate's `with_label_values` hashes the labels and takes a
+//! lock on every call, so nothing on the request path calls it: routes and
+//! rules resolve their counter handles when they are built (start-up or
+//! reload) and keep them. No label carries a per-client value, so the number
+//! of series is bounded by the config.
+
+use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+
+/// Every metric tollgate exports.
+pub struct Metrics {
+    pub registry: Registry,
+    pub requests_total: IntCounterVec,
+    pub rule_decisions_total: IntCounterVec,
+    pub request_duration_seconds: Histogram,
+    pub upstream_errors_total: IntCounterVec,
+    pub store_errors_total: IntCounterVec,
+    pub store_duration_seconds: Histogram,
+    pub rules_reloads_total: IntCounterVec,
+    pub rules_active: IntGauge,
+    pub store_degraded: IntGauge,
+    pub local_cache_hits_total: IntCounter,
+    pub store_fallback_transitions_total: IntCounterVec,
+    pub connections_active: IntGauge,
+    pub connections_refused_total: IntCounter,
+}
+
+/// Per-rule decision counters, resolved once per rule per reload.
+#[derive(Clone)]
+pub struct RuleCounters {
+    pub allowed: IntCounter,
+    pub limited: IntCounter,
+    pub shadow_limited: IntCounter,
+}
+
+/// Per-route request counters, resolved once at start-up.
+#[derive(Clone)]
+pub struct RouteCounters {
+    pub allowed: IntCounter,
+    pub limited: IntCounter,
+    pub store_unavailable: IntCounter,
+    pub rejected: IntCounter,
+}
+
+/// Latency buckets for the whole request and for one store round trip:
+/// from 50 µs (a memory-store check) to 10 s (a slow upstream).
+const LATENCY_BUCKETS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        // Registration only fails for a duplicate or malformed name, and
+        // every name here is a distinct literal: a failure is a bug caught
+        // by the first test that builds a server.
+        fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> T {
+            r.register(Box::new(m.clone())).expect("metric names are distinct literals");
+            m
+        }
+        fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+            reg(r, IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric definition"))
+        }
+        fn gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
+            reg(r, IntGauge::new(name, help).expect("valid metric definition"))
+        }
+        fn histogram(r: &Registry, name: &str, help: &str) -> Histogram {
+            let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
+            reg(r, Histogram::with_opts(opts).expect("valid metric definition"))
+        }
+        Metrics {
+            requests_total: counter_vec(&registry, "tollgate_requests_total", "Requests by route and rate-limit decision.", &["route", "decision"]),
+            rule_decisions_total: counter_vec(&registry, "tollgate_rule_decisions_total", "Rule decisions (allowed, limited, shadow_limited) by rule.", &["rule", "decision"]),
+            request_duration_seconds: histogram(&registry, "tollgate_request_duration_seconds", "Time from request received to response headers sent."),
+            upstream_errors_total: counter_vec(&registry, "tollgate_upstream_errors_total", "Failed upstream calls by upstream and kind (connect, timeout, reset).", &["upstream", "kind"]),
+            store_errors_total: counter_vec(&registry, "tollgate_store_errors_total", "Store checks that failed or timed out, by backend.", &["backend"]),
+            store_duration_seconds: histogram(&registry, "tollgate_store_duration_seconds", "Time of one store check (all rules of a request)."),
+            rules_reloads_total: counter_vec(&registry, "tollgate_rules_reloads_total", "Rule reloads by result (success, failure).", &["result"]),
+            rules_active: gauge(&registry, "tollgate_rules_active", "Rules currently in force."),
+            store_degraded: gauge(&registry, "tollgate_store_degraded", "1 while checks fall back to local limits because the store is unreachable."),
+            local_cache_hits_total: reg(&registry, IntCounter::new("tollgate_local_cache_hits_total", "Requests rejected from the local over-limit cache without asking the store.").expect("valid metric definition")),
+            store_fallback_transitions_total: counter_vec(&registry, "tollgate_store_fallback_transitions_total", "Switches between the shared store and local fallback, by direction (to_local, to_store).", &["direction"]),
+            connections_active: gauge(&registry, "tollgate_connections_active", "Client connections open now."),
+            connections_refused_total: reg(&registry, IntCounter::new("tollgate_connections_refused_total", "Client connections closed at once because max_connections was reached.").expect("valid metric definition")),
+            registry,
+        }
+    }
+
+    /// The handles one rule updates.
+    pub fn rule_counters(&self, rule: &str) -> RuleCounters {
+        RuleCounters {
+            allowed: self.rule_decisions_total.with_label_values(&[rule, "allowed"]),
+            limited: self.rule_decisions_total.with_label_values(&[rule, "limited"]),
+            shadow_limited: self.rule_decisions_total.with_label_values(&[rule, "shadow_limited"]),
+        }
+    }
+
+    /// The handles one route (or "none", for requests no route matched)
+    /// updates.
+    pub fn route_counters(&self, route: &str) -> RouteCounters {
+        RouteCounters {
+            allowed: self.requests_total.with_label_values(&[route, "allowed"]),
+            limited: self.requests_total.with_label_values(&[route, "limited"]),
+            store_unavailable: self.requests_total.with_label_values(&[route, "store_unavailable"]),
+            rejected: self.requests_total.with_label_values(&[route, "rejected"]),
+        }
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        // Encoding into a Vec cannot fail on IO; it fails only for metric
+        // families with no metrics, which `gather` never returns.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}

@@ -1,0 +1,447 @@
+//! The request path: route, match rules, ask the store once, then answer
+//! 429 or forward to the upstream with rate-limit headers.
+//!
+//! Forwarding streams both bodies (hyper's `Incoming` goes straight into the
+//! upstream request and back), removes hop-by-hop headers, sets
+//! `X-Forwarded-*`, and reuses pooled upstream connections. Anything
+//! tollgate answers itself goes through [`ProxyError`], which alone decides
+//! statuses and bodies.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{PathAndQuery, Uri};
+use http::{Request, Response, Version};
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use prometheus::IntCounter;
+
+use crate::client;
+use crate::config::{ClientConfig, Config, OnError, Route, Upstream};
+use crate::error::ProxyError;
+use crate::headers::{self, RuleReport};
+use crate::limiter::{Verdict, ceil_secs};
+use crate::metrics::{Metrics, RouteCounters};
+use crate::rules::{RequestFacts, Rule, RuleSet};
+use crate::store::{AnyStore, Check, Mode, Store, StoreError};
+
+/// The body of every response tollgate sends: the upstream's, streamed, or
+/// one tollgate wrote.
+pub type ProxyBody = Either<Incoming, Full<Bytes>>;
+
+/// Everything the request path shares: built once at start-up, the rules
+/// swapped on reload.
+pub struct Proxy {
+    pub rules: ArcSwap<RuleSet>,
+    pub store: AnyStore,
+    pub metrics: Arc<Metrics>,
+    client: ClientConfig,
+    store_timeout: Duration,
+    default_on_error: OnError,
+    upstreams: Vec<UpstreamClient>,
+    /// Routes sorted by descending prefix length, host-specific first.
+    routes: Vec<(Route, RouteCounters)>,
+    no_route: RouteCounters,
+}
+
+/// One upstream: its pooled client, in-flight count and error counters.
+struct UpstreamClient {
+    config: Upstream,
+    client: Client<HttpConnector, Incoming>,
+    inflight: AtomicUsize,
+    connect_errors: IntCounter,
+    timeouts: IntCounter,
+    resets: IntCounter,
+}
+
+/// Keeps an upstream's in-flight count while a request is being forwarded.
+struct InflightGuard<'a>(&'a AtomicUsize);
+
+impl Drop for InflightGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Headers that describe one connection, not the message (RFC 9110 7.6.1):
+/// never forwarded in either direction.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+];
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// One matching rule while a request is being decided.
+struct Pending<'r> {
+    rule: &'r Rule,
+    key: String,
+    check_limits: crate::limiter::Limits,
+    cost: u64,
+}
+
+impl Proxy {
+    /// Builds the request path for `config` with `rules` in force.
+    pub fn new(config: &Config, rules: RuleSet, store: AnyStore, metrics: Arc<Metrics>) -> Proxy {
+        let upstreams = config
+            .upstreams
+            .iter()
+            .map(|u| {
+                let mut connector = HttpConnector::new();
+                connector.set_connect_timeout(Some(u.connect_timeout));
+                connector.set_nodelay(true);
+                connector.set_keepalive(Some(Duration::from_secs(60)));
+                let client = Client::builder(TokioExecutor::new())
+                    .pool_idle_timeout(Duration::from_secs(60))
+                    .pool_max_idle_per_host(1024)
+                    .build(connector);
+                let err = |kind: &str| metrics.upstream_errors_total.with_label_values(&[u.name.as_str(), kind]);
+                UpstreamClient {
+                    config: u.clone(),
+                    client,
+                    inflight: AtomicUsize::new(0),
+                    connect_errors: err("connect"),
+                    timeouts: err("timeout"),
+                    resets: err("reset"),
+                }
+            })
+            .collect();
+        let mut routes: Vec<(Route, RouteCounters)> =
+            config.routes.iter().map(|r| (r.clone(), metrics.route_counters(&r.name))).collect();
+        routes.sort_by_key(|(r, _)| (std::cmp::Reverse(r.path_prefix.len()), r.host.is_none()));
+        store.set_idle_horizon(rules.idle_horizon);
+        metrics.rules_active.set(rules.rules.len() as i64);
+        Proxy {
+            rules: ArcSwap::from_pointee(rules),
+            store,
+            no_route: metrics.route_counters("none"),
+            metrics,
+            client: config.client.clone(),
+            store_timeout: config.store.timeout,
+            default_on_error: config.store.on_error,
+            upstreams,
+            routes,
+        }
+    }
+
+    /// Puts a new rule set in force. Existing buckets keep their counts: the
+    /// store is keyed by rule name and key, not by rule set.
+    pub fn swap_rules(&self, rules: RuleSet) {
+        self.store.set_idle_horizon(rules.idle_horizon);
+        self.metrics.rules_active.set(rules.rules.len() as i64);
+        self.rules.store(Arc::new(rules));
+    }
+
+    /// Serves one request from `peer`; never fails (every failure is an
+    /// answer).
+    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
+        let started = Instant::now();
+        let resp = self.serve(req, peer).await;
+        self.metrics.request_duration_seconds.observe(started.elapsed().as_secs_f64());
+        resp
+    }
+
+    fn route(&self, host: Option<&str>, path: &str) -> Option<usize> {
+        self.routes.iter().position(|(r, _)| {
+            path.starts_with(r.path_prefix.as_str()) && r.host.as_deref().is_none_or(|h| Some(h) == host)
+        })
+    }
+
+    async fn serve(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
+        let host = request_host(&req);
+        let path = req.uri().path();
+        let route = self.route(host.as_deref(), path);
+        let counters = route.map_or(&self.no_route, |i| &self.routes[i].1);
+        let client_ip = client::client_addr(peer.ip(), req.headers(), &self.client.trusted_proxies);
+        let rules = self.rules.load();
+
+        // Decide.
+        let mut reports: Vec<RuleReport<'_>> = Vec::new();
+        let mut delay = 0;
+        {
+            let facts = RequestFacts {
+                method: req.method(),
+                path,
+                query: req.uri().query(),
+                host: host.as_deref(),
+                route: route.map(|i| {
+                    let r = &self.routes[i].0;
+                    (r.name.as_str(), self.upstreams[r.upstream].config.name.as_str())
+                }),
+                headers: req.headers(),
+                client: client::key_addr(client_ip, self.client.ipv6_prefix),
+                user_header: &self.client.user_header,
+                api_key_header: &self.client.api_key_header,
+            };
+            let inflight = route.map_or(0, |i| self.upstreams[self.routes[i].0.upstream].inflight.load(Ordering::Relaxed));
+            let mut pending: Vec<Pending<'_>> = Vec::new();
+            for rule in rules.matching(&facts) {
+                let cost = match rule.cost(req.headers()) {
+                    Ok(c) => c,
+                    Err(reason) => {
+                        counters.rejected.inc();
+                        return ProxyError::BadRequest(reason).into_response().map(Either::Right);
+                    }
+                };
+                let mut key = String::with_capacity(64);
+                rule.key(&facts, &mut key);
+                pending.push(Pending { rule, key, check_limits: rule.effective_limits(inflight), cost });
+            }
+
+            if !pending.is_empty() {
+                match self.decide(&pending).await {
+                    Ok(verdicts) => {
+                        let mut rejected: Option<(usize, u64)> = None;
+                        for (i, (p, v)) in pending.iter().zip(&verdicts).enumerate() {
+                            reports.push(RuleReport::new(p.rule, v, p.check_limits.capacity()));
+                            if v.allowed {
+                                p.rule.counters.allowed.inc();
+                                delay = delay.max(v.delay);
+                            } else if p.rule.enforced() {
+                                p.rule.counters.limited.inc();
+                                let secs = ceil_secs(v.retry_after).max(1);
+                                if rejected.is_none_or(|(_, s)| secs > s) {
+                                    rejected = Some((i, secs));
+                                }
+                            } else {
+                                p.rule.counters.shadow_limited.inc();
+                            }
+                        }
+                        if let Some((i, secs)) = rejected {
+                            counters.limited.inc();
+                            tracing::debug!(rule = pending[i].rule.name(), key = %pending[i].key, client = %client_ip, "rate limited");
+                            let rule = pending[i].rule;
+                            let err = ProxyError::Limited {
+                                rule: rule.name().to_string(),
+                                limit: rule.spec.limit,
+                                window_seconds: rule.window_secs,
+                                retry_after_seconds: secs,
+                            };
+                            let mut resp = err.into_response().map(Either::Right);
+                            headers::write(resp.headers_mut(), &reports, i);
+                            return resp;
+                        }
+                    }
+                    Err(e) => {
+                        self.metrics.store_errors_total.with_label_values(&[self.store.backend()]).inc();
+                        tracing::warn!(error = %e, "store check failed");
+                        let deny = pending.iter().any(|p| p.rule.enforced() && p.rule.spec.on_error.unwrap_or(self.default_on_error) == OnError::Deny);
+                        if deny {
+                            counters.store_unavailable.inc();
+                            return ProxyError::StoreUnavailable { retry_after_seconds: 1 }.into_response().map(Either::Right);
+                        }
+                        // Fail open: no quota is known, so no headers are sent.
+                    }
+                }
+            }
+        }
+
+        let Some(route) = route else {
+            counters.rejected.inc();
+            let mut resp = ProxyError::NoRoute.into_response().map(Either::Right);
+            let primary = headers::most_restrictive(&reports);
+            headers::write(resp.headers_mut(), &reports, primary);
+            return resp;
+        };
+        counters.allowed.inc();
+        if delay > 0 {
+            // Leaky bucket shaping: wait for this request's turn.
+            tokio::time::sleep(Duration::from_nanos(delay)).await;
+        }
+        let primary = headers::most_restrictive(&reports);
+        let upstream = &self.upstreams[self.routes[route].0.upstream];
+        let mut resp = match self.forward(upstream, req, peer.ip(), host).await {
+            Ok(resp) => resp.map(Either::Left),
+            Err(e) => e.into_response().map(Either::Right),
+        };
+        headers::write(resp.headers_mut(), &reports, primary);
+        resp
+    }
+
+    /// One store round trip for all matching rules, bounded by the store
+    /// timeout.
+    async fn decide(&self, pending: &[Pending<'_>]) -> Result<Vec<Verdict>, StoreError> {
+        let checks: Vec<Check<'_>> = pending
+            .iter()
+            .map(|p| Check { key: &p.key, limits: p.check_limits, cost: p.cost, enforced: p.rule.enforced() })
+            .collect();
+        let started = Instant::now();
+        let result = match &self.store {
+            // The memory store answers synchronously: no timer needed.
+            AnyStore::Memory(m) => Ok(m.check_now(&checks, Mode::Consume)),
+            #[allow(unreachable_patterns)]
+            other => match tokio::time::timeout(self.store_timeout, other.check(&checks, Mode::Consume)).await {
+                Ok(r) => r,
+                Err(_) => Err(StoreError::Timeout(self.store_timeout)),
+            },
+        };
+        self.metrics.store_duration_seconds.observe(started.elapsed().as_secs_f64());
+        result
+    }
+
+    async fn forward(
+        &self,
+        upstream: &UpstreamClient,
+        req: Request<Incoming>,
+        peer: IpAddr,
+        host: Option<String>,
+    ) -> Result<Response<Incoming>, ProxyError> {
+        let (mut parts, body) = req.into_parts();
+        let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let pq = if upstream.config.base_path.is_empty() {
+            PathAndQuery::try_from(pq)
+        } else {
+            PathAndQuery::try_from(format!("{}{}", upstream.config.base_path, pq))
+        }
+        .map_err(|_| ProxyError::BadRequest("The request target is not a valid path.".into()))?;
+        let original_authority = parts.uri.authority().cloned();
+        parts.uri = Uri::from_parts({
+            let mut u = http::uri::Parts::default();
+            u.scheme = Some(upstream.config.scheme.clone());
+            u.authority = Some(upstream.config.authority.clone());
+            u.path_and_query = Some(pq);
+            u
+        })
+        .map_err(|_| ProxyError::BadRequest("The request target is not a valid path.".into()))?;
+
+        let trusted_peer = self.client.trusted_proxies.iter().any(|n| n.contains(&peer));
+        strip_hop_by_hop(&mut parts.headers);
+        // The Host the client asked for goes to the upstream (virtual hosts
+        // behind the proxy keep working); HTTP/2 clients send it as the
+        // :authority instead.
+        if !parts.headers.contains_key(header::HOST)
+            && let Some(a) = &original_authority
+            && let Ok(v) = HeaderValue::from_str(a.as_str())
+        {
+            parts.headers.insert(header::HOST, v);
+        }
+        set_forwarded(&mut parts.headers, peer, trusted_peer, host.as_deref());
+        // The pooled client speaks HTTP/1.1 to upstreams whatever the client
+        // spoke to us.
+        parts.version = Version::HTTP_11;
+
+        let req = Request::from_parts(parts, body);
+        upstream.inflight.fetch_add(1, Ordering::Relaxed);
+        let _guard = InflightGuard(&upstream.inflight);
+        let result = tokio::time::timeout(upstream.config.timeout, upstream.client.request(req)).await;
+        match result {
+            Ok(Ok(mut resp)) => {
+                strip_hop_by_hop(resp.headers_mut());
+                Ok(resp)
+            }
+            Ok(Err(e)) => {
+                if e.is_connect() {
+                    if is_timeout(&e) {
+                        upstream.timeouts.inc();
+                        tracing::warn!(upstream = %upstream.config.name, "upstream connect timed out");
+                        Err(ProxyError::GatewayTimeout)
+                    } else {
+                        upstream.connect_errors.inc();
+                        tracing::warn!(upstream = %upstream.config.name, error = %e, "upstream connect failed");
+                        Err(ProxyError::BadGateway)
+                    }
+                } else {
+                    upstream.resets.inc();
+                    tracing::warn!(upstream = %upstream.config.name, error = %e, "upstream request failed");
+                    Err(ProxyError::BadGateway)
+                }
+            }
+            Err(_) => {
+                upstream.timeouts.inc();
+                tracing::warn!(upstream = %upstream.config.name, "upstream timed out");
+                Err(ProxyError::GatewayTimeout)
+            }
+        }
+    }
+
+    /// In-flight requests to an upstream, by name (for tests and `explain`).
+    pub fn upstream_inflight(&self, name: &str) -> Option<usize> {
+        self.upstreams.iter().find(|u| u.config.name == name).map(|u| u.inflight.load(Ordering::Relaxed))
+    }
+}
+
+/// The host the request is for: the URI's authority (HTTP/2, absolute-form)
+/// or the Host header, lower-cased, without a port.
+pub fn request_host<B>(req: &Request<B>) -> Option<String> {
+    let raw = match req.uri().host() {
+        Some(h) => h,
+        None => req.headers().get(header::HOST)?.to_str().ok()?,
+    };
+    let host = if raw.starts_with('[') {
+        raw.split_once(']').map_or(raw, |(h, _)| h).trim_start_matches('[')
+    } else {
+        raw.rsplit_once(':').map_or(raw, |(h, port)| if port.bytes().all(|b| b.is_ascii_digit()) { h } else { raw })
+    };
+    Some(host.to_ascii_lowercase())
+}
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Headers named in Connection are hop-by-hop too.
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+    // `Upgrade` is hop-by-hop as well; tollgate does not tunnel upgrades.
+    headers.remove(header::UPGRADE);
+}
+
+/// `X-Forwarded-For` gets the peer appended when the peer is a trusted
+/// proxy, and is replaced by the peer otherwise (an untrusted client's claim
+/// must not reach the upstream). Likewise for `-Proto` and `-Host`.
+fn set_forwarded(headers: &mut HeaderMap, peer: IpAddr, trusted_peer: bool, host: Option<&str>) {
+    let peer_s = peer.to_string();
+    let xff = match (trusted_peer, headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok())) {
+        (true, Some(prev)) if !prev.trim().is_empty() => format!("{prev}, {peer_s}"),
+        _ => peer_s,
+    };
+    headers.remove(&X_FORWARDED_FOR);
+    if let Ok(v) = HeaderValue::from_str(&xff) {
+        headers.insert(X_FORWARDED_FOR, v);
+    }
+    if !trusted_peer || !headers.contains_key(&X_FORWARDED_PROTO) {
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    }
+    if !trusted_peer || !headers.contains_key(&X_FORWARDED_HOST) {
+        headers.remove(&X_FORWARDED_HOST);
+        if let Some(v) = host.and_then(|h| HeaderValue::from_str(h).ok()) {
+            headers.insert(X_FORWARDED_HOST, v);
+        }
+    }
+}
+
+fn is_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::TimedOut
+        {
+            return true;
+        }
+        if err.to_string().contains("timed out") {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}

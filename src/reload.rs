@@ -1,0 +1,164 @@
+//! Hot reload of the rules: notify -> debounce -> validate -> swap.
+//!
+//! The rules path is watched with notify, together with its parent
+//! directory, so that both an edited file and a Kubernetes ConfigMap style
+//! swap (a `..data` symlink, or the rules directory itself being a symlink
+//! that is atomically replaced) are seen. Bursts of events are debounced.
+//! A watch can silently go stale when the watched directory is replaced, so
+//! the files' fingerprint is also polled every few seconds as a backstop.
+//!
+//! An invalid rule set never replaces a valid one: the previous rules keep
+//! running, the error is logged with file:line:column, the failure is
+//! counted and shown on `/rules`.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::mpsc;
+
+use crate::config::{Config, ConfigErrors, load_rules};
+use crate::proxy::Proxy;
+use crate::rules::RuleSet;
+
+/// How long file events must pause before a reload.
+pub const DEBOUNCE: Duration = Duration::from_millis(200);
+/// How often the files are re-read in case a watch missed a change.
+pub const POLL: Duration = Duration::from_secs(2);
+
+/// The outcome of the most recent reload, for `/rules` and tests.
+#[derive(Debug, Clone, Default)]
+pub struct ReloadStatus {
+    pub last_success: Option<SystemTime>,
+    pub last_error: Option<String>,
+    pub last_error_at: Option<SystemTime>,
+    pub reloads: u64,
+    pub failures: u64,
+}
+
+/// Reloads the rules for one proxy.
+pub struct Reloader {
+    config: Config,
+    proxy: Arc<Proxy>,
+    pub status: Mutex<ReloadStatus>,
+    fingerprint: Mutex<u64>,
+}
+
+impl Reloader {
+    pub fn new(config: Config, proxy: Arc<Proxy>) -> Reloader {
+        let fingerprint = Mutex::new(fingerprint(&config.rules_path));
+        let status = ReloadStatus { last_success: Some(SystemTime::now()), ..Default::default() };
+        Reloader { config, proxy, status: Mutex::new(status), fingerprint }
+    }
+
+    /// Reads, validates and swaps in the rules now. On error the old rules
+    /// stay.
+    pub fn reload(&self) -> Result<(), ConfigErrors> {
+        let m = &self.proxy.metrics;
+        *lock(&self.fingerprint) = fingerprint(&self.config.rules_path);
+        match load_rules(&self.config.rules_path, &self.config) {
+            Ok((specs, files)) => {
+                let set = RuleSet::build(specs, files, m);
+                let n = set.rules.len();
+                self.proxy.swap_rules(set);
+                m.rules_reloads_total.with_label_values(&["success"]).inc();
+                let mut s = lock(&self.status);
+                s.last_success = Some(SystemTime::now());
+                s.last_error = None;
+                s.reloads += 1;
+                tracing::info!(rules = n, path = %self.config.rules_path.display(), "rules reloaded");
+                Ok(())
+            }
+            Err(e) => {
+                m.rules_reloads_total.with_label_values(&["failure"]).inc();
+                let mut s = lock(&self.status);
+                s.last_error = Some(e.to_string());
+                s.last_error_at = Some(SystemTime::now());
+                s.failures += 1;
+                for err in &e.0 {
+                    tracing::error!("rules reload failed, previous rules stay in force: {err}");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether the files changed since the last reload attempt.
+    fn changed(&self) -> bool {
+        fingerprint(&self.config.rules_path) != *lock(&self.fingerprint)
+    }
+
+    /// Watches the rules path until the task is dropped.
+    pub async fn watch(self: Arc<Self>) {
+        let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+        let _watcher = match watcher(&self.config.rules_path, tx) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch the rules path; polling every {POLL:?} instead");
+                None
+            }
+        };
+        let mut poll = tokio::time::interval(POLL);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                ev = rx.recv() => {
+                    if ev.is_none() { return; }
+                    // Debounce: wait until events stop arriving for DEBOUNCE.
+                    loop {
+                        match tokio::time::timeout(DEBOUNCE, rx.recv()).await {
+                            Ok(Some(())) => continue,
+                            Ok(None) => return,
+                            Err(_) => break,
+                        }
+                    }
+                    if self.changed() {
+                        let _ = self.reload();
+                    }
+                }
+                _ = poll.tick() => {
+                    if self.changed() {
+                        let _ = self.reload();
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn watcher(path: &Path, tx: mpsc::UnboundedSender<()>) -> notify::Result<notify::RecommendedWatcher> {
+    let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+        if res.is_ok() {
+            let _ = tx.send(());
+        }
+    })?;
+    // The path itself (a file, or a directory and what is in it)...
+    w.watch(path, RecursiveMode::Recursive)?;
+    // ...and its parent, which sees the path being replaced (symlink swap,
+    // editors that write a new file and rename it over the old one).
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        let _ = w.watch(parent, RecursiveMode::NonRecursive);
+    }
+    Ok(w)
+}
+
+/// A cheap summary of the rules files' contents: changes when any file is
+/// added, removed or edited, including through a swapped symlink.
+fn fingerprint(path: &Path) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = foldhash::quality::FixedState::with_seed(1).build_hasher();
+    let files: Vec<PathBuf> = crate::config::rule_files_or_empty(path);
+    for f in files {
+        h.write(f.as_os_str().as_encoded_bytes());
+        match std::fs::read(&f) {
+            Ok(bytes) => h.write(&bytes),
+            Err(_) => h.write_u8(0),
+        }
+    }
+    h.finish()
+}

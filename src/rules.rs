@@ -1,0 +1,274 @@
+//! The compiled rule set: which rules a request matches, and the bucket key
+//! each of them counts it under. Immutable and free of IO; a reload builds a
+//! new [`RuleSet`] and swaps it in whole.
+//!
+//! Everything a rule needs per request that does not depend on the request
+//! is computed here, once per reload: the encoded key prefix, the
+//! `RateLimit-Policy` item, the nominal [`Limits`], the metric handles.
+
+use std::fmt::Write as _;
+use std::hash::BuildHasher;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::SystemTime;
+
+use http::{HeaderMap, Method};
+
+use crate::config::{Cost, KeyPart, PathPattern, RuleMode, RuleSpec, Throttle};
+use crate::limiter::{Limits, NANOS_PER_SEC, Nanos};
+use crate::metrics::{Metrics, RuleCounters};
+
+/// The rules in force.
+pub struct RuleSet {
+    pub rules: Vec<Rule>,
+    /// The files they were read from.
+    pub files: Vec<PathBuf>,
+    pub loaded_at: SystemTime,
+    /// The longest idle time after which any rule's bucket is fresh again.
+    pub idle_horizon: Nanos,
+}
+
+/// One compiled rule.
+pub struct Rule {
+    pub spec: RuleSpec,
+    /// The limits before soft or elastic throttling.
+    pub nominal: Limits,
+    /// The rule's part of `RateLimit-Policy`: `"name";q=5;w=60`.
+    pub policy: String,
+    /// The name, quoted as a structured-field string: `"name"`.
+    pub quoted_name: String,
+    /// The window in whole seconds (at least 1), for headers and bodies.
+    pub window_secs: u64,
+    /// The start of every key of this rule: the encoded name and a `|`.
+    key_prefix: String,
+    pub counters: RuleCounters,
+}
+
+/// What the matcher needs to know about a request.
+pub struct RequestFacts<'a> {
+    pub method: &'a Method,
+    pub path: &'a str,
+    pub query: Option<&'a str>,
+    /// Lower-cased, without a port.
+    pub host: Option<&'a str>,
+    /// The name of the route the request takes, and its upstream's name.
+    pub route: Option<(&'a str, &'a str)>,
+    pub headers: &'a HeaderMap,
+    /// The client address as keyed (an IPv6 client already reduced to its
+    /// prefix).
+    pub client: IpAddr,
+    pub user_header: &'a http::HeaderName,
+    pub api_key_header: &'a http::HeaderName,
+}
+
+impl RuleSet {
+    /// Compiles validated specs, resolving their metric handles.
+    pub fn build(specs: Vec<RuleSpec>, files: Vec<PathBuf>, metrics: &Metrics) -> RuleSet {
+        let rules: Vec<Rule> = specs.into_iter().map(|s| Rule::build(s, metrics)).collect();
+        let idle_horizon = rules
+            .iter()
+            .map(|r| {
+                // Soft and elastic throttling raise limit and burst together,
+                // which keeps the horizon; the 2x covers them anyway.
+                r.nominal.idle_horizon().saturating_mul(2)
+            })
+            .max()
+            .unwrap_or(0);
+        RuleSet { rules, files, loaded_at: SystemTime::now(), idle_horizon }
+    }
+
+    /// The rules that apply to a request, in file order.
+    pub fn matching<'s: 'f, 'f>(&'s self, facts: &'f RequestFacts<'_>) -> impl Iterator<Item = &'s Rule> + 'f {
+        self.rules.iter().filter(move |r| r.matches(facts))
+    }
+}
+
+impl Rule {
+    fn build(spec: RuleSpec, metrics: &Metrics) -> Rule {
+        let window = spec.window.as_nanos().min(u64::MAX as u128) as u64;
+        let nominal = Limits { algorithm: spec.algorithm, limit: spec.limit, window, burst: spec.burst };
+        let window_secs = crate::limiter::ceil_secs(window).max(1);
+        let quoted_name = format!("\"{}\"", spec.name);
+        let policy = format!("{quoted_name};q={};w={window_secs}", spec.limit);
+        let mut key_prefix = String::with_capacity(spec.name.len() + 1);
+        encode(&mut key_prefix, spec.name.as_bytes());
+        key_prefix.push('|');
+        let counters = metrics.rule_counters(&spec.name);
+        Rule { spec, nominal, policy, quoted_name, window_secs, key_prefix, counters }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    pub fn enforced(&self) -> bool {
+        self.spec.mode == RuleMode::Enforce
+    }
+
+    /// Whether every condition of the rule's `match` holds.
+    pub fn matches(&self, f: &RequestFacts<'_>) -> bool {
+        let m = &self.spec.matcher;
+        if !m.methods.is_empty() && !m.methods.iter().any(|x| x == f.method) {
+            return false;
+        }
+        match &m.path {
+            Some(PathPattern::Exact(p)) if p != f.path => return false,
+            Some(PathPattern::Prefix(p)) if !f.path.starts_with(p.as_str()) => return false,
+            _ => {}
+        }
+        if let Some(h) = &m.host
+            && f.host != Some(h.as_str())
+        {
+            return false;
+        }
+        if let Some(route) = &m.route
+            && !f.route.is_some_and(|(name, upstream)| name == route || upstream == route)
+        {
+            return false;
+        }
+        if let Some((name, value)) = &m.header
+            && f.headers.get(name).is_none_or(|v| v.as_bytes() != value.as_bytes())
+        {
+            return false;
+        }
+        true
+    }
+
+    /// The limits of this request, with soft or elastic throttling applied.
+    /// `inflight` is the route's upstream's in-flight count (elastic only).
+    pub fn effective_limits(&self, inflight: usize) -> Limits {
+        let percent = match self.spec.throttle {
+            Throttle::Hard => 0,
+            Throttle::Soft { percent } => percent,
+            Throttle::Elastic { percent, inflight_below } => {
+                if inflight < inflight_below as usize {
+                    percent
+                } else {
+                    0
+                }
+            }
+        };
+        if percent == 0 {
+            return self.nominal;
+        }
+        let scale = |n: u64| n + n * percent as u64 / 100;
+        Limits { limit: scale(self.nominal.limit), burst: scale(self.nominal.burst), ..self.nominal }
+    }
+
+    /// The cost of a request: the fixed cost, or the `cost_header` value
+    /// (absent: 1). `Err` carries the sentence for the 400 answer.
+    pub fn cost(&self, headers: &HeaderMap) -> Result<u64, String> {
+        match &self.spec.cost {
+            Cost::Fixed(n) => Ok(*n),
+            Cost::Header(name) => {
+                let Some(raw) = headers.get(name) else { return Ok(1) };
+                let capacity = self.nominal.capacity();
+                let parsed = raw.to_str().ok().map(str::trim).and_then(|s| {
+                    // Digits only: no sign, no exponent, no wrap-around.
+                    if s.is_empty() || s.len() > 12 || !s.bytes().all(|b| b.is_ascii_digit()) {
+                        None
+                    } else {
+                        s.parse::<u64>().ok()
+                    }
+                });
+                match parsed {
+                    Some(n) if (1..=capacity).contains(&n) => Ok(n),
+                    _ => Err(format!("header {name} must be a whole number from 1 to {capacity}")),
+                }
+            }
+        }
+    }
+
+    /// Writes this request's bucket key into `out` (cleared first).
+    ///
+    /// The key is the encoded rule name followed by one `tag=value` per key
+    /// part, separated by `|`. Values are percent-encoded, so no value can
+    /// contain a `|` and two different requests can never produce the same
+    /// key by shifting text between parts (user "a|b" vs user "a" + path
+    /// "b"). A part the request lacks (no user header for `user`) falls back
+    /// to the client IP under the tag `ip`, so leaving a header out never
+    /// escapes a limit and never shares a bucket with a real user id.
+    pub fn key(&self, f: &RequestFacts<'_>, out: &mut String) {
+        out.clear();
+        out.push_str(&self.key_prefix);
+        for (i, part) in self.spec.key.iter().enumerate() {
+            if i > 0 {
+                out.push('|');
+            }
+            let value: Option<&[u8]> = match part {
+                KeyPart::Ip => None,
+                KeyPart::User => f.headers.get(f.user_header).map(|v| v.as_bytes()),
+                KeyPart::ApiKey => f.headers.get(f.api_key_header).map(|v| v.as_bytes()),
+                KeyPart::Route => Some(f.route.map_or("", |r| r.0).as_bytes()),
+                KeyPart::Method => Some(f.method.as_str().as_bytes()),
+                KeyPart::Path => Some(f.path.as_bytes()),
+                KeyPart::Header(h) => f.headers.get(h).map(|v| v.as_bytes()),
+                KeyPart::Query(q) => query_param(f.query, q),
+            };
+            match value.filter(|v| !v.is_empty() || matches!(part, KeyPart::Route)) {
+                Some(v) => {
+                    out.push_str(tag(part));
+                    out.push('=');
+                    encode(out, v);
+                }
+                None => {
+                    // `write!` to a String cannot fail.
+                    let _ = write!(out, "ip={}", f.client);
+                }
+            }
+        }
+    }
+}
+
+fn tag(part: &KeyPart) -> &'static str {
+    match part {
+        KeyPart::Ip => "ip",
+        KeyPart::User => "user",
+        KeyPart::ApiKey => "api_key",
+        KeyPart::Route => "route",
+        KeyPart::Method => "method",
+        KeyPart::Path => "path",
+        KeyPart::Header(_) => "h",
+        KeyPart::Query(_) => "q",
+    }
+}
+
+/// Longest key value kept as text; longer values (a client stuffing a
+/// megabyte into its user header) are replaced by a hash of themselves, so a
+/// key stays small and still distinct.
+const MAX_VALUE_BYTES: usize = 128;
+
+/// Appends `value`, percent-encoding every byte outside a small safe set:
+/// an injective encoding that keeps `|`, `{`, `}` and control bytes out of
+/// keys (the Redis store puts keys inside a `{hash tag}`).
+fn encode(out: &mut String, value: &[u8]) {
+    if value.len() > MAX_VALUE_BYTES {
+        // A fixed-seed hash: every instance must derive the same key.
+        let h = foldhash::quality::FixedState::with_seed(0x7011_6a7e).hash_one(value);
+        let _ = write!(out, "~{h:016x}{:x}", value.len());
+        return;
+    }
+    for &b in value {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b':' | b'/' | b'@' | b'+' | b',') {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+}
+
+/// The first value of query parameter `name`, undecoded.
+fn query_param<'q>(query: Option<&'q str>, name: &str) -> Option<&'q [u8]> {
+    query?.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == name).then_some(v.as_bytes())
+    })
+}
+
+/// Window length in nanoseconds as whole seconds, at least 1.
+pub fn whole_secs(ns: Nanos) -> u64 {
+    ns.div_ceil(NANOS_PER_SEC).max(1)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,220 @@
+//! Listeners, connections and shutdown.
+//!
+//! [`Server::bind`] validates everything and binds both listeners before
+//! anything is served, so a bad config or a taken port fails the start, not
+//! the first request. [`Server::run`] serves until the shutdown future
+//! completes, then stops accepting, lets in-flight requests finish (up to
+//! `listen.drain_timeout`) and returns.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+
+use crate::admin::Admin;
+use crate::clock::SharedClock;
+use crate::config::{Backend, Config, ConfigErrors, load_rules};
+use crate::metrics::Metrics;
+use crate::proxy::Proxy;
+use crate::reload::Reloader;
+use crate::rules::RuleSet;
+use crate::store::{AnyStore, MemoryStore};
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Config(#[from] ConfigErrors),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("cannot set up the store: {0}")]
+    Store(String),
+}
+
+/// A bound, not yet serving, tollgate.
+pub struct Server {
+    config: Config,
+    proxy: Arc<Proxy>,
+    reloader: Arc<Reloader>,
+    proxy_listener: TcpListener,
+    admin_listener: TcpListener,
+}
+
+/// How often idle keys are swept from the memory store.
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
+
+impl Server {
+    /// Loads the rules, builds the store and binds both listeners.
+    pub async fn bind(config: Config, clock: SharedClock) -> Result<Server, StartError> {
+        let metrics = Arc::new(Metrics::new());
+        let (specs, files) = load_rules(&config.rules_path, &config)?;
+        let rules = RuleSet::build(specs, files, &metrics);
+        let store = match config.store.backend {
+            Backend::Memory => AnyStore::Memory(MemoryStore::new(clock)),
+            Backend::Redis => return Err(StartError::Store("the redis backend is not available in this build yet".into())),
+        };
+        let proxy = Arc::new(Proxy::new(&config, rules, store, metrics));
+        let reloader = Arc::new(Reloader::new(config.clone(), proxy.clone()));
+        let bind = |addr: SocketAddr| async move {
+            TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source })
+        };
+        let proxy_listener = bind(config.listen.proxy).await?;
+        let admin_listener = bind(config.listen.admin).await?;
+        Ok(Server { config, proxy, reloader, proxy_listener, admin_listener })
+    }
+
+    /// The address clients connect to (useful when the config said port 0).
+    pub fn proxy_addr(&self) -> SocketAddr {
+        self.proxy_listener.local_addr().unwrap_or(self.config.listen.proxy)
+    }
+
+    /// The admin listener's address.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_listener.local_addr().unwrap_or(self.config.listen.admin)
+    }
+
+    /// The request path, for tests that inspect it.
+    pub fn proxy(&self) -> Arc<Proxy> {
+        self.proxy.clone()
+    }
+
+    /// The rules reloader, for tests that trigger a reload by hand.
+    pub fn reloader(&self) -> Arc<Reloader> {
+        self.reloader.clone()
+    }
+
+    /// Serves until `shutdown` completes, then drains.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
+        let Server { config, proxy, reloader, proxy_listener, admin_listener } = self;
+        let watch = tokio::spawn(reloader.clone().watch());
+        let sweep = tokio::spawn({
+            let proxy = proxy.clone();
+            async move {
+                let mut every = tokio::time::interval(SWEEP_EVERY);
+                loop {
+                    every.tick().await;
+                    #[allow(irrefutable_let_patterns)]
+                    if let AnyStore::Memory(m) = &proxy.store {
+                        m.sweep();
+                    }
+                }
+            }
+        });
+        let admin = Arc::new(Admin { proxy: proxy.clone(), reloader });
+        let admin_task = tokio::spawn(serve_admin(admin_listener, admin));
+
+        serve_proxy(proxy_listener, proxy, &config, shutdown).await;
+
+        watch.abort();
+        sweep.abort();
+        admin_task.abort();
+    }
+}
+
+fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(config.listen.header_read_timeout)
+        .max_buf_size(config.listen.max_header_bytes.max(8192))
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(config.listen.idle_timeout))
+        .max_concurrent_streams(256);
+    builder
+}
+
+async fn serve_proxy(listener: TcpListener, proxy: Arc<Proxy>, config: &Config, shutdown: impl Future<Output = ()>) {
+    let builder = connection_builder(config);
+    let graceful = GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(config.listen.max_connections));
+    let proxy_metrics = proxy.metrics.clone();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead
+                    // of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            proxy.metrics.connections_refused_total.inc();
+            tokio::spawn(refuse(stream));
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let proxy = proxy.clone();
+        let svc = service_fn(move |req| {
+            let proxy = proxy.clone();
+            async move { Ok::<_, Infallible>(proxy.handle(req, peer).await) }
+        });
+        let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
+        let conn = graceful.watch(conn);
+        let active = proxy_metrics.connections_active.clone();
+        active.inc();
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, %peer, "connection ended with an error");
+            }
+            active.dec();
+            drop(permit);
+        });
+    }
+    drop(listener);
+    tracing::info!("shutting down: draining in-flight requests");
+    if tokio::time::timeout(config.listen.drain_timeout, graceful.shutdown()).await.is_err() {
+        tracing::warn!("drain timeout reached; closing the remaining connections");
+    }
+}
+
+/// Answers a connection over `max_connections` with a short 503 and closes
+/// it, so the client learns why instead of seeing a reset.
+async fn refuse(mut stream: TcpStream) {
+    const BODY: &str = r#"{"error":"overloaded","message":"Too many connections; retry shortly."}"#;
+    let resp = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(resp.as_bytes())).await;
+    let _ = stream.shutdown().await;
+}
+
+async fn serve_admin(listener: TcpListener, admin: Arc<Admin>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let admin = admin.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| {
+                let admin = admin.clone();
+                async move { Ok::<_, Infallible>(admin.handle(req).await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10))
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}

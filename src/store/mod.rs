@@ -1,0 +1,112 @@
+//! Where the counters live: the [`Store`] trait and its implementations.
+//!
+//! The proxy asks the store once per request, for all matching rules
+//! together ([`Store::check`]), and never reads and then writes: each store
+//! decides and updates atomically on its side (under a shard lock in
+//! [`memory`], in one Lua script per key in the Redis store). A request that
+//! any enforced rule rejects consumes no quota from any rule.
+//!
+//! The backend is chosen at start-up from `[store] backend`; [`AnyStore`]
+//! dispatches to it without boxing a future per request.
+
+pub mod memory;
+
+use std::future::Future;
+
+use crate::limiter::{Limits, Verdict};
+
+pub use memory::MemoryStore;
+
+/// One rule's question about one request.
+#[derive(Debug, Clone)]
+pub struct Check<'a> {
+    /// The bucket: rule name and key parts, already encoded so that distinct
+    /// rules or key values never collide (see `rules::key`).
+    pub key: &'a str,
+    /// Effective limits for this request (soft/elastic already applied).
+    pub limits: Limits,
+    /// Units this request takes (1 unless the rule sets `cost`/`cost_header`).
+    pub cost: u64,
+    /// Shadow rules are counted but cannot reject: their refusal does not
+    /// stop the other rules from committing.
+    pub enforced: bool,
+}
+
+/// Whether a check may change the counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Admit and count (the request path).
+    Consume,
+    /// Answer what would happen without counting (`tollgate explain`).
+    Peek,
+}
+
+/// Why a store could not answer. Mapped to the rule's `on_error` policy by
+/// the proxy; never shown to clients.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store timed out after {0:?}")]
+    Timeout(std::time::Duration),
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    #[error("store answered an unexpected reply: {0}")]
+    Protocol(String),
+}
+
+/// A backend that keeps rate-limit counters.
+pub trait Store: Send + Sync + 'static {
+    /// Decides every check of one request at once, in the order given.
+    ///
+    /// With [`Mode::Consume`], admitted checks are counted only if every
+    /// enforced check is admitted; otherwise nothing is counted.
+    fn check(
+        &self,
+        checks: &[Check<'_>],
+        mode: Mode,
+    ) -> impl Future<Output = Result<Vec<Verdict>, StoreError>> + Send;
+
+    /// Whether the store answers right now (for `/readyz`).
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The `backend` label of the store's metrics.
+    fn backend(&self) -> &'static str;
+
+    /// Told after every rules reload: the longest time an idle key must be
+    /// kept before its state is equivalent to a fresh one.
+    fn set_idle_horizon(&self, _horizon: crate::limiter::Nanos) {}
+}
+
+/// The store the server runs with, chosen by `[store] backend`.
+///
+/// An enum rather than `Box<dyn Store>`: `Store::check` returns an
+/// `impl Future`, and dispatching here keeps the request path free of a boxed
+/// future per request.
+pub enum AnyStore {
+    Memory(MemoryStore),
+}
+
+impl Store for AnyStore {
+    async fn check(&self, checks: &[Check<'_>], mode: Mode) -> Result<Vec<Verdict>, StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.check(checks, mode).await,
+        }
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.ping().await,
+        }
+    }
+
+    fn backend(&self) -> &'static str {
+        match self {
+            AnyStore::Memory(s) => s.backend(),
+        }
+    }
+
+    fn set_idle_horizon(&self, horizon: crate::limiter::Nanos) {
+        match self {
+            AnyStore::Memory(s) => s.set_idle_horizon(horizon),
+        }
+    }
+}
