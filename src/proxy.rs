@@ -265,8 +265,13 @@ impl Proxy {
         }
         let primary = headers::most_restrictive(&reports);
         let upstream = &self.upstreams[self.routes[route].0.upstream];
+        let version = req.version();
         let mut resp = match self.forward(upstream, req, peer.ip(), host).await {
-            Ok(resp) => resp.map(Either::Left),
+            Ok(mut resp) => {
+                // Answer in the client's protocol, not the upstream's.
+                *resp.version_mut() = version;
+                resp.map(Either::Left)
+            }
             Err(e) => e.into_response().map(Either::Right),
         };
         headers::write(resp.headers_mut(), &reports, primary);
