@@ -29,18 +29,25 @@ impl Admin {
     /// Answers one admin request.
     pub async fn handle<B>(&self, req: Request<B>) -> Response<Full<Bytes>> {
         if req.method() != Method::GET && req.method() != Method::HEAD {
-            return json_response(StatusCode::METHOD_NOT_ALLOWED, &json!({"error": "method_not_allowed", "message": "The admin endpoints answer GET only."}));
+            return json_response(
+                StatusCode::METHOD_NOT_ALLOWED,
+                &json!({"error": "method_not_allowed", "message": "The admin endpoints answer GET only."}),
+            );
         }
         match req.uri().path() {
             "/metrics" => {
                 let mut resp = Response::new(Full::new(Bytes::from(self.proxy.metrics.render())));
-                resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
+                resp.headers_mut()
+                    .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
                 resp
             }
             "/healthz" => json_response(StatusCode::OK, &json!({"status": "ok"})),
             "/readyz" => self.ready().await,
             "/rules" => self.rules(),
-            _ => json_response(StatusCode::NOT_FOUND, &json!({"error": "not_found", "message": "Admin endpoints: /metrics /healthz /readyz /rules."})),
+            _ => json_response(
+                StatusCode::NOT_FOUND,
+                &json!({"error": "not_found", "message": "Admin endpoints: /metrics /healthz /readyz /rules."}),
+            ),
         }
     }
 
@@ -48,8 +55,14 @@ impl Admin {
         let store = &self.proxy.store;
         match tokio::time::timeout(READY_PING_TIMEOUT, store.ping()).await {
             Ok(Ok(())) => json_response(StatusCode::OK, &json!({"status": "ready", "store": store.backend()})),
-            Ok(Err(e)) => json_response(StatusCode::SERVICE_UNAVAILABLE, &json!({"status": "not_ready", "store": store.backend(), "reason": e.to_string()})),
-            Err(_) => json_response(StatusCode::SERVICE_UNAVAILABLE, &json!({"status": "not_ready", "store": store.backend(), "reason": format!("the store did not answer a ping within {READY_PING_TIMEOUT:?}")})),
+            Ok(Err(e)) => json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({"status": "not_ready", "store": store.backend(), "reason": e.to_string()}),
+            ),
+            Err(_) => json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({"status": "not_ready", "store": store.backend(), "reason": format!("the store did not answer a ping within {READY_PING_TIMEOUT:?}")}),
+            ),
         }
     }
 

@@ -85,7 +85,8 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
     let (specs, files) = load_rules(&config.rules_path, &config).map_err(|e| e.to_string())?;
     let metrics = Metrics::new();
     let set = RuleSet::build(specs, files, &metrics);
-    let method = Method::from_bytes(args.method.to_ascii_uppercase().as_bytes()).map_err(|_| format!("{:?} is not an HTTP method", args.method))?;
+    let method = Method::from_bytes(args.method.to_ascii_uppercase().as_bytes())
+        .map_err(|_| format!("{:?} is not an HTTP method", args.method))?;
     let mut headers = HeaderMap::new();
     for h in &args.headers {
         let (k, v) = h.split_once(':').ok_or_else(|| format!("--header {h:?} must look like 'name: value'"))?;
@@ -100,16 +101,20 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
     let host = args.host.as_ref().map(|h| h.to_ascii_lowercase());
     let mut routes: Vec<&crate::config::Route> = config.routes.iter().collect();
     routes.sort_by_key(|r| (std::cmp::Reverse(r.path_prefix.len()), r.host.is_none()));
-    let route = routes
-        .into_iter()
-        .find(|r| path.starts_with(r.path_prefix.as_str()) && r.host.as_deref().is_none_or(|h| Some(h) == host.as_deref()));
+    let route = routes.into_iter().find(|r| {
+        path.starts_with(r.path_prefix.as_str()) && r.host.as_deref().is_none_or(|h| Some(h) == host.as_deref())
+    });
 
     let mut out = String::new();
     let _ = writeln!(out, "request: {method} {} from {}", args.path, args.ip);
     match route {
         Some(r) => {
             let u = &config.upstreams[r.upstream];
-            let _ = writeln!(out, "route:   {} (prefix {}) -> upstream {} at {}://{}{}", r.name, r.path_prefix, u.name, u.scheme, u.authority, u.base_path);
+            let _ = writeln!(
+                out,
+                "route:   {} (prefix {}) -> upstream {} at {}://{}{}",
+                r.name, r.path_prefix, u.name, u.scheme, u.authority, u.base_path
+            );
         }
         None => {
             let _ = writeln!(out, "route:   none (tollgate would answer 404 after checking the rules)");

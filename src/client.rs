@@ -48,11 +48,7 @@ pub fn client_addr(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAd
         // Every hop was a trusted proxy: the first of them is the client.
         return ip;
     }
-    headers
-        .get(X_REAL_IP)
-        .and_then(|v| v.to_str().ok())
-        .and_then(parse_hop)
-        .unwrap_or(peer)
+    headers.get(X_REAL_IP).and_then(|v| v.to_str().ok()).and_then(parse_hop).unwrap_or(peer)
 }
 
 /// The address a rule keys on: IPv4 as is, IPv6 reduced to `ipv6_prefix` bits.
@@ -142,7 +138,10 @@ mod tests {
     fn real_ip_and_ports_and_mapped_addresses() {
         let t = nets(&["127.0.0.1/32"]);
         assert_eq!(client_addr(ip("127.0.0.1"), &headers(&[("x-real-ip", "7.7.7.7")]), &t), ip("7.7.7.7"));
-        assert_eq!(client_addr(ip("127.0.0.1"), &headers(&[("x-forwarded-for", "[2001:db8::5]:443")]), &t), ip("2001:db8::5"));
+        assert_eq!(
+            client_addr(ip("127.0.0.1"), &headers(&[("x-forwarded-for", "[2001:db8::5]:443")]), &t),
+            ip("2001:db8::5")
+        );
         assert_eq!(client_addr(ip("127.0.0.1"), &headers(&[("x-forwarded-for", "8.8.8.8:1234")]), &t), ip("8.8.8.8"));
         assert_eq!(client_addr(ip("::ffff:3.3.3.3"), &HeaderMap::new(), &t), ip("3.3.3.3"));
     }

@@ -21,9 +21,7 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now(&self) -> Nanos {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
+        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
     }
 }
 

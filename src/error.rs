@@ -59,21 +59,29 @@ impl ProxyError {
             }),
             ProxyError::NoRoute => json!({"error": "not_found", "message": "No route matches this host and path."}),
             ProxyError::BadRequest(reason) => json!({"error": "bad_request", "message": reason}),
-            ProxyError::PayloadTooLarge => json!({"error": "payload_too_large", "message": "The request body is larger than this route accepts."}),
+            ProxyError::PayloadTooLarge => {
+                json!({"error": "payload_too_large", "message": "The request body is larger than this route accepts."})
+            }
             ProxyError::StoreUnavailable { retry_after_seconds } => json!({
                 "error": "rate_limiter_unavailable",
                 "retry_after_seconds": retry_after_seconds,
                 "message": "The rate limiter cannot decide right now; this route fails closed. Retry shortly.",
             }),
-            ProxyError::BadGateway => json!({"error": "bad_gateway", "message": "The upstream service could not be reached or broke the connection."}),
-            ProxyError::GatewayTimeout => json!({"error": "gateway_timeout", "message": "The upstream service did not answer in time."}),
+            ProxyError::BadGateway => {
+                json!({"error": "bad_gateway", "message": "The upstream service could not be reached or broke the connection."})
+            }
+            ProxyError::GatewayTimeout => {
+                json!({"error": "gateway_timeout", "message": "The upstream service did not answer in time."})
+            }
         }
     }
 
     /// The full response, without rate-limit headers (the proxy adds those).
     pub fn into_response(self) -> Response<Full<Bytes>> {
         let retry = match &self {
-            ProxyError::Limited { retry_after_seconds, .. } | ProxyError::StoreUnavailable { retry_after_seconds } => Some(*retry_after_seconds),
+            ProxyError::Limited { retry_after_seconds, .. } | ProxyError::StoreUnavailable { retry_after_seconds } => {
+                Some(*retry_after_seconds)
+            }
             _ => None,
         };
         let body = Bytes::from(self.body().to_string());

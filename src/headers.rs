@@ -86,9 +86,5 @@ pub fn write_retry_after(headers: &mut HeaderMap, secs: u64) {
 
 /// The index of the most restrictive report: least remaining, first on ties.
 pub fn most_restrictive(reports: &[RuleReport<'_>]) -> usize {
-    reports
-        .iter()
-        .enumerate()
-        .min_by_key(|(i, r)| (r.remaining, *i))
-        .map_or(0, |(i, _)| i)
+    reports.iter().enumerate().min_by_key(|(i, r)| (r.remaining, *i)).map_or(0, |(i, _)| i)
 }

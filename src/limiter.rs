@@ -226,22 +226,10 @@ fn fixed_window(cell: Cell, now: Nanos, limits: &Limits, cost: u64) -> (Verdict,
     let reset_after = start + limits.window - now;
     if count + cost <= limits.limit {
         let count = count + cost;
-        let verdict = Verdict {
-            allowed: true,
-            remaining: limits.limit - count,
-            reset_after,
-            retry_after: 0,
-            delay: 0,
-        };
+        let verdict = Verdict { allowed: true, remaining: limits.limit - count, reset_after, retry_after: 0, delay: 0 };
         (verdict, Cell { t: start, v: count })
     } else {
-        let verdict = Verdict {
-            allowed: false,
-            remaining: 0,
-            reset_after,
-            retry_after: reset_after.max(1),
-            delay: 0,
-        };
+        let verdict = Verdict { allowed: false, remaining: 0, reset_after, retry_after: reset_after.max(1), delay: 0 };
         (verdict, cell)
     }
 }

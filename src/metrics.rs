@@ -45,9 +45,8 @@ pub struct RouteCounters {
 
 /// Latency buckets for the whole request and for one store round trip:
 /// from 50 µs (a memory-store check) to 10 s (a slow upstream).
-const LATENCY_BUCKETS: &[f64] = &[
-    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
+const LATENCY_BUCKETS: &[f64] =
+    &[0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 
 impl Metrics {
     /// Creates and registers every metric.
@@ -71,19 +70,75 @@ impl Metrics {
             reg(r, Histogram::with_opts(opts).expect("valid metric definition"))
         }
         Metrics {
-            requests_total: counter_vec(&registry, "tollgate_requests_total", "Requests by route and rate-limit decision.", &["route", "decision"]),
-            rule_decisions_total: counter_vec(&registry, "tollgate_rule_decisions_total", "Rule decisions (allowed, limited, shadow_limited) by rule.", &["rule", "decision"]),
-            request_duration_seconds: histogram(&registry, "tollgate_request_duration_seconds", "Time from request received to response headers sent."),
-            upstream_errors_total: counter_vec(&registry, "tollgate_upstream_errors_total", "Failed upstream calls by upstream and kind (connect, timeout, reset).", &["upstream", "kind"]),
-            store_errors_total: counter_vec(&registry, "tollgate_store_errors_total", "Store checks that failed or timed out, by backend.", &["backend"]),
-            store_duration_seconds: histogram(&registry, "tollgate_store_duration_seconds", "Time of one store check (all rules of a request)."),
-            rules_reloads_total: counter_vec(&registry, "tollgate_rules_reloads_total", "Rule reloads by result (success, failure).", &["result"]),
+            requests_total: counter_vec(
+                &registry,
+                "tollgate_requests_total",
+                "Requests by route and rate-limit decision.",
+                &["route", "decision"],
+            ),
+            rule_decisions_total: counter_vec(
+                &registry,
+                "tollgate_rule_decisions_total",
+                "Rule decisions (allowed, limited, shadow_limited) by rule.",
+                &["rule", "decision"],
+            ),
+            request_duration_seconds: histogram(
+                &registry,
+                "tollgate_request_duration_seconds",
+                "Time from request received to response headers sent.",
+            ),
+            upstream_errors_total: counter_vec(
+                &registry,
+                "tollgate_upstream_errors_total",
+                "Failed upstream calls by upstream and kind (connect, timeout, reset).",
+                &["upstream", "kind"],
+            ),
+            store_errors_total: counter_vec(
+                &registry,
+                "tollgate_store_errors_total",
+                "Store checks that failed or timed out, by backend.",
+                &["backend"],
+            ),
+            store_duration_seconds: histogram(
+                &registry,
+                "tollgate_store_duration_seconds",
+                "Time of one store check (all rules of a request).",
+            ),
+            rules_reloads_total: counter_vec(
+                &registry,
+                "tollgate_rules_reloads_total",
+                "Rule reloads by result (success, failure).",
+                &["result"],
+            ),
             rules_active: gauge(&registry, "tollgate_rules_active", "Rules currently in force."),
-            store_degraded: gauge(&registry, "tollgate_store_degraded", "1 while checks fall back to local limits because the store is unreachable."),
-            local_cache_hits_total: reg(&registry, IntCounter::new("tollgate_local_cache_hits_total", "Requests rejected from the local over-limit cache without asking the store.").expect("valid metric definition")),
-            store_fallback_transitions_total: counter_vec(&registry, "tollgate_store_fallback_transitions_total", "Switches between the shared store and local fallback, by direction (to_local, to_store).", &["direction"]),
+            store_degraded: gauge(
+                &registry,
+                "tollgate_store_degraded",
+                "1 while checks fall back to local limits because the store is unreachable.",
+            ),
+            local_cache_hits_total: reg(
+                &registry,
+                IntCounter::new(
+                    "tollgate_local_cache_hits_total",
+                    "Requests rejected from the local over-limit cache without asking the store.",
+                )
+                .expect("valid metric definition"),
+            ),
+            store_fallback_transitions_total: counter_vec(
+                &registry,
+                "tollgate_store_fallback_transitions_total",
+                "Switches between the shared store and local fallback, by direction (to_local, to_store).",
+                &["direction"],
+            ),
             connections_active: gauge(&registry, "tollgate_connections_active", "Client connections open now."),
-            connections_refused_total: reg(&registry, IntCounter::new("tollgate_connections_refused_total", "Client connections closed at once because max_connections was reached.").expect("valid metric definition")),
+            connections_refused_total: reg(
+                &registry,
+                IntCounter::new(
+                    "tollgate_connections_refused_total",
+                    "Client connections closed at once because max_connections was reached.",
+                )
+                .expect("valid metric definition"),
+            ),
             registry,
         }
     }

@@ -188,7 +188,8 @@ impl Proxy {
                 user_header: &self.client.user_header,
                 api_key_header: &self.client.api_key_header,
             };
-            let inflight = route.map_or(0, |i| self.upstreams[self.routes[i].0.upstream].inflight.load(Ordering::Relaxed));
+            let inflight =
+                route.map_or(0, |i| self.upstreams[self.routes[i].0.upstream].inflight.load(Ordering::Relaxed));
             let mut pending: Vec<Pending<'_>> = Vec::new();
             for rule in rules.matching(&facts) {
                 let cost = match rule.cost(req.headers()) {
@@ -240,10 +241,14 @@ impl Proxy {
                     Err(e) => {
                         self.metrics.store_errors_total.with_label_values(&[self.store.backend()]).inc();
                         tracing::warn!(error = %e, "store check failed");
-                        let deny = pending.iter().any(|p| p.rule.enforced() && p.rule.spec.on_error.unwrap_or(self.default_on_error) == OnError::Deny);
+                        let deny = pending.iter().any(|p| {
+                            p.rule.enforced() && p.rule.spec.on_error.unwrap_or(self.default_on_error) == OnError::Deny
+                        });
                         if deny {
                             counters.store_unavailable.inc();
-                            return ProxyError::StoreUnavailable { retry_after_seconds: 1 }.into_response().map(Either::Right);
+                            return ProxyError::StoreUnavailable { retry_after_seconds: 1 }
+                                .into_response()
+                                .map(Either::Right);
                         }
                         // Fail open: no quota is known, so no headers are sent.
                     }

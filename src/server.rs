@@ -60,7 +60,9 @@ impl Server {
         let rules = RuleSet::build(specs, files, &metrics);
         let store = match config.store.backend {
             Backend::Memory => AnyStore::Memory(MemoryStore::new(clock)),
-            Backend::Redis => return Err(StartError::Store("the redis backend is not available in this build yet".into())),
+            Backend::Redis => {
+                return Err(StartError::Store("the redis backend is not available in this build yet".into()));
+            }
         };
         let proxy = Arc::new(Proxy::new(&config, rules, store, metrics));
         let reloader = Arc::new(Reloader::new(config.clone(), proxy.clone()));

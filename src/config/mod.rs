@@ -24,7 +24,10 @@ use serde::Deserialize;
 use toml::Spanned;
 
 pub use error::{ConfigError, ConfigErrors, line_col};
-pub use rules_file::{Cost, KeyPart, MatchSpec, PathPattern, RuleMode, RuleSpec, Throttle, load_rules, parse_rules, rule_files, rule_files_or_empty};
+pub use rules_file::{
+    Cost, KeyPart, MatchSpec, PathPattern, RuleMode, RuleSpec, Throttle, load_rules, parse_rules, rule_files,
+    rule_files_or_empty,
+};
 
 /// What a check does when the store cannot answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -136,8 +139,7 @@ impl Config {
     /// Validates the text of a main file; `path` names it in errors and
     /// anchors a relative rules path.
     pub fn parse(path: &Path, source: &str) -> Result<Config, ConfigErrors> {
-        let raw: raw::RawConfig =
-            toml::from_str(source).map_err(|e| ConfigError::from_toml(path, source, &e))?;
+        let raw: raw::RawConfig = toml::from_str(source).map_err(|e| ConfigError::from_toml(path, source, &e))?;
         let mut v = Validator { file: path, source, errors: Vec::new() };
         let config = v.config(raw);
         if v.errors.is_empty() {
@@ -175,7 +177,13 @@ impl Validator<'_> {
                 None
             }
             Err(e) => {
-                self.error(value.span(), format!("{what} {:?} is not a duration ({e}); write e.g. \"250ms\", \"1s\", \"5m\", \"1h\", \"1d\"", value.get_ref()));
+                self.error(
+                    value.span(),
+                    format!(
+                        "{what} {:?} is not a duration ({e}); write e.g. \"250ms\", \"1s\", \"5m\", \"1h\", \"1d\"",
+                        value.get_ref()
+                    ),
+                );
                 None
             }
         }
@@ -199,7 +207,13 @@ impl Validator<'_> {
         match value.get_ref().parse() {
             Ok(a) => Some(a),
             Err(_) => {
-                self.error(value.span(), format!("{what} {:?} is not an address such as \"0.0.0.0:8080\" or \"[::1]:8080\"", value.get_ref()));
+                self.error(
+                    value.span(),
+                    format!(
+                        "{what} {:?} is not an address such as \"0.0.0.0:8080\" or \"[::1]:8080\"",
+                        value.get_ref()
+                    ),
+                );
                 None
             }
         }
@@ -234,10 +248,22 @@ impl Validator<'_> {
         let listen = Listen {
             proxy: proxy?,
             admin: admin?,
-            header_read_timeout: self.opt_duration(listen.header_read_timeout.as_ref(), "listen.header_read_timeout", Duration::from_secs(10)),
-            idle_timeout: self.opt_duration(listen.idle_timeout.as_ref(), "listen.idle_timeout", Duration::from_secs(60)),
+            header_read_timeout: self.opt_duration(
+                listen.header_read_timeout.as_ref(),
+                "listen.header_read_timeout",
+                Duration::from_secs(10),
+            ),
+            idle_timeout: self.opt_duration(
+                listen.idle_timeout.as_ref(),
+                "listen.idle_timeout",
+                Duration::from_secs(60),
+            ),
             max_connections,
-            drain_timeout: self.opt_duration(listen.drain_timeout.as_ref(), "listen.drain_timeout", Duration::from_secs(30)),
+            drain_timeout: self.opt_duration(
+                listen.drain_timeout.as_ref(),
+                "listen.drain_timeout",
+                Duration::from_secs(30),
+            ),
             max_header_bytes,
         };
 
@@ -276,7 +302,13 @@ impl Validator<'_> {
         for p in client.trusted_proxies.iter().flatten() {
             match parse_net(p.get_ref()) {
                 Some(n) => trusted.push(n),
-                None => self.error(p.span(), format!("client.trusted_proxies entry {:?} is not an IP address or CIDR such as \"10.0.0.0/8\"", p.get_ref())),
+                None => self.error(
+                    p.span(),
+                    format!(
+                        "client.trusted_proxies entry {:?} is not an IP address or CIDR such as \"10.0.0.0/8\"",
+                        p.get_ref()
+                    ),
+                ),
             }
         }
         let ipv6_prefix = match &client.ipv6_prefix {
@@ -287,9 +319,20 @@ impl Validator<'_> {
             Some(n) => *n.get_ref() as u8,
             None => 64,
         };
-        let user_header = client.user_header.as_ref().map_or(Some(HeaderName::from_static("x-user-id")), |h| self.header_name(h, "client.user_header"));
-        let api_key_header = client.api_key_header.as_ref().map_or(Some(HeaderName::from_static("x-api-key")), |h| self.header_name(h, "client.api_key_header"));
-        let client = ClientConfig { trusted_proxies: trusted, ipv6_prefix, user_header: user_header?, api_key_header: api_key_header? };
+        let user_header = client
+            .user_header
+            .as_ref()
+            .map_or(Some(HeaderName::from_static("x-user-id")), |h| self.header_name(h, "client.user_header"));
+        let api_key_header = client
+            .api_key_header
+            .as_ref()
+            .map_or(Some(HeaderName::from_static("x-api-key")), |h| self.header_name(h, "client.api_key_header"));
+        let client = ClientConfig {
+            trusted_proxies: trusted,
+            ipv6_prefix,
+            user_header: user_header?,
+            api_key_header: api_key_header?,
+        };
 
         let mut upstreams: Vec<Upstream> = Vec::new();
         for u in raw.upstream {
@@ -298,21 +341,34 @@ impl Validator<'_> {
                 self.error(u.name.span(), format!("upstream {:?} is defined twice", u.name.get_ref()));
                 continue;
             }
-            let connect_timeout = self.opt_duration(u.connect_timeout.as_ref(), "upstream.connect_timeout", Duration::from_secs(1));
+            let connect_timeout =
+                self.opt_duration(u.connect_timeout.as_ref(), "upstream.connect_timeout", Duration::from_secs(1));
             let timeout = self.opt_duration(u.timeout.as_ref(), "upstream.timeout", Duration::from_secs(30));
             let uri: http::Uri = match u.url.get_ref().parse() {
                 Ok(uri) => uri,
                 Err(_) => {
-                    self.error(u.url.span(), format!("upstream url {:?} is not a URL such as \"http://127.0.0.1:9001\"", u.url.get_ref()));
+                    self.error(
+                        u.url.span(),
+                        format!("upstream url {:?} is not a URL such as \"http://127.0.0.1:9001\"", u.url.get_ref()),
+                    );
                     continue;
                 }
             };
             let (Some(scheme), Some(authority)) = (uri.scheme().cloned(), uri.authority().cloned()) else {
-                self.error(u.url.span(), format!("upstream url {:?} needs a scheme and a host, such as \"http://127.0.0.1:9001\"", u.url.get_ref()));
+                self.error(
+                    u.url.span(),
+                    format!(
+                        "upstream url {:?} needs a scheme and a host, such as \"http://127.0.0.1:9001\"",
+                        u.url.get_ref()
+                    ),
+                );
                 continue;
             };
             if scheme != Scheme::HTTP {
-                self.error(u.url.span(), "only http:// upstreams are supported (tollgate sits in front of services on a private network)");
+                self.error(
+                    u.url.span(),
+                    "only http:// upstreams are supported (tollgate sits in front of services on a private network)",
+                );
                 continue;
             }
             upstreams.push(Upstream {
@@ -329,7 +385,10 @@ impl Validator<'_> {
         for r in raw.route {
             let r = r.into_inner();
             let Some(upstream) = upstreams.iter().position(|u| u.name == *r.upstream.get_ref()) else {
-                self.error(r.upstream.span(), format!("route names upstream {:?}, which no [[upstream]] defines", r.upstream.get_ref()));
+                self.error(
+                    r.upstream.span(),
+                    format!("route names upstream {:?}, which no [[upstream]] defines", r.upstream.get_ref()),
+                );
                 continue;
             };
             let prefix = r.path_prefix.get_ref();

@@ -117,11 +117,13 @@ pub struct RuleSpec {
 /// The files a rules path stands for: itself, or the `*.toml` files in it
 /// (hidden files, such as a Kubernetes ConfigMap's `..data`, are skipped).
 pub fn rule_files(path: &Path) -> Result<Vec<PathBuf>, ConfigError> {
-    let meta = std::fs::metadata(path).map_err(|e| ConfigError::file(path, format!("cannot read the rules path: {e}")))?;
+    let meta =
+        std::fs::metadata(path).map_err(|e| ConfigError::file(path, format!("cannot read the rules path: {e}")))?;
     if !meta.is_dir() {
         return Ok(vec![path.to_path_buf()]);
     }
-    let entries = std::fs::read_dir(path).map_err(|e| ConfigError::file(path, format!("cannot list the rules directory: {e}")))?;
+    let entries = std::fs::read_dir(path)
+        .map_err(|e| ConfigError::file(path, format!("cannot list the rules directory: {e}")))?;
     let mut files: Vec<PathBuf> = entries
         .filter_map(|e| e.ok())
         .map(|e| e.path())
@@ -156,7 +158,12 @@ pub fn load_rules(path: &Path, config: &Config) -> Result<(Vec<RuleSpec>, Vec<Pa
                             file,
                             &source,
                             Some(span),
-                            format!("rule name {:?} is already used at {}:{}", rule.name, first.source.display(), first.line),
+                            format!(
+                                "rule name {:?} is already used at {}:{}",
+                                rule.name,
+                                first.source.display(),
+                                first.line
+                            ),
                         ));
                     } else {
                         specs.push(rule);
@@ -171,7 +178,11 @@ pub fn load_rules(path: &Path, config: &Config) -> Result<(Vec<RuleSpec>, Vec<Pa
 
 /// Validates the text of one rules file. Returns each rule with the span of
 /// its name (for duplicate-name errors across files).
-pub fn parse_rules(file: &Path, source: &str, config: &Config) -> Result<Vec<(RuleSpec, std::ops::Range<usize>)>, ConfigErrors> {
+pub fn parse_rules(
+    file: &Path,
+    source: &str,
+    config: &Config,
+) -> Result<Vec<(RuleSpec, std::ops::Range<usize>)>, ConfigErrors> {
     let raw: RawRulesFile = toml::from_str(source).map_err(|e| ConfigError::from_toml(file, source, &e))?;
     let mut v = Validator { file, source, errors: Vec::new() };
     let mut out: Vec<(RuleSpec, std::ops::Range<usize>)> = Vec::new();
@@ -223,7 +234,10 @@ impl Validator<'_> {
         let errors_before = self.errors.len();
         let name = r.name.get_ref().trim().to_string();
         if name.is_empty() || name.len() > 128 || name.chars().any(|c| c.is_control() || c == '"' || c == '\\') {
-            self.error(r.name.span(), "rule name must be 1 to 128 characters, without quotes, backslashes or control characters");
+            self.error(
+                r.name.span(),
+                "rule name must be 1 to 128 characters, without quotes, backslashes or control characters",
+            );
         }
         let matcher = match r.matcher {
             Some(m) => self.matcher(m.into_inner(), config),
@@ -275,11 +289,16 @@ impl Validator<'_> {
                 if let Some(cap) = capacity
                     && n > cap
                 {
-                    self.error(c.span(), format!("cost {n} is larger than the bucket ({cap}): no request could ever pass"));
+                    self.error(
+                        c.span(),
+                        format!("cost {n} is larger than the bucket ({cap}): no request could ever pass"),
+                    );
                 }
                 Cost::Fixed(n)
             }
-            (None, Some(h)) => Cost::Header(self.header_name(h, "cost_header").unwrap_or(HeaderName::from_static("x-cost"))),
+            (None, Some(h)) => {
+                Cost::Header(self.header_name(h, "cost_header").unwrap_or(HeaderName::from_static("x-cost")))
+            }
             (None, None) => Cost::Fixed(1),
         };
         if self.errors.len() > errors_before {
@@ -324,8 +343,17 @@ impl Validator<'_> {
         }
         spec.host = m.host.map(|h| h.to_ascii_lowercase());
         if let Some(route) = &m.route {
-            if config.upstream_index(route.get_ref()).is_none() && !config.routes.iter().any(|r| r.name == *route.get_ref()) {
-                self.error(route.span(), format!("match.route {:?} is not the name of any upstream or route in {}", route.get_ref(), config.path.display()));
+            if config.upstream_index(route.get_ref()).is_none()
+                && !config.routes.iter().any(|r| r.name == *route.get_ref())
+            {
+                self.error(
+                    route.span(),
+                    format!(
+                        "match.route {:?} is not the name of any upstream or route in {}",
+                        route.get_ref(),
+                        config.path.display()
+                    ),
+                );
             } else {
                 spec.route = Some(route.get_ref().clone());
             }

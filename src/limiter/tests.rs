@@ -228,10 +228,7 @@ fn idle_horizon_really_is_idle() {
     let now = T0 + 300 * MS;
     while evaluate_log(&mut log, now, &l, 1, true).allowed {}
     let later = now + l.idle_horizon();
-    assert_eq!(
-        evaluate_log(&mut log, later, &l, 1, false),
-        evaluate_log(&mut Log::new(), later, &l, 1, false)
-    );
+    assert_eq!(evaluate_log(&mut log, later, &l, 1, false), evaluate_log(&mut Log::new(), later, &l, 1, false));
     assert!(log.is_empty(), "everything has expired by the idle horizon");
 }
 
@@ -1026,11 +1023,7 @@ fn property_token_bucket() {
                 sum += admitted[j].1 as u128;
                 let d = (admitted[j].0 - admitted[i].0) as u128;
                 let bound = l.burst as u128 * l.window as u128 + l.limit as u128 * d;
-                assert!(
-                    sum * l.window as u128 <= bound,
-                    "{l:?}: {sum} admitted within {d}ns from {}",
-                    admitted[i].0
-                );
+                assert!(sum * l.window as u128 <= bound, "{l:?}: {sum} admitted within {d}ns from {}", admitted[i].0);
             }
         }
     }
@@ -1150,7 +1143,8 @@ fn property_sliding_window_log() {
                 assert_log_retry_exact(&snapshot, now, &l, cost);
             }
             // The log holds exactly the admitted requests still in the window.
-            let expected: Log = admitted.iter().copied().filter(|&(t, _)| t + l.window > now).map(|(t, c)| (t, c as u32)).collect();
+            let expected: Log =
+                admitted.iter().copied().filter(|&(t, _)| t + l.window > now).map(|(t, c)| (t, c as u32)).collect();
             assert_eq!(log, expected);
         }
         // In every sliding window (t - window, t], at most `limit`.

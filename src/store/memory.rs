@@ -100,8 +100,7 @@ impl MemoryStore {
             let mut s = lock(shard);
             let before = s.cells.len() + s.logs.len();
             s.cells.retain(|_, c| c.t.saturating_add(horizon) > now);
-            s.logs
-                .retain(|_, l| l.back().is_some_and(|&(t, _)| t.saturating_add(horizon) > now));
+            s.logs.retain(|_, l| l.back().is_some_and(|&(t, _)| t.saturating_add(horizon) > now));
             dropped += before - (s.cells.len() + s.logs.len());
         }
         dropped
@@ -298,7 +297,10 @@ mod tests {
                 let (s, admitted) = (s.clone(), admitted.clone());
                 std::thread::spawn(move || {
                     for _ in 0..100 {
-                        let c = [check("hot", Algorithm::TokenBucket, 50, true), check("x", Algorithm::FixedWindow, 1000, true)];
+                        let c = [
+                            check("hot", Algorithm::TokenBucket, 50, true),
+                            check("x", Algorithm::FixedWindow, 1000, true),
+                        ];
                         if s.check_now(&c, Mode::Consume).iter().all(|v| v.allowed) {
                             admitted.fetch_add(1, Ordering::Relaxed);
                         }

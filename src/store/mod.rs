@@ -59,11 +59,7 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// With [`Mode::Consume`], admitted checks are counted only if every
     /// enforced check is admitted; otherwise nothing is counted.
-    fn check(
-        &self,
-        checks: &[Check<'_>],
-        mode: Mode,
-    ) -> impl Future<Output = Result<Vec<Verdict>, StoreError>> + Send;
+    fn check(&self, checks: &[Check<'_>], mode: Mode) -> impl Future<Output = Result<Vec<Verdict>, StoreError>> + Send;
 
     /// Whether the store answers right now (for `/readyz`).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
