@@ -1,10 +1,12 @@
 //! Who the client is: the address a request is keyed by.
 //!
 //! The socket peer is the client unless it is one of `trusted_proxies`; only
-//! then are `X-Forwarded-For` (or, without it, `X-Real-IP`) consulted, walked
-//! from the right, skipping trusted hops: the right-most untrusted address is
-//! the client, because every hop to its left was written by someone we do
-//! not trust. Garbage in those headers falls back to the socket address.
+//! then are `X-Forwarded-For` (or, without it, the standard `Forwarded`
+//! header's `for=` parameters, or, without either, `X-Real-IP`) consulted,
+//! walked from the right, skipping trusted hops: the right-most untrusted
+//! address is the client, because every hop to its left was written by
+//! someone we do not trust. Garbage in those headers falls back to the socket
+//! address.
 //!
 //! IPv6 clients are keyed by their prefix (`ipv6_prefix`, /64 by default):
 //! one host commonly owns a whole /64 and could otherwise rotate addresses
@@ -16,6 +18,7 @@ use http::HeaderMap;
 use ipnet::IpNet;
 
 const X_FORWARDED_FOR: &str = "x-forwarded-for";
+const FORWARDED: &str = "forwarded";
 const X_REAL_IP: &str = "x-real-ip";
 
 /// At most this many `X-Forwarded-For` hops are examined; a longer chain is
@@ -28,16 +31,21 @@ pub fn client_addr(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAd
     if !is_trusted(peer, trusted) {
         return peer;
     }
+    let (name, parse): (&str, fn(&str) -> Option<IpAddr>) = if headers.contains_key(X_FORWARDED_FOR) {
+        (X_FORWARDED_FOR, parse_hop)
+    } else {
+        (FORWARDED, parse_forwarded_element)
+    };
     let mut hops = 0;
     let mut leftmost = None;
-    for value in headers.get_all(X_FORWARDED_FOR).iter().rev() {
+    for value in headers.get_all(name).iter().rev() {
         let Ok(value) = value.to_str() else { return peer };
         for hop in value.rsplit(',') {
             hops += 1;
             if hops > MAX_HOPS {
                 return peer;
             }
-            let Some(ip) = parse_hop(hop) else { return peer };
+            let Some(ip) = parse(hop) else { return peer };
             if !is_trusted(ip, trusted) {
                 return ip;
             }
@@ -74,6 +82,20 @@ fn canonical(ip: IpAddr) -> IpAddr {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         v4 => v4,
     }
+}
+
+/// The `for=` address of one `Forwarded` element (RFC 7239):
+/// `for=192.0.2.60;proto=http`, `for="[2001:db8::17]:4711"`. An element
+/// without `for=`, or with an obfuscated identifier (`for=unknown`,
+/// `for=_hidden`), names no address: garbage, as far as keying goes.
+fn parse_forwarded_element(element: &str) -> Option<IpAddr> {
+    element.split(';').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        if !k.trim().eq_ignore_ascii_case("for") {
+            return None;
+        }
+        parse_hop(v.trim().trim_matches('"'))
+    })
 }
 
 /// One hop: `1.2.3.4`, `1.2.3.4:5678`, `2001:db8::1` or `[2001:db8::1]:443`.
@@ -144,6 +166,23 @@ mod tests {
         );
         assert_eq!(client_addr(ip("127.0.0.1"), &headers(&[("x-forwarded-for", "8.8.8.8:1234")]), &t), ip("8.8.8.8"));
         assert_eq!(client_addr(ip("::ffff:3.3.3.3"), &HeaderMap::new(), &t), ip("3.3.3.3"));
+    }
+
+    #[test]
+    fn forwarded_header_is_read_like_x_forwarded_for() {
+        let t = nets(&["10.0.0.0/8"]);
+        let h =
+            headers(&[("forwarded", "for=6.6.6.6, for=\"[2001:db8::17]:4711\";proto=https, for=10.0.0.9;by=10.0.0.1")]);
+        assert_eq!(client_addr(ip("10.0.0.1"), &h, &t), ip("2001:db8::17"));
+        // From an untrusted peer it is ignored.
+        assert_eq!(client_addr(ip("9.9.9.9"), &h, &t), ip("9.9.9.9"));
+        // X-Forwarded-For wins when both are present.
+        let both = headers(&[("forwarded", "for=6.6.6.6"), ("x-forwarded-for", "5.5.5.5")]);
+        assert_eq!(client_addr(ip("10.0.0.1"), &both, &t), ip("5.5.5.5"));
+        // Obfuscated or missing `for=`: fall back to the socket.
+        for bad in ["for=unknown", "for=_hidden", "proto=http", "for=\"[::1\""] {
+            assert_eq!(client_addr(ip("10.0.0.1"), &headers(&[("forwarded", bad)]), &t), ip("10.0.0.1"), "{bad}");
+        }
     }
 
     #[test]
