@@ -1,0 +1,351 @@
+//! Verified identity: the `user` a rule keys on, taken from a JWT the proxy
+//! has checked, instead of a header the client could set to anything.
+//!
+//! Configured under `[client] jwt = { ... }`. The token is read from a header
+//! (`authorization` by default, with or without `Bearer `), its signature is
+//! checked against a key file or a JWKS file, and `exp`, `nbf`, `iss` and
+//! `aud` are validated; the identity is one claim (`sub` by default).
+//!
+//! The key file decides which algorithms can be used with it: a PEM RSA key
+//! only RS*/PS*, a PEM EC key only ES*, anything else is an HMAC secret and
+//! only HS*. Letting a token pick HS256 with an RSA public key as the secret
+//! is the classic algorithm-confusion forgery; it cannot happen here.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use http::{HeaderMap, HeaderName};
+use jsonwebtoken::jwk::JwkSet;
+use jsonwebtoken::{Algorithm, AlgorithmFamily, DecodingKey, Validation};
+
+/// What the identity of a request turned out to be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Identity {
+    /// A valid token: the value of the identity claim.
+    Verified(String),
+    /// No token in the request.
+    Missing,
+    /// A token that failed verification, and why (safe to show a client).
+    Invalid(&'static str),
+}
+
+/// Where the verification keys come from.
+#[derive(Debug, Clone)]
+pub enum KeySource {
+    /// One key: a PEM public key (RSA or EC) or an HMAC secret, as read.
+    Key { path: PathBuf, bytes: Vec<u8> },
+    /// A JWKS document (`{"keys": [...]}`), re-read when it changes.
+    Jwks { path: PathBuf, bytes: Vec<u8> },
+}
+
+/// The validated `[client] jwt` settings.
+#[derive(Debug, Clone)]
+pub struct JwtConfig {
+    pub header: HeaderName,
+    pub algorithms: Vec<Algorithm>,
+    pub keys: KeySource,
+    pub issuer: Option<String>,
+    pub audience: Option<String>,
+    pub claim: String,
+    /// Clock skew tolerated on `exp` and `nbf`, in seconds.
+    pub leeway: u64,
+}
+
+/// A loaded key set.
+enum Keys {
+    One(DecodingKey),
+    /// `(kid, key)`; a token without `kid` is tried against every key.
+    Set(Vec<(Option<String>, DecodingKey)>),
+}
+
+/// Verifies tokens. Shared by all requests; the key set can be swapped when
+/// a JWKS file changes.
+pub struct JwtVerifier {
+    header: HeaderName,
+    claim: String,
+    validation: Validation,
+    keys: ArcSwap<Keys>,
+    jwks_path: Option<PathBuf>,
+}
+
+/// Longest token read: a token is a few hundred bytes to a few KB; anything
+/// larger is not worth a signature check.
+const MAX_TOKEN_BYTES: usize = 16 * 1024;
+
+impl JwtVerifier {
+    /// Loads the keys. Errors are plain sentences for `tollgate check`.
+    pub fn new(config: &JwtConfig) -> Result<JwtVerifier, String> {
+        let (keys, family, jwks_path) = match &config.keys {
+            KeySource::Key { path, bytes } => {
+                let (key, family) = load_key(bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+                (Keys::One(key), Some(family), None)
+            }
+            KeySource::Jwks { path, bytes } => {
+                (load_jwks(bytes).map_err(|e| format!("{}: {e}", path.display()))?, None, Some(path.clone()))
+            }
+        };
+        let algorithms: Vec<Algorithm> = match family {
+            Some(f) => config.algorithms.iter().copied().filter(|a| a.family() == f).collect(),
+            None => config.algorithms.clone(),
+        };
+        if algorithms.is_empty() {
+            return Err(format!(
+                "none of the algorithms {:?} can be used with this key (a PEM RSA key allows RS*/PS*, a PEM EC key ES*, a secret HS*)",
+                config.algorithms
+            ));
+        }
+        let mut validation = Validation::new(algorithms[0]);
+        validation.algorithms = algorithms;
+        validation.leeway = config.leeway;
+        validation.validate_nbf = true;
+        match &config.audience {
+            Some(aud) => validation.set_audience(&[aud]),
+            None => validation.validate_aud = false,
+        }
+        if let Some(iss) = &config.issuer {
+            validation.set_issuer(&[iss]);
+        }
+        Ok(JwtVerifier {
+            header: config.header.clone(),
+            claim: config.claim.clone(),
+            validation,
+            keys: ArcSwap::from_pointee(keys),
+            jwks_path,
+        })
+    }
+
+    /// The JWKS file to watch, if keys come from one.
+    pub fn jwks_path(&self) -> Option<&PathBuf> {
+        self.jwks_path.as_ref()
+    }
+
+    /// Replaces the key set from a changed JWKS document; keeps the old one
+    /// if the new one does not parse.
+    pub fn reload_jwks(&self, bytes: &[u8]) -> Result<(), String> {
+        let keys = load_jwks(bytes)?;
+        self.keys.store(Arc::new(keys));
+        Ok(())
+    }
+
+    /// The identity a request proves.
+    pub fn verify(&self, headers: &HeaderMap) -> Identity {
+        let Some(raw) = headers.get(&self.header) else { return Identity::Missing };
+        let Ok(raw) = raw.to_str() else { return Identity::Invalid("the token is not valid text") };
+        let token = strip_bearer(raw.trim());
+        if token.is_empty() {
+            return Identity::Missing;
+        }
+        if token.len() > MAX_TOKEN_BYTES {
+            return Identity::Invalid("the token is too long");
+        }
+        let Ok(header) = jsonwebtoken::decode_header(token) else {
+            return Identity::Invalid("the token is malformed");
+        };
+        let keys = self.keys.load();
+        let result = match &**keys {
+            Keys::One(key) => decode(token, key, &self.validation),
+            Keys::Set(set) => {
+                let mut last = Err(Identity::Invalid("no key matches the token's kid"));
+                for (kid, key) in set {
+                    if header.kid.is_some() && kid.as_deref() != header.kid.as_deref() {
+                        continue;
+                    }
+                    last = decode(token, key, &self.validation);
+                    if last.is_ok() {
+                        break;
+                    }
+                }
+                last
+            }
+        };
+        match result {
+            Ok(claims) => match claims.get(&self.claim) {
+                Some(serde_json::Value::String(s)) if !s.is_empty() => Identity::Verified(s.clone()),
+                Some(serde_json::Value::Number(n)) => Identity::Verified(n.to_string()),
+                _ => Identity::Invalid("the token has no identity claim"),
+            },
+            Err(identity) => identity,
+        }
+    }
+}
+
+fn strip_bearer(value: &str) -> &str {
+    match value.get(..7) {
+        Some(p) if p.eq_ignore_ascii_case("bearer ") => value[7..].trim_start(),
+        _ => value,
+    }
+}
+
+type Claims = serde_json::Map<String, serde_json::Value>;
+
+fn decode(token: &str, key: &DecodingKey, validation: &Validation) -> Result<Claims, Identity> {
+    use jsonwebtoken::errors::ErrorKind;
+    jsonwebtoken::decode::<Claims>(token, key, validation).map(|d| d.claims).map_err(|e| {
+        Identity::Invalid(match e.kind() {
+            ErrorKind::ExpiredSignature => "the token has expired",
+            ErrorKind::ImmatureSignature => "the token is not valid yet",
+            ErrorKind::InvalidIssuer => "the token's issuer is not accepted",
+            ErrorKind::InvalidAudience => "the token's audience is not accepted",
+            ErrorKind::InvalidAlgorithm => "the token's algorithm is not accepted",
+            ErrorKind::InvalidSignature => "the token's signature does not verify",
+            ErrorKind::MissingRequiredClaim(_) => "the token lacks a required claim (exp)",
+            _ => "the token is malformed",
+        })
+    })
+}
+
+/// One key file: PEM RSA, PEM EC, or a secret.
+fn load_key(bytes: &[u8]) -> Result<(DecodingKey, AlgorithmFamily), String> {
+    let text = std::str::from_utf8(bytes).unwrap_or("");
+    if text.contains("-----BEGIN") {
+        if let Ok(k) = DecodingKey::from_rsa_pem(bytes) {
+            return Ok((k, AlgorithmFamily::Rsa));
+        }
+        if let Ok(k) = DecodingKey::from_ec_pem(bytes) {
+            return Ok((k, AlgorithmFamily::Ec));
+        }
+        return Err("the PEM file holds neither an RSA nor an EC public key".into());
+    }
+    // A secret file usually ends with a newline the secret does not have.
+    let secret = trim_ascii_end(bytes);
+    if secret.len() < 32 {
+        return Err("an HMAC secret must be at least 32 bytes".into());
+    }
+    Ok((DecodingKey::from_secret(secret), AlgorithmFamily::Hmac))
+}
+
+fn trim_ascii_end(mut b: &[u8]) -> &[u8] {
+    while let [rest @ .., last] = b {
+        if last.is_ascii_whitespace() {
+            b = rest;
+        } else {
+            break;
+        }
+    }
+    b
+}
+
+fn load_jwks(bytes: &[u8]) -> Result<Keys, String> {
+    let set: JwkSet = serde_json::from_slice(bytes).map_err(|e| format!("not a JWKS document: {e}"))?;
+    let mut keys = Vec::new();
+    for jwk in &set.keys {
+        let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("unusable key in the JWKS: {e}"))?;
+        keys.push((jwk.common.key_id.clone(), key));
+    }
+    if keys.is_empty() {
+        return Err("the JWKS holds no keys".into());
+    }
+    Ok(Keys::Set(keys))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jsonwebtoken::{EncodingKey, Header, encode};
+    use serde_json::json;
+
+    const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef-test-secret";
+
+    fn config(keys: KeySource, algorithms: &[Algorithm]) -> JwtConfig {
+        JwtConfig {
+            header: HeaderName::from_static("authorization"),
+            algorithms: algorithms.to_vec(),
+            keys,
+            issuer: Some("https://issuer.example".into()),
+            audience: Some("tollgate".into()),
+            claim: "sub".into(),
+            leeway: 0,
+        }
+    }
+
+    fn hs_verifier() -> JwtVerifier {
+        let keys = KeySource::Key { path: "secret".into(), bytes: [SECRET, b"\n"].concat() };
+        JwtVerifier::new(&config(keys, &[Algorithm::HS256, Algorithm::RS256])).expect("valid config")
+    }
+
+    fn token(claims: serde_json::Value) -> String {
+        encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(SECRET)).expect("encodes")
+    }
+
+    fn headers(value: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert("authorization", value.parse().expect("header value"));
+        h
+    }
+
+    fn now() -> u64 {
+        jsonwebtoken::get_current_timestamp()
+    }
+
+    #[test]
+    fn a_valid_token_yields_its_subject() {
+        let v = hs_verifier();
+        let t = token(json!({"sub": "user-42", "exp": now() + 60, "iss": "https://issuer.example", "aud": "tollgate"}));
+        assert_eq!(v.verify(&headers(&format!("Bearer {t}"))), Identity::Verified("user-42".into()));
+        assert_eq!(v.verify(&headers(&t)), Identity::Verified("user-42".into()));
+    }
+
+    #[test]
+    fn bad_tokens_are_invalid_with_a_reason() {
+        let v = hs_verifier();
+        let good = json!({"sub": "u", "exp": now() + 60, "iss": "https://issuer.example", "aud": "tollgate"});
+        let mut expired = good.clone();
+        expired["exp"] = json!(now() - 10);
+        assert_eq!(v.verify(&headers(&token(expired))), Identity::Invalid("the token has expired"));
+        let mut wrong_aud = good.clone();
+        wrong_aud["aud"] = json!("someone-else");
+        assert_eq!(v.verify(&headers(&token(wrong_aud))), Identity::Invalid("the token's audience is not accepted"));
+        let mut wrong_iss = good.clone();
+        wrong_iss["iss"] = json!("https://evil.example");
+        assert_eq!(v.verify(&headers(&token(wrong_iss))), Identity::Invalid("the token's issuer is not accepted"));
+        let forged = encode(
+            &Header::new(Algorithm::HS256),
+            &good,
+            &EncodingKey::from_secret(b"another-secret-another-secret-xx"),
+        )
+        .expect("encodes");
+        assert_eq!(v.verify(&headers(&forged)), Identity::Invalid("the token's signature does not verify"));
+        assert_eq!(v.verify(&headers("Bearer not.a.jwt")), Identity::Invalid("the token is malformed"));
+        assert_eq!(v.verify(&HeaderMap::new()), Identity::Missing);
+        let mut no_sub = good;
+        no_sub.as_object_mut().expect("object").remove("sub");
+        assert_eq!(v.verify(&headers(&token(no_sub))), Identity::Invalid("the token has no identity claim"));
+    }
+
+    #[test]
+    fn a_secret_key_allows_only_hmac_algorithms() {
+        // RS256 was configured too, but a secret cannot verify it: only
+        // HS256 stays, so an RS256 token is refused by algorithm.
+        let v = hs_verifier();
+        assert_eq!(v.validation.algorithms, vec![Algorithm::HS256]);
+        let keys = KeySource::Key { path: "secret".into(), bytes: SECRET.to_vec() };
+        let err = JwtVerifier::new(&config(keys, &[Algorithm::RS256])).err().expect("no usable algorithm");
+        assert!(err.contains("none of the algorithms"), "{err}");
+    }
+
+    #[test]
+    fn short_secrets_and_bad_jwks_are_refused() {
+        let short = KeySource::Key { path: "s".into(), bytes: b"short".to_vec() };
+        assert!(JwtVerifier::new(&config(short, &[Algorithm::HS256])).is_err());
+        let jwks = KeySource::Jwks { path: "j".into(), bytes: b"{\"keys\": []}".to_vec() };
+        assert!(JwtVerifier::new(&config(jwks, &[Algorithm::RS256])).is_err());
+    }
+
+    #[test]
+    fn jwks_keys_are_selected_by_kid_and_reloadable() {
+        use base64::Engine as _;
+        let k = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(SECRET);
+        let doc = |kid: &str| format!(r#"{{"keys":[{{"kty":"oct","kid":"{kid}","alg":"HS256","k":"{k}"}}]}}"#);
+        let keys = KeySource::Jwks { path: "jwks.json".into(), bytes: doc("one").into_bytes() };
+        let v = JwtVerifier::new(&config(keys, &[Algorithm::HS256])).expect("valid jwks");
+        let claims = json!({"sub": "7", "exp": now() + 60, "iss": "https://issuer.example", "aud": "tollgate"});
+        let mut header = Header::new(Algorithm::HS256);
+        header.kid = Some("one".into());
+        let t = encode(&header, &claims, &EncodingKey::from_secret(SECRET)).expect("encodes");
+        assert_eq!(v.verify(&headers(&t)), Identity::Verified("7".into()));
+        v.reload_jwks(doc("two").as_bytes()).expect("reloads");
+        assert_eq!(v.verify(&headers(&t)), Identity::Invalid("no key matches the token's kid"));
+        assert!(v.reload_jwks(b"garbage").is_err());
+    }
+}
