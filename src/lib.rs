@@ -14,6 +14,7 @@
 //! | [`server`] | listeners, connection limits, graceful shutdown |
 //! | [`proxy`] | the request path: route, decide, forward or reject |
 //! | [`client`] | who the client is: trusted proxies, `X-Forwarded-For`, IPv6 prefixes |
+//! | [`identity`] | verified user identity from a JWT (`[client] jwt`) |
 //! | [`rules`] | the compiled rule set: which rules match, the bucket key of each |
 //! | [`store`] | the [`store::Store`] trait; [`store::memory`] keeps counters in this process |
 //! | [`limiter`] | the five algorithms' arithmetic, pure, time injected |
@@ -40,6 +41,7 @@ pub mod clock;
 pub mod config;
 pub mod error;
 pub mod headers;
+pub mod identity;
 pub mod limiter;
 pub mod metrics;
 pub mod proxy;

@@ -98,6 +98,9 @@ pub struct StoreConfig {
 /// `[client]`: how the client behind a request is identified.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
+    /// Verified identity: when set, `user` keys come from a checked JWT and
+    /// the user header is ignored.
+    pub jwt: Option<crate::identity::JwtConfig>,
     pub trusted_proxies: Vec<IpNet>,
     pub ipv6_prefix: u8,
     pub user_header: HeaderName,
@@ -142,12 +145,7 @@ impl Config {
         let raw: raw::RawConfig = toml::from_str(source).map_err(|e| ConfigError::from_toml(path, source, &e))?;
         let mut v = Validator { file: path, source, errors: Vec::new() };
         let config = v.config(raw);
-        if v.errors.is_empty() {
-            // `config` is `Some` whenever no error was recorded.
-            config.ok_or_else(|| ConfigErrors(v.errors))
-        } else {
-            Err(ConfigErrors(v.errors))
-        }
+        v.finish(config)
     }
 
     /// The upstream a rule's `match.route` names, by name.
@@ -164,6 +162,17 @@ pub(crate) struct Validator<'a> {
 }
 
 impl Validator<'_> {
+    /// `value` if no problem was recorded, else every problem in file order
+    /// (validation visits keys in its own order, not the file's).
+    pub fn finish<T>(mut self, value: T) -> Result<T, ConfigErrors> {
+        if self.errors.is_empty() {
+            Ok(value)
+        } else {
+            self.errors.sort_by_key(|e| (e.line, e.column));
+            Err(ConfigErrors(self.errors))
+        }
+    }
+
     pub fn error(&mut self, span: std::ops::Range<usize>, message: impl Into<String>) {
         self.errors.push(ConfigError::at(self.file, self.source, Some(span), message));
     }
@@ -219,16 +228,15 @@ impl Validator<'_> {
         }
     }
 
-    fn config(&mut self, raw: raw::RawConfig) -> Option<Config> {
+    /// Validates the main file. A value with an error gets a placeholder so
+    /// that validation goes on and reports every problem; the caller discards
+    /// the result when any error was recorded.
+    fn config(&mut self, raw: raw::RawConfig) -> Config {
         let listen = raw.listen.unwrap_or_default();
-        let proxy = match &listen.proxy {
-            Some(v) => self.socket_addr(v, "listen.proxy"),
-            None => Some(SocketAddr::from(([0, 0, 0, 0], 8080))),
-        };
-        let admin = match &listen.admin {
-            Some(v) => self.socket_addr(v, "listen.admin"),
-            None => Some(SocketAddr::from(([127, 0, 0, 1], 9090))),
-        };
+        let default_proxy = SocketAddr::from(([0, 0, 0, 0], 8080));
+        let proxy = listen.proxy.as_ref().map_or(Some(default_proxy), |v| self.socket_addr(v, "listen.proxy"));
+        let default_admin = SocketAddr::from(([127, 0, 0, 1], 9090));
+        let admin = listen.admin.as_ref().map_or(Some(default_admin), |v| self.socket_addr(v, "listen.admin"));
         let max_connections = match &listen.max_connections {
             Some(n) if *n.get_ref() < 1 => {
                 self.error(n.span(), "listen.max_connections must be at least 1");
@@ -246,8 +254,8 @@ impl Validator<'_> {
             None => 64 * 1024,
         };
         let listen = Listen {
-            proxy: proxy?,
-            admin: admin?,
+            proxy: proxy.unwrap_or(default_proxy),
+            admin: admin.unwrap_or(default_admin),
             header_read_timeout: self.opt_duration(
                 listen.header_read_timeout.as_ref(),
                 "listen.header_read_timeout",
@@ -268,6 +276,12 @@ impl Validator<'_> {
         };
 
         let rules = raw.rules.unwrap_or_default();
+        if let Some(p) = &rules.path
+            && p.get_ref().trim().is_empty()
+        {
+            // An empty path would resolve to the config file's own directory.
+            self.error(p.span(), "rules.path must name a rules file or directory");
+        }
         let rules_path = PathBuf::from(rules.path.as_ref().map_or("rules", |p| p.get_ref().as_str()));
         let rules_path = if rules_path.is_absolute() {
             rules_path
@@ -276,9 +290,12 @@ impl Validator<'_> {
         };
 
         let store = raw.store.unwrap_or_default();
-        let backend = store.backend.unwrap_or_default();
-        if backend == Backend::Redis && store.url.is_none() {
-            self.errors.push(ConfigError::at(self.file, self.source, None, "store.backend = \"redis\" needs store.url, e.g. \"redis://127.0.0.1:6379\" or \"redis-cluster://10.0.0.1:6379?node=10.0.0.2:6379\""));
+        let backend = store.backend.as_ref().map_or(Backend::default(), |b| *b.get_ref());
+        if let Some(b) = &store.backend
+            && backend == Backend::Redis
+            && store.url.is_none()
+        {
+            self.error(b.span(), "store.backend = \"redis\" needs store.url, e.g. \"redis://127.0.0.1:6379\" or \"redis-cluster://10.0.0.1:6379?node=10.0.0.2:6379\"");
         }
         let pool_size = match &store.pool_size {
             Some(n) if !(1..=64).contains(n.get_ref()) => {
@@ -327,20 +344,27 @@ impl Validator<'_> {
             .api_key_header
             .as_ref()
             .map_or(Some(HeaderName::from_static("x-api-key")), |h| self.header_name(h, "client.api_key_header"));
+        let jwt = client.jwt.as_ref().and_then(|j| self.jwt(j));
         let client = ClientConfig {
+            jwt,
             trusted_proxies: trusted,
             ipv6_prefix,
-            user_header: user_header?,
-            api_key_header: api_key_header?,
+            user_header: user_header.unwrap_or(HeaderName::from_static("x-user-id")),
+            api_key_header: api_key_header.unwrap_or(HeaderName::from_static("x-api-key")),
         };
 
         let mut upstreams: Vec<Upstream> = Vec::new();
+        // Every name an [[upstream]] defines, valid or not: an upstream with
+        // a bad URL has its own error, and a route naming it needs no second
+        // one claiming it is undefined.
+        let mut defined: Vec<String> = Vec::new();
         for u in raw.upstream {
             let u = u.into_inner();
-            if upstreams.iter().any(|o| o.name == *u.name.get_ref()) {
+            if defined.contains(u.name.get_ref()) {
                 self.error(u.name.span(), format!("upstream {:?} is defined twice", u.name.get_ref()));
                 continue;
             }
+            defined.push(u.name.get_ref().clone());
             let connect_timeout =
                 self.opt_duration(u.connect_timeout.as_ref(), "upstream.connect_timeout", Duration::from_secs(1));
             let timeout = self.opt_duration(u.timeout.as_ref(), "upstream.timeout", Duration::from_secs(30));
@@ -385,10 +409,12 @@ impl Validator<'_> {
         for r in raw.route {
             let r = r.into_inner();
             let Some(upstream) = upstreams.iter().position(|u| u.name == *r.upstream.get_ref()) else {
-                self.error(
-                    r.upstream.span(),
-                    format!("route names upstream {:?}, which no [[upstream]] defines", r.upstream.get_ref()),
-                );
+                if !defined.contains(r.upstream.get_ref()) {
+                    self.error(
+                        r.upstream.span(),
+                        format!("route names upstream {:?}, which no [[upstream]] defines", r.upstream.get_ref()),
+                    );
+                }
                 continue;
             };
             let prefix = r.path_prefix.get_ref();
@@ -404,7 +430,85 @@ impl Validator<'_> {
             });
         }
 
-        Some(Config { path: self.file.to_path_buf(), listen, rules_path, store, client, upstreams, routes })
+        Config { path: self.file.to_path_buf(), listen, rules_path, store, client, upstreams, routes }
+    }
+}
+
+impl Validator<'_> {
+    /// `[client] jwt`: reads the key file (relative to the config file) and
+    /// checks that it can verify at least one configured algorithm.
+    fn jwt(&mut self, raw: &Spanned<raw::RawJwt>) -> Option<crate::identity::JwtConfig> {
+        use crate::identity::{JwtConfig, JwtVerifier, KeySource};
+        let j = raw.get_ref();
+        let header = match &j.header {
+            Some(h) => self.header_name(h, "client.jwt.header")?,
+            None => HeaderName::from_static("authorization"),
+        };
+        let mut algorithms = Vec::new();
+        match &j.algorithms {
+            None => algorithms.push(jsonwebtoken::Algorithm::RS256),
+            Some(list) => {
+                for a in list {
+                    match a.get_ref().parse::<jsonwebtoken::Algorithm>() {
+                        Ok(alg) => algorithms.push(alg),
+                        Err(_) => self.error(
+                            a.span(),
+                            format!(
+                                "{:?} is not a JWT algorithm such as \"RS256\", \"ES256\" or \"HS256\"",
+                                a.get_ref()
+                            ),
+                        ),
+                    }
+                }
+            }
+        }
+        let read = |v: &mut Self, p: &Spanned<String>| -> Option<(PathBuf, Vec<u8>)> {
+            let path = PathBuf::from(p.get_ref());
+            let path = if path.is_absolute() { path } else { v.file.parent().unwrap_or(Path::new(".")).join(path) };
+            match std::fs::read(&path) {
+                Ok(bytes) => Some((path, bytes)),
+                Err(e) => {
+                    v.error(p.span(), format!("cannot read {}: {e}", path.display()));
+                    None
+                }
+            }
+        };
+        let keys = match (&j.key_file, &j.jwks_file) {
+            (Some(k), None) => read(self, k).map(|(path, bytes)| KeySource::Key { path, bytes }),
+            (None, Some(k)) => read(self, k).map(|(path, bytes)| KeySource::Jwks { path, bytes }),
+            _ => {
+                self.error(
+                    raw.span(),
+                    "client.jwt needs exactly one of key_file (a PEM public key or an HMAC secret) and jwks_file",
+                );
+                None
+            }
+        }?;
+        let leeway = match &j.leeway {
+            Some(l) => match parse_duration(l.get_ref()) {
+                Ok(d) => d.as_secs(),
+                Err(e) => {
+                    self.error(l.span(), format!("client.jwt.leeway {:?} is not a duration ({e})", l.get_ref()));
+                    0
+                }
+            },
+            None => 30,
+        };
+        let config = JwtConfig {
+            header,
+            algorithms,
+            keys,
+            issuer: j.issuer.clone(),
+            audience: j.audience.clone(),
+            claim: j.claim.clone().unwrap_or_else(|| "sub".to_string()),
+            leeway,
+        };
+        if let Err(e) = JwtVerifier::new(&config) {
+            let span = j.key_file.as_ref().or(j.jwks_file.as_ref()).map_or(raw.span(), |s| s.span());
+            self.error(span, format!("client.jwt: {e}"));
+            return None;
+        }
+        Some(config)
     }
 }
 

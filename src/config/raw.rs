@@ -41,7 +41,7 @@ pub struct RawRules {
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct RawStore {
-    pub backend: Option<Backend>,
+    pub backend: Option<Spanned<Backend>>,
     pub url: Option<Spanned<String>>,
     pub timeout: Option<Spanned<String>>,
     pub on_error: Option<OnError>,
@@ -52,6 +52,7 @@ pub struct RawStore {
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct RawClient {
+    pub jwt: Option<Spanned<RawJwt>>,
     pub trusted_proxies: Option<Vec<Spanned<String>>>,
     pub ipv6_prefix: Option<Spanned<i64>>,
     pub user_header: Option<Spanned<String>>,
@@ -120,4 +121,18 @@ pub struct RawMatch {
 pub struct RawHeaderMatch {
     pub name: Spanned<String>,
     pub value: String,
+}
+
+/// `[client] jwt = { ... }`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawJwt {
+    pub header: Option<Spanned<String>>,
+    pub algorithms: Option<Vec<Spanned<String>>>,
+    pub key_file: Option<Spanned<String>>,
+    pub jwks_file: Option<Spanned<String>>,
+    pub issuer: Option<String>,
+    pub audience: Option<String>,
+    pub claim: Option<String>,
+    pub leeway: Option<Spanned<String>>,
 }
