@@ -71,6 +71,13 @@ fn hit_n(cell: &mut Cell, now: Nanos, limits: &Limits, n: u64) -> Vec<Verdict> {
         .collect()
 }
 
+/// Admits requests at `now` until one is rejected; there must be exactly
+/// `capacity` of them.
+fn fill(cell: &mut Cell, now: Nanos, limits: &Limits) {
+    let n = (0..=limits.capacity()).take_while(|_| hit(cell, now, limits, 1).allowed).count();
+    assert_eq!(n as u64, limits.capacity(), "{limits:?}");
+}
+
 /// Asserts that a request of `cost` at `now` is rejected and that its
 /// `retry_after` is exact: admitted at `now + retry_after`, rejected one
 /// nanosecond earlier. Returns `retry_after`.
@@ -219,14 +226,15 @@ fn idle_horizon_really_is_idle() {
     for l in [tb(10, 1000, 7), lb(3, 1000, 4), fw(5, 1000), swc(5, 1000)] {
         let mut cell = Cell::default();
         let now = T0 + 300 * MS;
-        while hit(&mut cell, now, &l, 1).allowed {}
+        fill(&mut cell, now, &l);
         let later = now + l.idle_horizon();
         assert_eq!(peek(cell, later, &l, 1), peek(Cell::default(), later, &l, 1), "{l:?}");
     }
     let l = swl(5, 1000);
     let mut log = Log::new();
     let now = T0 + 300 * MS;
-    while evaluate_log(&mut log, now, &l, 1, true).allowed {}
+    let admitted = (0..=l.limit).take_while(|_| evaluate_log(&mut log, now, &l, 1, true).allowed).count();
+    assert_eq!(admitted as u64, l.limit);
     let later = now + l.idle_horizon();
     assert_eq!(evaluate_log(&mut log, later, &l, 1, false), evaluate_log(&mut Log::new(), later, &l, 1, false));
     assert!(log.is_empty(), "everything has expired by the idle horizon");
@@ -845,6 +853,19 @@ fn sliding_counter_remaining_and_cost() {
 }
 
 #[test]
+fn sliding_counter_remaining_survives_rounding() {
+    // 75 * (1 - 0.44) is 42 exactly, but 42.00000000000001 in f64: remaining
+    // must still be 100 - 42 - 1 = 57, not 56.
+    let l = swc(100, 1000);
+    let cell = swc_cell(T0 - SEC, 0, 75);
+    let v = peek(cell, T0 + 440 * MS, &l, 1);
+    assert_eq!((v.allowed, v.remaining), (true, 57));
+    let cell = swc_cell(T0, 75, 3);
+    let v = peek(cell, T0 + 440 * MS, &l, 1);
+    assert_eq!((v.allowed, v.remaining), (true, 54));
+}
+
+#[test]
 fn sliding_counter_clock_stepping_back_does_not_wipe_the_newer_window() {
     let l = swc(5, 1000);
     let boundary = T0 + 10 * SEC;
@@ -1005,10 +1026,14 @@ fn property_token_bucket() {
             let cost = if rng.below(4) == 0 { 1 + rng.below(3.min(l.burst)) } else { 1 };
             let before = cell;
             let v = hit(&mut cell, now, &l, cost);
-            let (ok, _) = reference.admit(now, &l, cost);
+            let (ok, level) = reference.admit(now, &l, cost);
             assert_eq!(v.allowed, ok, "{l:?} at {now} cost {cost}: {v:?}");
             assert_eq!(v.delay, 0);
             if v.allowed {
+                // Whole tokens left, exactly (rounding must not lose one).
+                let w = l.window as u128;
+                let left = l.burst as u128 * w - (level + cost as u128 * w);
+                assert_eq!(v.remaining as u128, left / w, "{l:?} at {now}: {v:?}");
                 admitted.push((now, cost));
             } else {
                 assert_retry_exact(before, now, &l, cost);
@@ -1110,6 +1135,8 @@ fn property_sliding_window_counter() {
             if v.allowed {
                 *per_window.entry(start).or_default() += 1;
                 assert_eq!(v.reset_after, start + 2 * w - now);
+                let left = (l.limit as u128 * w as u128 - est - w as u128) / w as u128;
+                assert_eq!(v.remaining as u128, left, "{l:?} at {now}: {v:?}");
             } else {
                 rejected += 1;
                 if l.window == 2520 * MS {
