@@ -66,7 +66,8 @@ pub fn write(headers: &mut HeaderMap, reports: &[RuleReport<'_>], primary: usize
         // Writing to a String cannot fail.
         let _ = write!(state, "{};r={};t={}", r.rule.quoted_name, r.remaining, r.reset_secs);
     }
-    // Rule names are validated to printable characters without quotes, so
+    // Rule names are validated to printable ASCII without quotes or
+    // backslashes (the sf-string alphabet, nothing to escape), so
     // these are valid header values; skip the header rather than panic if
     // that ever changes.
     if let Ok(v) = HeaderValue::from_str(&policy) {

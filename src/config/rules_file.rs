@@ -190,7 +190,8 @@ pub fn parse_rules(
         let line = super::line_col(source, r.span().start).0;
         let r = r.into_inner();
         let name_span = r.name.span();
-        if let Some((first, _)) = out.iter().find(|(s, _)| s.name == *r.name.get_ref()) {
+        // Compared as validated: names are trimmed.
+        if let Some((first, _)) = out.iter().find(|(s, _)| s.name == r.name.get_ref().trim()) {
             v.error(name_span.clone(), format!("rule name {:?} is already used at line {}", first.name, first.line));
             continue;
         }
@@ -198,7 +199,7 @@ pub fn parse_rules(
             out.push((spec, name_span));
         }
     }
-    if v.errors.is_empty() { Ok(out) } else { Err(ConfigErrors(v.errors)) }
+    v.finish(out)
 }
 
 /// The largest limit or burst: counters and Redis scripts stay well inside
@@ -233,10 +234,16 @@ impl Validator<'_> {
     fn rule(&mut self, r: RawRule, line: usize, config: &Config) -> Option<RuleSpec> {
         let errors_before = self.errors.len();
         let name = r.name.get_ref().trim().to_string();
-        if name.is_empty() || name.len() > 128 || name.chars().any(|c| c.is_control() || c == '"' || c == '\\') {
+        // The name goes into `RateLimit-Policy` and `RateLimit` as a
+        // structured-field string, which holds printable ASCII only, with
+        // `"` and `\` escaped: allow exactly what needs no escaping.
+        if name.is_empty()
+            || name.len() > 128
+            || !name.bytes().all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
+        {
             self.error(
                 r.name.span(),
-                "rule name must be 1 to 128 characters, without quotes, backslashes or control characters",
+                "rule name must be 1 to 128 printable ASCII characters, without quotes or backslashes",
             );
         }
         let matcher = match r.matcher {
@@ -333,12 +340,18 @@ impl Validator<'_> {
             let s = p.get_ref();
             if !s.starts_with('/') {
                 self.error(p.span(), format!("match.path {s:?} must start with '/'"));
-            } else if let Some(prefix) = s.strip_suffix('*') {
-                spec.path = Some(PathPattern::Prefix(prefix.to_string()));
-            } else if s.contains('*') {
-                self.error(p.span(), format!("match.path {s:?}: '*' is allowed only at the end (a prefix match)"));
             } else {
-                spec.path = Some(PathPattern::Exact(s.clone()));
+                let (text, prefix) = match s.strip_suffix('*') {
+                    Some(prefix) => (prefix, true),
+                    None => (s.as_str(), false),
+                };
+                if text.contains('*') {
+                    self.error(p.span(), format!("match.path {s:?}: '*' is allowed only at the end (a prefix match)"));
+                } else if prefix {
+                    spec.path = Some(PathPattern::Prefix(text.to_string()));
+                } else {
+                    spec.path = Some(PathPattern::Exact(text.to_string()));
+                }
             }
         }
         spec.host = m.host.map(|h| h.to_ascii_lowercase());
