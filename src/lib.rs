@@ -29,6 +29,7 @@
 //! | [`reload`] | watch the rules, debounce, validate, swap; keep the old rules on error |
 //! | [`admin`] | `/metrics`, `/healthz`, `/readyz`, `/rules` |
 //! | [`metrics`] | Prometheus metrics on an explicit registry |
+//! | [`summary`] | a periodic `info` log line: requests allowed and limited since the last one |
 //! | [`clock`] | wall-clock time, or a manual clock for tests |
 //! | [`cli`] | the `tollgate` command line: run, `check`, `explain` |
 
@@ -49,3 +50,4 @@ pub mod reload;
 pub mod rules;
 pub mod server;
 pub mod store;
+pub mod summary;

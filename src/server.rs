@@ -98,6 +98,7 @@ impl Server {
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
         let Server { config, proxy, reloader, proxy_listener, admin_listener } = self;
         let watch = tokio::spawn(reloader.clone().watch());
+        let _summary = crate::summary::spawn(&proxy.metrics);
         let sweep = tokio::spawn({
             let proxy = proxy.clone();
             async move {
