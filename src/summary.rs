@@ -84,6 +84,12 @@ impl Totals {
         self.requests.get(decision).copied().unwrap_or(0)
     }
 
+    /// Every request decision with a count, as `decision=count, ...`
+    /// (complete, whatever decisions the proxy records).
+    pub fn decisions(&self) -> String {
+        self.requests.iter().filter(|(_, v)| **v > 0).map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", ")
+    }
+
     /// Whether anything happened at all.
     pub fn is_quiet(&self) -> bool {
         self.requests.values().all(|v| *v == 0)
@@ -131,6 +137,7 @@ fn log(d: &Totals, every: Duration) {
         store_errors = d.store_errors,
         upstream_errors = d.upstream_errors,
         top_limited_rules = %d.top_limited(TOP_RULES),
+        decisions = %d.decisions(),
         "summary"
     );
 }
@@ -199,6 +206,7 @@ mod tests {
         assert_eq!(d.store_errors, 1);
         assert_eq!(d.upstream_errors, 2);
         assert_eq!(d.top_limited(3), "per-ip=3, login-by-ip=1");
+        assert_eq!(d.decisions(), "limited=4");
         assert!(!d.is_quiet());
     }
 
