@@ -25,20 +25,29 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// Main config files: the root `tollgate.toml` and every `tollgate*.toml`
-/// under `examples/` (rules files are named otherwise, or live in `rules/`).
+/// Main config files: the root `tollgate.toml` and every `*.toml` under
+/// `examples/` that is not a rules file (a rules file holds `[[rule]]` or
+/// `[[deny]]` tables).
 fn main_configs() -> Vec<PathBuf> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
         let Ok(entries) = std::fs::read_dir(dir) else { return };
         for entry in entries.flatten() {
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') || name == "target" {
+                continue;
+            }
             if path.is_dir() {
-                if name != "rules" && !name.starts_with('.') {
-                    walk(&path, out);
+                walk(&path, out);
+            } else if name.ends_with(".toml") && name != "Cargo.toml" {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                let rules_file = text.lines().any(|l| {
+                    let l = l.trim_start();
+                    l.starts_with("[[rule]]") || l.starts_with("[[deny]]")
+                });
+                if !rules_file {
+                    out.push(path);
                 }
-            } else if name.starts_with("tollgate") && name.ends_with(".toml") {
-                out.push(path);
             }
         }
     }
