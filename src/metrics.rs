@@ -69,7 +69,7 @@ impl Metrics {
             let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
             reg(r, Histogram::with_opts(opts).expect("valid metric definition"))
         }
-        Metrics {
+        let metrics = Metrics {
             requests_total: counter_vec(
                 &registry,
                 "tollgate_requests_total",
@@ -140,7 +140,15 @@ impl Metrics {
                 .expect("valid metric definition"),
             ),
             registry,
+        };
+        // A labelled counter is absent until its first increment, and an
+        // absent series defeats `increase()` and alerts on it: the labels
+        // known up front are created at zero (the store backend's by the
+        // proxy, rules' and routes' when they are built).
+        for result in ["success", "failure"] {
+            metrics.rules_reloads_total.with_label_values(&[result]);
         }
+        metrics
     }
 
     /// The handles one rule updates.

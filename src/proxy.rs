@@ -126,6 +126,8 @@ impl Proxy {
         routes.sort_by_key(|(r, _)| (std::cmp::Reverse(r.path_prefix.len()), r.host.is_none()));
         store.set_idle_horizon(rules.idle_horizon);
         metrics.rules_active.set(rules.rules.len() as i64);
+        // At zero from the start, like every counter whose labels are known.
+        metrics.store_errors_total.with_label_values(&[store.backend()]);
         Proxy {
             rules: ArcSwap::from_pointee(rules),
             store,
@@ -224,6 +226,16 @@ impl Proxy {
                             }
                         }
                         if let Some((i, secs)) = rejected {
+                            // The store counted nothing for a rejected
+                            // request: rules that would have admitted it
+                            // still have its cost left, not what would remain
+                            // after it.
+                            for ((report, p), v) in reports.iter_mut().zip(&pending).zip(&verdicts) {
+                                if v.allowed {
+                                    let unspent = Verdict { remaining: v.remaining + p.cost, ..*v };
+                                    *report = RuleReport::new(p.rule, &unspent, p.check_limits.capacity());
+                                }
+                            }
                             counters.limited.inc();
                             tracing::debug!(rule = pending[i].rule.name(), key = %pending[i].key, client = %client_ip, "rate limited");
                             let rule = pending[i].rule;
