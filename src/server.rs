@@ -16,7 +16,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
@@ -191,12 +191,20 @@ async fn serve_proxy(listener: TcpListener, proxy: Arc<Proxy>, config: &Config, 
 
 /// Answers a connection over `max_connections` with a short 503 and closes
 /// it, so the client learns why instead of seeing a reset.
+///
+/// The request is read (one read, bounded in time and size) before the
+/// answer is written: a response that arrives before the request is an
+/// error to clients such as hyper's, and closing a socket with the request
+/// still unread makes the kernel send a reset that can destroy the response
+/// on its way.
 async fn refuse(mut stream: TcpStream) {
     const BODY: &str = r#"{"error":"overloaded","message":"Too many connections; retry shortly."}"#;
     let resp = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{BODY}",
         BODY.len()
     );
+    let mut request = [0u8; 8192];
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.read(&mut request)).await;
     let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(resp.as_bytes())).await;
     let _ = stream.shutdown().await;
 }

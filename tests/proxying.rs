@@ -7,7 +7,7 @@ mod support;
 use bytes::Bytes;
 use http::Version;
 use http_body_util::BodyExt;
-use support::{Call, DEADLINE, Tollgate, Upstream, config, metric};
+use support::{Call, DEADLINE, Tollgate, Upstream, config, eventually, metric};
 
 const NO_RULES: &str = "";
 
@@ -329,4 +329,40 @@ async fn shutdown_lets_in_flight_requests_finish() {
     let r = in_flight.await.expect("request task");
     assert_eq!(r.status, 200);
     tokio::time::timeout(DEADLINE, stopping).await.expect("server stops").expect("stop task");
+}
+
+#[tokio::test]
+async fn upstream_connections_are_pooled() {
+    let upstream = Upstream::start().await;
+    let tg = Tollgate::start(&upstream, NO_RULES).await;
+    for _ in 0..10 {
+        // Each call is a new client connection to the proxy...
+        assert_eq!(tg.get("/").send().await.status, 200);
+    }
+    for _ in 0..5 {
+        assert_eq!(tg.get("/").h2().send().await.status, 200);
+    }
+    // ...but the proxy reuses one upstream connection for all of them.
+    assert_eq!((upstream.hits(), upstream.connections()), (15, 1));
+}
+
+#[tokio::test]
+async fn connections_over_the_limit_get_a_503() {
+    let upstream = Upstream::start().await;
+    let cfg =
+        config(upstream.addr).replace("admin = \"127.0.0.1:0\"\n", "admin = \"127.0.0.1:0\"\nmax_connections = 1\n");
+    let tg = Tollgate::with(&cfg, &[]).await;
+    let held = tokio::spawn(tg.get("/").header("x-echo-hold", "1").send());
+    upstream.wait_held(1).await;
+    let r = tg.get("/").send().await;
+    assert_eq!(r.status, 503);
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert_eq!(r.text(), r#"{"error":"overloaded","message":"Too many connections; retry shortly."}"#);
+    upstream.release(1);
+    assert_eq!(held.await.expect("held request").status, 200);
+    // Once the first client has gone, there is room again.
+    eventually("a free connection slot", || async { tg.get("/").send().await.status == 200 }).await;
+    let m = tg.metrics().await;
+    assert!(metric(&m, "tollgate_connections_refused_total", &[]) >= Some(1.0));
+    assert_eq!(upstream.hits(), 2);
 }

@@ -207,3 +207,18 @@ async fn a_reload_by_hand_reports_every_problem() {
     );
     assert_eq!(active(&tg.rules().await), named(&[("r", 5)]));
 }
+
+#[tokio::test]
+async fn a_burst_of_writes_is_one_reload() {
+    let upstream = Upstream::start().await;
+    let tg = Tollgate::start(&upstream, &rule("r", 1)).await;
+    let file = tg.rules_dir().join("rules.toml");
+    for limit in 2..=21 {
+        write_atomic(&file, &rule("r", limit));
+    }
+    let rules = wait_rules(&tg, "the last write in force", |r| active(r) == named(&[("r", 21)])).await;
+    // Twenty writes within a few milliseconds: the debounce folds them into
+    // one reload (two if the poll backstop happened to fire in between).
+    let reloads = rules["reloads"].as_u64().expect("reloads");
+    assert!((1..=2).contains(&reloads), "{reloads} reloads for one burst of writes");
+}

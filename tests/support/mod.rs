@@ -71,6 +71,8 @@ pub struct Upstream {
 }
 
 struct UpstreamState {
+    /// Connections accepted.
+    connections: AtomicUsize,
     /// Requests received (headers read), whatever happened to them next.
     hits: AtomicUsize,
     /// Requests waiting on `x-echo-hold` right now.
@@ -105,13 +107,18 @@ impl Upstream {
     pub async fn start() -> Upstream {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind upstream");
         let addr = listener.local_addr().expect("upstream address");
-        let state =
-            Arc::new(UpstreamState { hits: AtomicUsize::new(0), held: AtomicUsize::new(0), gate: Semaphore::new(0) });
+        let state = Arc::new(UpstreamState {
+            connections: AtomicUsize::new(0),
+            hits: AtomicUsize::new(0),
+            held: AtomicUsize::new(0),
+            gate: Semaphore::new(0),
+        });
         let task = tokio::spawn({
             let state = state.clone();
             async move {
                 loop {
                     let Ok((stream, _)) = listener.accept().await else { continue };
+                    state.connections.fetch_add(1, Ordering::SeqCst);
                     let state = state.clone();
                     tokio::spawn(async move {
                         let svc = service_fn(move |req| echo(req, state.clone()));
@@ -131,6 +138,11 @@ impl Upstream {
         let addr = listener.local_addr().expect("address");
         drop(listener);
         addr
+    }
+
+    /// Connections the upstream has accepted.
+    pub fn connections(&self) -> usize {
+        self.state.connections.load(Ordering::SeqCst)
     }
 
     /// Requests the upstream has received.
