@@ -19,7 +19,8 @@ use crate::clock::SystemClock;
 use crate::config::{Backend, Config, ConfigErrors, load_rules};
 use crate::metrics::Metrics;
 use crate::rules::{RequestFacts, RuleSet};
-use crate::store::{Check, MemoryStore, Mode};
+use crate::limiter::Verdict;
+use crate::store::{Check, MemoryStore, Mode, RedisStore, Store};
 
 /// Exit code for a config that does not validate (EX_USAGE... EX_CONFIG is
 /// 78, but 64 is what linkerd and mini-redis use for "bad input").
@@ -136,14 +137,26 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
         let _ = writeln!(out, "rules:   none match (no rate-limit headers would be sent)");
         return Ok(out);
     }
-    // A store to peek at: this process's memory is always empty, so it can
+    // Every matching rule's bucket, peeked at in the configured store
+    // without consuming: this process's memory is always empty, so it can
     // only show the full quota; the shared store shows live counts.
-    let memory = MemoryStore::new(Arc::new(SystemClock));
+    let buckets: Vec<(String, u64)> = matching
+        .iter()
+        .map(|rule| {
+            let mut key = String::new();
+            rule.key(&facts, &mut key);
+            (key, rule.cost(&headers).unwrap_or(1))
+        })
+        .collect();
+    let checks: Vec<Check<'_>> = matching
+        .iter()
+        .zip(&buckets)
+        .map(|(rule, (key, cost))| Check { key, limits: rule.nominal, cost: *cost, enforced: rule.enforced() })
+        .collect();
+    let (peeked, source) = peek(&config, &checks);
     let _ = writeln!(out, "rules:   {} match", matching.len());
-    for rule in matching {
+    for ((rule, (key, _)), verdict) in matching.iter().zip(&buckets).zip(peeked) {
         let s = &rule.spec;
-        let mut key = String::new();
-        rule.key(&facts, &mut key);
         let _ = writeln!(out, "  - {} ({}:{})", s.name, s.source.display(), s.line);
         let _ = writeln!(
             out,
@@ -157,19 +170,63 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
         );
         let parts: Vec<String> = s.key.iter().map(|k| k.describe()).collect();
         let _ = writeln!(out, "    key [{}] -> bucket {key}", parts.join(", "));
-        let cost = rule.cost(&headers).unwrap_or(1);
-        let check = Check { key: &key, limits: rule.nominal, cost, enforced: rule.enforced() };
-        let verdict = memory.check_now(std::slice::from_ref(&check), Mode::Peek);
-        let source = match config.store.backend {
-            Backend::Memory => "memory store: each process counts on its own; a new process starts full",
-            Backend::Redis => "not asked: the redis store is not queried by this build",
-        };
-        let _ = writeln!(
-            out,
-            "    remaining after this request: {} of {} ({source})",
-            verdict[0].remaining,
-            rule.nominal.capacity()
-        );
+        let capacity = rule.nominal.capacity();
+        match verdict {
+            Ok(v) if v.allowed => {
+                let _ = writeln!(out, "    remaining after this request: {} of {capacity} ({source})", v.remaining);
+            }
+            Ok(v) => {
+                let _ = writeln!(
+                    out,
+                    "    remaining: 0 of {capacity}: this request would be limited, retry in {} s ({source})",
+                    crate::limiter::ceil_secs(v.retry_after).max(1)
+                );
+            }
+            Err(e) => {
+                let _ = writeln!(out, "    remaining: unknown ({e})");
+            }
+        }
     }
     Ok(out)
+}
+
+/// Peeks at each check alone in the configured store, without consuming.
+/// Returns the verdicts and a note on where they come from.
+fn peek(config: &Config, checks: &[Check<'_>]) -> (Vec<Result<Verdict, String>>, &'static str) {
+    match config.store.backend {
+        Backend::Memory => {
+            let memory = MemoryStore::new(Arc::new(SystemClock));
+            let verdicts =
+                checks.iter().map(|c| Ok(memory.check_now(std::slice::from_ref(c), Mode::Peek)[0])).collect();
+            (verdicts, "memory store: each process counts on its own; a new process starts full")
+        }
+        Backend::Redis => (peek_redis(config, checks), "redis: the count every instance shares, not consumed"),
+    }
+}
+
+/// Peeks in Redis from a thread with its own runtime, so that `explain`
+/// stays a plain function callable from anywhere, inside a runtime or not.
+fn peek_redis(config: &Config, checks: &[Check<'_>]) -> Vec<Result<Verdict, String>> {
+    let fail = |e: String| checks.iter().map(|_| Err(e.clone())).collect();
+    // A person is waiting, not a request: allow a slow link its second.
+    let mut store_config = config.store.clone();
+    store_config.timeout = store_config.timeout.max(std::time::Duration::from_secs(1));
+    let run = || -> Result<Vec<Result<Verdict, String>>, String> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start a runtime: {e}"))?;
+        runtime.block_on(async {
+            let store = RedisStore::connect(&store_config, Arc::new(SystemClock), Arc::new(Metrics::new())).await?;
+            let mut out = Vec::with_capacity(checks.len());
+            for c in checks {
+                let verdict = store.check(std::slice::from_ref(c), Mode::Peek).await;
+                out.push(verdict.map(|v| v[0]).map_err(|e| format!("redis not asked: {e}")));
+            }
+            Ok(out)
+        })
+    };
+    std::thread::scope(|scope| scope.spawn(run).join())
+        .unwrap_or_else(|_| Err("the redis peek panicked".into()))
+        .unwrap_or_else(fail)
 }

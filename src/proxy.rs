@@ -83,6 +83,9 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::TRAILER,
     header::TRANSFER_ENCODING,
 ];
+/// How far past the store timeout the proxy's own bound on a store check
+/// lies (see [`Proxy::decide`]).
+const STORE_TIMEOUT_BACKSTOP: Duration = Duration::from_millis(5);
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
@@ -207,7 +210,7 @@ impl Proxy {
             }
 
             if !pending.is_empty() {
-                match self.decide(&pending).await {
+                match self.decide(&pending).await.or_else(|e| self.decide_locally(e, &pending)) {
                     Ok(verdicts) => {
                         let mut rejected: Option<(usize, u64)> = None;
                         for (i, (p, v)) in pending.iter().zip(&verdicts).enumerate() {
@@ -306,14 +309,53 @@ impl Proxy {
         let result = match &self.store {
             // The memory store answers synchronously: no timer needed.
             AnyStore::Memory(m) => Ok(m.check_now(&checks, Mode::Consume)),
-            #[allow(unreachable_patterns)]
-            other => match tokio::time::timeout(self.store_timeout, other.check(&checks, Mode::Consume)).await {
-                Ok(r) => r,
-                Err(_) => Err(StoreError::Timeout(self.store_timeout)),
-            },
+            // The Redis store bounds each of its calls by the store timeout
+            // itself, with fred's timer, which also keeps a timed-out check
+            // from being sent later; this outer bound is only a backstop and
+            // must not fire first.
+            other => {
+                let backstop = self.store_timeout + STORE_TIMEOUT_BACKSTOP;
+                match tokio::time::timeout(backstop, other.check(&checks, Mode::Consume)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(StoreError::Timeout(self.store_timeout)),
+                }
+            }
         };
         self.metrics.store_duration_seconds.observe(started.elapsed().as_secs_f64());
         result
+    }
+
+    /// `on_error = "local"`: when the store fails, the rules whose policy is
+    /// `local` are decided by the store's in-process fallback, with the same
+    /// limits, and the request's other rules fail open (not counted, so they
+    /// report their full quota). Returns `Err(error)` unchanged, for the
+    /// caller's allow/deny handling, when no rule is `local`, an enforced
+    /// rule says `deny` (deny wins), or the store has no fallback.
+    fn decide_locally(&self, error: StoreError, pending: &[Pending<'_>]) -> Result<Vec<Verdict>, StoreError> {
+        let policy = |p: &Pending<'_>| p.rule.spec.on_error.unwrap_or(self.default_on_error);
+        let deny = pending.iter().any(|p| p.rule.enforced() && policy(p) == OnError::Deny);
+        if deny || !pending.iter().any(|p| policy(p) == OnError::Local) {
+            return Err(error);
+        }
+        let checks: Vec<Check<'_>> = pending
+            .iter()
+            .filter(|p| policy(p) == OnError::Local)
+            .map(|p| Check { key: &p.key, limits: p.check_limits, cost: p.cost, enforced: p.rule.enforced() })
+            .collect();
+        let Some(local) = self.store.check_local(&checks, Mode::Consume) else { return Err(error) };
+        self.metrics.store_errors_total.with_label_values(&[self.store.backend()]).inc();
+        tracing::debug!(error = %error, "store check failed; deciding locally");
+        let open =
+            |p: &Pending<'_>| Verdict { allowed: true, remaining: p.check_limits.capacity(), ..Verdict::default() };
+        let mut local = local.into_iter();
+        Ok(pending
+            .iter()
+            .map(|p| match policy(p) {
+                // One local verdict per local rule, in order.
+                OnError::Local => local.next().unwrap_or_else(|| open(p)),
+                _ => open(p),
+            })
+            .collect())
     }
 
     async fn forward(

@@ -27,7 +27,7 @@ use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 use crate::reload::Reloader;
 use crate::rules::RuleSet;
-use crate::store::{AnyStore, MemoryStore};
+use crate::store::{AnyStore, MemoryStore, RedisStore};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -49,7 +49,8 @@ pub struct Server {
     admin_listener: TcpListener,
 }
 
-/// How often idle keys are swept from the memory store.
+/// How often idle keys are swept from the memory store (and from the Redis
+/// store's local fallback and over-limit cache).
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 impl Server {
@@ -60,9 +61,9 @@ impl Server {
         let rules = RuleSet::build(specs, files, &metrics);
         let store = match config.store.backend {
             Backend::Memory => AnyStore::Memory(MemoryStore::new(clock)),
-            Backend::Redis => {
-                return Err(StartError::Store("the redis backend is not available in this build yet".into()));
-            }
+            Backend::Redis => AnyStore::Redis(
+                RedisStore::connect(&config.store, clock, metrics.clone()).await.map_err(StartError::Store)?,
+            ),
         };
         let proxy = Arc::new(Proxy::new(&config, rules, store, metrics));
         let reloader = Arc::new(Reloader::new(config.clone(), proxy.clone()));
@@ -105,10 +106,7 @@ impl Server {
                 let mut every = tokio::time::interval(SWEEP_EVERY);
                 loop {
                     every.tick().await;
-                    #[allow(irrefutable_let_patterns)]
-                    if let AnyStore::Memory(m) = &proxy.store {
-                        m.sweep();
-                    }
+                    proxy.store.sweep();
                 }
             }
         });

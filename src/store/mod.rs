@@ -10,12 +10,14 @@
 //! dispatches to it without boxing a future per request.
 
 pub mod memory;
+pub mod redis;
 
 use std::future::Future;
 
 use crate::limiter::{Limits, Verdict};
 
 pub use memory::MemoryStore;
+pub use redis::RedisStore;
 
 /// One rule's question about one request.
 #[derive(Debug, Clone)]
@@ -43,7 +45,7 @@ pub enum Mode {
 
 /// Why a store could not answer. Mapped to the rule's `on_error` policy by
 /// the proxy; never shown to clients.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     #[error("store timed out after {0:?}")]
     Timeout(std::time::Duration),
@@ -79,30 +81,58 @@ pub trait Store: Send + Sync + 'static {
 /// future per request.
 pub enum AnyStore {
     Memory(MemoryStore),
+    Redis(RedisStore),
+}
+
+impl AnyStore {
+    /// The `on_error = "local"` fallback: decides `checks` in this process's
+    /// memory with the same rules. `None` for a store that has no fallback
+    /// (the memory store never fails).
+    pub fn check_local(&self, checks: &[Check<'_>], mode: Mode) -> Option<Vec<Verdict>> {
+        match self {
+            AnyStore::Memory(_) => None,
+            AnyStore::Redis(s) => Some(s.check_local(checks, mode)),
+        }
+    }
+
+    /// Drops idle state kept in this process; the server calls it
+    /// periodically.
+    pub fn sweep(&self) {
+        match self {
+            AnyStore::Memory(s) => {
+                s.sweep();
+            }
+            AnyStore::Redis(s) => s.sweep(),
+        }
+    }
 }
 
 impl Store for AnyStore {
     async fn check(&self, checks: &[Check<'_>], mode: Mode) -> Result<Vec<Verdict>, StoreError> {
         match self {
             AnyStore::Memory(s) => s.check(checks, mode).await,
+            AnyStore::Redis(s) => s.check(checks, mode).await,
         }
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
         match self {
             AnyStore::Memory(s) => s.ping().await,
+            AnyStore::Redis(s) => s.ping().await,
         }
     }
 
     fn backend(&self) -> &'static str {
         match self {
             AnyStore::Memory(s) => s.backend(),
+            AnyStore::Redis(s) => s.backend(),
         }
     }
 
     fn set_idle_horizon(&self, horizon: crate::limiter::Nanos) {
         match self {
             AnyStore::Memory(s) => s.set_idle_horizon(horizon),
+            AnyStore::Redis(s) => s.set_idle_horizon(horizon),
         }
     }
 }

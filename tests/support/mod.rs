@@ -17,6 +17,8 @@
 //! Some helpers are used by only some test files.
 #![allow(dead_code)]
 
+pub mod redis;
+
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;

@@ -1,0 +1,74 @@
+-- Token bucket: capacity `burst`, refilled at `limit` per `window`.
+-- The same arithmetic as `bucket` in src/limiter.rs, on the server's clock.
+--
+-- KEYS[1]  the bucket, a string "<updated_us>:<tokens taken>"
+-- ARGV     mode (0 peek, 1 consume, 2 refund), limit, window_us, burst, cost
+-- Returns  {allowed, remaining, reset_after_ns, retry_after_ns, delay_ns, token}
+--
+-- Time is read from the server (TIME), never passed in: every proxy
+-- instance agrees on it whatever its own clock says. Microseconds since the
+-- epoch (~1.7e15) are exact in a Lua double; nanoseconds would not be.
+local key = KEYS[1]
+local mode = tonumber(ARGV[1])
+local limit = tonumber(ARGV[2])
+local window = tonumber(ARGV[3])
+local capacity = tonumber(ARGV[4])
+local cost = tonumber(ARGV[5])
+
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+
+-- Floating point slack when comparing levels, as in src/limiter.rs.
+local EPSILON = 1e-9
+
+-- Rounds nanoseconds up, except that rounding noise just above a whole
+-- number does not add one (`ns_ceil` in src/limiter.rs).
+local function ns_ceil(x)
+  local whole = math.floor(x + 0.5)
+  if math.abs(x - whole) <= math.max(math.abs(x) * 1e-14, 1e-6) then x = whole end
+  if x <= 0 then return 0 end
+  return math.ceil(x)
+end
+
+local rate = limit / window -- tokens per microsecond
+local function drain_ns(tokens)
+  return ns_ceil((tokens - EPSILON) / rate * 1000)
+end
+
+local stored_t, stored = now, 0
+local state = redis.call('GET', key)
+if state then
+  local t, l = string.match(state, '^(%d+):(.+)$')
+  if t then
+    stored_t, stored = tonumber(t), tonumber(l)
+  end
+end
+local level = math.max(stored - math.max(now - stored_t, 0) * rate, 0)
+-- Keep the later timestamp so that a clock stepping back (a failover to a
+-- node whose clock is behind) never refills the bucket twice.
+local t = math.max(now, stored_t)
+
+local function save(new_level)
+  if new_level <= EPSILON then
+    redis.call('DEL', key)
+    return
+  end
+  -- The key lives until the bucket is full again: an idle key vanishes.
+  local ttl_ms = math.max(math.ceil(drain_ns(new_level) / 1000000), 1) + 1
+  redis.call('SET', key, string.format('%d:%.17g', t, new_level), 'PX', ttl_ms)
+end
+
+if mode == 2 then
+  -- Refund: give back what an earlier call of this request took.
+  if state then save(math.max(level - cost, 0)) end
+  return {1, 0, 0, 0, 0, 0}
+end
+
+if level + cost <= capacity + EPSILON then
+  local new_level = level + cost
+  if mode == 1 then save(new_level) end
+  local remaining = math.floor(math.max(capacity - new_level + EPSILON, 0))
+  return {1, remaining, drain_ns(new_level), 0, 0, 0}
+end
+local retry = math.max(drain_ns(level + cost - capacity), 1)
+return {0, 0, drain_ns(level), retry, 0, 0}

@@ -1,0 +1,593 @@
+//! The Redis store: counters shared by every tollgate instance, in a single
+//! Redis, a Redis Cluster or behind Sentinel, through fred.
+//!
+//! # One check
+//!
+//! Each check is one Lua script call (`src/store/lua/<algorithm>.lua`) on
+//! one key, deciding and counting atomically on the server with the
+//! server's clock (`TIME`), so instances with skewed clocks agree and no
+//! read-then-write race exists between them. Scripts are called by SHA
+//! (`EVALSHA`); a node that answers `NOSCRIPT` (first use, a restart, or a
+//! replica just promoted: the script cache is not replicated) gets the same
+//! call as `EVAL`, on the same node, since it is routed by the same key.
+//!
+//! # Bounded, never re-sent
+//!
+//! Every call carries fred's own timeout set to what is left of the store
+//! timeout, not just an outer `tokio::time::timeout`: fred marks a timed-out
+//! command so that its router drops it instead of writing it once the
+//! connection is back (a queue of stale checks replayed after an outage
+//! would count requests that were long decided). `max_command_attempts` is
+//! 1: after a dropped connection fred would otherwise re-send in-flight
+//! scripts, and a script that ran before the drop would count twice. The
+//! one re-send done here is after a cluster redirection, which fred reports
+//! as an exhausted attempt and which proves the script did not run.
+//!
+//! # Several rules in one request
+//!
+//! The checks of one request are sent at once and fred pipelines them over
+//! its connection to each node: one round trip for all rules, whatever
+//! nodes their keys live on. One script cannot span slots (each rule's key
+//! has its own hash tag), so "a rejected request consumes no quota" is kept
+//! by consume-and-refund rather than by one transaction: every script
+//! counts the request if its own rule admits it, and when another enforced
+//! rule rejects the request, the rules that counted it get a refund call
+//! right after (in the background, so the 429 is not delayed). The trade-off:
+//! for about one round trip, a rejected request holds quota it will give
+//! back, so a concurrent request may be rejected that a single transaction
+//! would have admitted. The error is always towards rejecting, never towards
+//! admitting more than the limit. Check-then-commit (peek every rule, then
+//! consume) would cost every multi-rule request a second round trip and
+//! still race between the two. A request with one rule (the common case)
+//! is decided exactly by one script.
+//!
+//! # When Redis fails
+//!
+//! See [`health`]: a failed check returns a [`StoreError`] that the proxy
+//! maps to the rule's `on_error` policy; `local` checks this process's
+//! [`MemoryStore`] with the same rules ([`RedisStore::check_local`]). After a few
+//! consecutive failures the store stops asking Redis until a probe sees it
+//! answer again.
+//!
+//! # The local over-limit cache
+//!
+//! See [`cache`]: a key Redis rejected is answered 429 here until its
+//! retry-after moment, without a round trip.
+
+mod cache;
+mod health;
+mod scripts;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use fred::clients::{Client, Pool};
+use fred::error::{Error as FredError, ErrorKind};
+use fred::interfaces::{ClientLike, ClusterInterface};
+use fred::types::config::{
+    ClusterDiscoveryPolicy, Config as FredConfig, Options, ReconnectPolicy, ServerConfig, UnresponsiveConfig,
+};
+use fred::types::{Builder, ClusterHash, CustomCommand, Value};
+use tokio::task::JoinHandle;
+
+use crate::clock::SharedClock;
+use crate::config::StoreConfig;
+use crate::limiter::{Algorithm, Nanos, Verdict};
+use crate::metrics::Metrics;
+use crate::store::{Check, MemoryStore, Mode, Store, StoreError};
+
+use scripts::{Reply, Script, ScriptMode, Scripts};
+pub use scripts::{redis_key, suffix};
+
+/// How long fred may take to open a connection (TCP and TLS) or to run its
+/// own commands (`CLUSTER SLOTS`, `AUTH`...). fred's defaults are 10 s, which
+/// would stall every check that long behind a dead node.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// Delay between reconnection attempts: constant and short. An exponential
+/// policy measured here delayed recovery after a failover by seconds; with
+/// 100 ms checks resumed about 120 ms after the replica's promotion.
+const RECONNECT_DELAY_MS: u32 = 100;
+/// A connection whose oldest command has waited this long is closed and
+/// reopened (a frozen node, a black-holed network): checks give up after the
+/// store timeout, but the connection would otherwise stay wedged.
+const UNRESPONSIVE_AFTER: Duration = Duration::from_secs(1);
+/// How long start-up waits for the first connection before going on
+/// degraded (serving by policy) and connecting in the background.
+const START_WAIT: Duration = Duration::from_secs(1);
+/// The longest a readiness or recovery probe waits.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// The Redis [`Store`].
+pub struct RedisStore {
+    shared: Arc<Shared>,
+    /// fred's connection tasks and the health probe, stopped on drop.
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// What the request path and the probe task share.
+struct Shared {
+    pool: Pool,
+    clustered: bool,
+    key_prefix: String,
+    timeout: Duration,
+    scripts: Scripts,
+    cache: cache::OverLimitCache,
+    local: MemoryStore,
+    health: health::Health,
+    metrics: Arc<Metrics>,
+    ids: RequestIds,
+}
+
+impl RedisStore {
+    /// Builds the client from `config.url`, starts connecting, and waits up
+    /// to a second for the first connection. An unreachable Redis does not
+    /// fail the start: the store begins degraded and connects in the
+    /// background (an operator restarting tollgate during a Redis outage
+    /// gets a proxy that serves by policy, not one that refuses to start).
+    /// A URL fred cannot parse does fail it.
+    pub async fn connect(
+        config: &StoreConfig,
+        clock: SharedClock,
+        metrics: Arc<Metrics>,
+    ) -> Result<RedisStore, String> {
+        let url = config.url.as_deref().ok_or("store.backend = \"redis\" needs store.url")?;
+        let mut fred_config =
+            FredConfig::from_url(url).map_err(|e| format!("store.url {:?}: {}", redact(url), e.details()))?;
+        let clustered = matches!(fred_config.server, ServerConfig::Clustered { .. });
+        if let ServerConfig::Clustered { policy, .. } = &mut fred_config.server {
+            // Rediscover the topology through any known node, not only the
+            // seeds in the URL: a dead seed must not block recovery.
+            *policy = ClusterDiscoveryPolicy::UseCache;
+        }
+        // Keep reconnecting when the first connection fails.
+        fred_config.fail_fast = false;
+        let timeout = config.timeout;
+        let pool = Builder::from_config(fred_config)
+            .with_connection_config(|c| {
+                c.connection_timeout = CONNECT_TIMEOUT;
+                c.internal_command_timeout = CONNECT_TIMEOUT;
+                c.max_command_attempts = 1;
+                c.tcp.nodelay = Some(true);
+                c.unresponsive =
+                    UnresponsiveConfig { max_timeout: Some(UNRESPONSIVE_AFTER), interval: UNRESPONSIVE_AFTER / 4 };
+            })
+            .with_performance_config(|p| p.default_command_timeout = timeout)
+            .set_policy(ReconnectPolicy::new_constant(0, RECONNECT_DELAY_MS))
+            .build_pool(config.pool_size.max(1))
+            .map_err(|e| format!("cannot build the redis client: {}", e.details()))?;
+
+        let mut tasks: Vec<JoinHandle<()>> = pool
+            .connect_pool()
+            .into_iter()
+            .map(|handle| {
+                tokio::spawn(async move {
+                    if let Ok(Err(e)) = handle.await {
+                        tracing::error!(error = %e, "the redis connection task ended");
+                    }
+                })
+            })
+            .collect();
+
+        let local = MemoryStore::new(clock);
+        let shared = Arc::new(Shared {
+            pool,
+            clustered,
+            key_prefix: config.key_prefix.clone(),
+            timeout,
+            scripts: Scripts::new(),
+            cache: cache::OverLimitCache::new(),
+            local,
+            health: health::Health::new(&metrics),
+            metrics,
+            ids: RequestIds::new(),
+        });
+
+        let ready = tokio::time::timeout(START_WAIT, shared.pool.wait_for_connect()).await;
+        let ready = match ready {
+            Ok(Ok(())) => shared.probe().await,
+            Ok(Err(e)) => Err(StoreError::Unavailable(e.details().to_string())),
+            Err(_) => Err(StoreError::Unavailable(format!("no connection within {START_WAIT:?}"))),
+        };
+        match ready {
+            Ok(()) => tracing::info!(url = %redact(url), clustered, "connected to redis"),
+            Err(e) => shared.health.degrade(&format!("at start-up: {e}")),
+        }
+        tasks.push(tokio::spawn(shared.clone().probe_loop()));
+        Ok(RedisStore { shared, tasks })
+    }
+
+    /// Decides `checks` in this process's memory, with the same rules: the
+    /// `on_error = "local"` fallback while Redis cannot answer.
+    pub fn check_local(&self, checks: &[Check<'_>], mode: Mode) -> Vec<Verdict> {
+        self.shared.local.check_now(checks, mode)
+    }
+
+    /// Whether checks currently bypass Redis.
+    pub fn is_degraded(&self) -> bool {
+        self.shared.health.is_degraded()
+    }
+
+    /// Drops idle keys of the local fallback and expired over-limit cache
+    /// entries; the server calls it periodically.
+    pub fn sweep(&self) {
+        self.shared.local.sweep();
+        self.shared.cache.sweep(Instant::now());
+    }
+
+    /// The fred client, for tests and tools that inspect Redis directly.
+    pub fn client(&self) -> &Client {
+        self.shared.pool.next()
+    }
+}
+
+impl Drop for RedisStore {
+    fn drop(&mut self) {
+        let clients: Vec<Client> = self.shared.pool.clients().to_vec();
+        let tasks = std::mem::take(&mut self.tasks);
+        match tokio::runtime::Handle::try_current() {
+            // Close the connections politely, then stop the tasks.
+            Ok(rt) => {
+                rt.spawn(async move {
+                    for c in clients {
+                        let _ = tokio::time::timeout(Duration::from_millis(200), c.quit()).await;
+                    }
+                    tasks.iter().for_each(JoinHandle::abort);
+                });
+            }
+            Err(_) => tasks.iter().for_each(JoinHandle::abort),
+        }
+    }
+}
+
+impl Store for RedisStore {
+    async fn check(&self, checks: &[Check<'_>], mode: Mode) -> Result<Vec<Verdict>, StoreError> {
+        self.shared.check(checks, mode).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        if self.shared.health.is_degraded() {
+            return Err(StoreError::Unavailable("redis did not answer; waiting for it to come back".into()));
+        }
+        self.shared.probe().await
+    }
+
+    fn backend(&self) -> &'static str {
+        "redis"
+    }
+
+    fn set_idle_horizon(&self, horizon: Nanos) {
+        self.shared.local.set_idle_horizon(horizon);
+    }
+}
+
+impl Shared {
+    async fn check(self: &Arc<Self>, checks: &[Check<'_>], mode: Mode) -> Result<Vec<Verdict>, StoreError> {
+        let started = Instant::now();
+        let deadline = started + self.timeout;
+        let keys: Vec<String> = checks.iter().map(|c| redis_key(&self.key_prefix, c.key, c.limits.algorithm)).collect();
+
+        if mode == Mode::Consume
+            && let Some(verdicts) = self.answer_from_cache(checks, &keys, started)
+        {
+            self.metrics.local_cache_hits_total.inc();
+            return Ok(verdicts);
+        }
+        if self.health.is_degraded() {
+            return Err(StoreError::Unavailable(
+                "redis did not answer recent checks; waiting for it to come back".into(),
+            ));
+        }
+
+        let script_mode = if mode == Mode::Consume { ScriptMode::Consume } else { ScriptMode::Peek };
+        // Sliding window log entries are named by request, so a refund
+        // removes exactly this request's entries.
+        let ids: Vec<String> = checks
+            .iter()
+            .map(|c| if c.limits.algorithm.uses_log() { self.ids.next() } else { String::new() })
+            .collect();
+        let calls = checks.iter().zip(&keys).zip(&ids).map(|((c, key), id)| {
+            let script = self.scripts.get(c.limits.algorithm);
+            self.call(script, key, scripts::args(script_mode, &c.limits, c.cost, id), deadline)
+        });
+        // Sent together: fred writes them back to back on each node's
+        // connection, so all rules cost one round trip.
+        let results: Vec<Result<Reply, Failure>> = futures::future::join_all(calls).await;
+
+        if let Some(failure) = results.iter().find_map(|r| r.as_ref().err()) {
+            let failure = failure.clone();
+            if failure.outage {
+                self.health.failed(&failure.error.to_string());
+            }
+            if mode == Mode::Consume {
+                // An error decides nothing: give back what the rules that
+                // did answer counted.
+                let counted: Vec<usize> = results
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| r.as_ref().is_ok_and(|r| r.verdict.allowed))
+                    .map(|(i, _)| i)
+                    .collect();
+                self.refund(checks, &keys, &ids, &results, &counted);
+            }
+            return Err(failure.error);
+        }
+        self.health.succeeded();
+        let replies: Vec<Reply> = results.into_iter().filter_map(Result::ok).collect();
+        let verdicts: Vec<Verdict> = replies.iter().map(|r| r.verdict).collect();
+
+        if mode == Mode::Consume {
+            let now = Instant::now();
+            let mut rejected = false;
+            for ((c, key), v) in checks.iter().zip(&keys).zip(&verdicts) {
+                if c.enforced && !v.allowed {
+                    rejected = true;
+                    self.cache.remember(key, c.limits, c.cost, v, now);
+                }
+            }
+            if rejected {
+                let counted: Vec<usize> = (0..checks.len()).filter(|&i| verdicts[i].allowed).collect();
+                let results: Vec<Result<Reply, Failure>> = replies.into_iter().map(Ok).collect();
+                self.refund(checks, &keys, &ids, &results, &counted);
+            }
+        }
+        Ok(verdicts)
+    }
+
+    /// Answers a request from the over-limit cache when one of its enforced
+    /// checks is a key Redis rejected and whose retry moment has not come.
+    /// Checks not in the cache are not asked either (the request is rejected
+    /// anyway, and a rejected request counts nowhere): they are reported
+    /// with nothing remaining until the rejection's retry moment, which is
+    /// all the client can act on.
+    fn answer_from_cache(&self, checks: &[Check<'_>], keys: &[String], now: Instant) -> Option<Vec<Verdict>> {
+        let known: Vec<Option<Verdict>> = checks
+            .iter()
+            .zip(keys)
+            .map(|(c, k)| if c.enforced { self.cache.rejection(k, &c.limits, c.cost, now) } else { None })
+            .collect();
+        let blocker = known.iter().flatten().next().copied()?;
+        Some(
+            known
+                .into_iter()
+                .map(|v| {
+                    v.unwrap_or(Verdict {
+                        allowed: true,
+                        remaining: 0,
+                        reset_after: blocker.retry_after,
+                        retry_after: 0,
+                        delay: 0,
+                    })
+                })
+                .collect(),
+        )
+    }
+
+    /// Gives back, in the background, what the checks at `counted` counted.
+    fn refund(
+        self: &Arc<Self>,
+        checks: &[Check<'_>],
+        keys: &[String],
+        ids: &[String],
+        results: &[Result<Reply, Failure>],
+        counted: &[usize],
+    ) {
+        let calls: Vec<(Algorithm, String, [Value; 6])> = counted
+            .iter()
+            .filter_map(|&i| {
+                let reply = results[i].as_ref().ok()?;
+                let c = &checks[i];
+                // The log names its entries by request id; the windows
+                // name the window the request was counted in.
+                let token = if c.limits.algorithm.uses_log() { ids[i].clone() } else { reply.token.to_string() };
+                Some((
+                    c.limits.algorithm,
+                    keys[i].clone(),
+                    scripts::args(ScriptMode::Refund, &c.limits, c.cost, &token),
+                ))
+            })
+            .collect();
+        if calls.is_empty() {
+            return;
+        }
+        let shared = self.clone();
+        tokio::spawn(async move {
+            let deadline = Instant::now() + shared.timeout;
+            let refunds = calls.into_iter().map(|(alg, key, args)| {
+                let shared = &shared;
+                async move {
+                    if let Err(e) = shared.call(shared.scripts.get(alg), &key, args, deadline).await {
+                        // The quota stays taken until the key's window or
+                        // refill gives it back: an error towards rejecting.
+                        tracing::debug!(key, error = %e.error, "refund failed");
+                    }
+                }
+            });
+            futures::future::join_all(refunds).await;
+        });
+    }
+
+    /// One script call on the node owning `key`, by SHA, then by source if
+    /// that node does not know the script.
+    async fn call(&self, script: &Script, key: &str, args: [Value; 6], deadline: Instant) -> Result<Reply, Failure> {
+        let client = self.pool.next();
+        let mut result = self.eval(client, "EVALSHA", &script.sha, key, &args, deadline).await;
+        if result.as_ref().is_err_and(|e| e.details().starts_with("NOSCRIPT")) {
+            result = self.eval(client, "EVAL", script.source, key, &args, deadline).await;
+        }
+        match result {
+            Ok(value) => scripts::parse_reply(value).map_err(|error| Failure { error, outage: false }),
+            Err(e) => Err(Failure { error: self.store_error(&e), outage: is_outage(e.kind()) }),
+        }
+    }
+
+    /// Sends `EVALSHA sha 1 key args...` (or `EVAL source ...`) to the node
+    /// owning `key`'s slot, bounded by `deadline`.
+    async fn eval(
+        &self,
+        client: &Client,
+        command: &'static str,
+        script: &str,
+        key: &str,
+        args: &[Value; 6],
+        deadline: Instant,
+    ) -> Result<Value, FredError> {
+        let slot = fred::util::redis_keyslot(key.as_bytes());
+        let mut argv: Vec<Value> = Vec::with_capacity(3 + args.len());
+        argv.push(Value::String(script.into()));
+        argv.push(Value::Integer(1));
+        argv.push(Value::String(key.into()));
+        argv.extend(args.iter().cloned());
+        // At most one redirection-driven re-send (see the module docs).
+        let mut redirected = false;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(FredError::new(ErrorKind::Timeout, "store timeout"));
+            }
+            // `ClusterHash::Custom`: fred would otherwise hash the first
+            // argument (the SHA) instead of the key.
+            let options = Options { timeout: Some(left), max_attempts: Some(1), ..Default::default() };
+            let cmd = CustomCommand::new_static(command, ClusterHash::Custom(slot), false);
+            let result: Result<Value, FredError> = client.with_options(&options).custom(cmd, argv.clone()).await;
+            match result {
+                Err(e) if !redirected && is_exhausted_redirect(&e) => redirected = true,
+                other => return other,
+            }
+        }
+    }
+
+    fn store_error(&self, e: &FredError) -> StoreError {
+        match e.kind() {
+            ErrorKind::Timeout => StoreError::Timeout(self.timeout),
+            kind => StoreError::Unavailable(format!("{kind:?}: {}", e.details())),
+        }
+    }
+
+    /// Asks Redis whether it answers: `PING`, or on a cluster `CLUSTER
+    /// INFO` reporting `cluster_state:ok` (a cluster that lost a master
+    /// answers pings but not every slot). Every pooled client is asked.
+    async fn probe(&self) -> Result<(), StoreError> {
+        let timeout = PROBE_TIMEOUT.max(self.timeout);
+        for client in self.pool.clients() {
+            let options = Options { timeout: Some(timeout), max_attempts: Some(1), ..Default::default() };
+            let client = client.with_options(&options);
+            if self.clustered {
+                let info: String = client.cluster_info().await.map_err(|e| self.store_error(&e))?;
+                if !info.contains("cluster_state:ok") {
+                    return Err(StoreError::Unavailable("the cluster reports cluster_state other than ok".into()));
+                }
+            } else {
+                let _: String = client.ping(None).await.map_err(|e| self.store_error(&e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// While degraded, probes Redis every `PROBE_EVERY` and switches back
+    /// when it answers.
+    async fn probe_loop(self: Arc<Self>) {
+        loop {
+            if !self.health.is_degraded() {
+                self.health.wake.notified().await;
+                continue;
+            }
+            tokio::time::sleep(health::PROBE_EVERY).await;
+            if self.probe().await.is_ok() {
+                self.health.recover();
+            }
+        }
+    }
+}
+
+/// A failed script call: the error, and whether it means Redis is not
+/// answering (as opposed to answering something unexpected about one key,
+/// such as `WRONGTYPE`), which is what counts towards degrading.
+#[derive(Debug, Clone)]
+struct Failure {
+    error: StoreError,
+    outage: bool,
+}
+
+fn is_outage(kind: &ErrorKind) -> bool {
+    matches!(
+        kind,
+        ErrorKind::Timeout
+            | ErrorKind::IO
+            | ErrorKind::Canceled
+            | ErrorKind::Routing
+            | ErrorKind::Cluster
+            | ErrorKind::Tls
+            | ErrorKind::Backpressure
+    )
+}
+
+/// With `max_command_attempts = 1`, fred reports a command it had to send
+/// a second time as out of attempts; the only second send it makes with
+/// that setting is after a `MOVED`/`ASK` redirection (a failover or a slot
+/// migration), which the old node answered without running the script.
+fn is_exhausted_redirect(e: &FredError) -> bool {
+    e.details().contains("Too many failed write attempts")
+}
+
+/// The URL without its password, for logs and errors.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// Unique ids for sliding-log entries: a random per-process prefix and a
+/// counter, so no two requests of any instance add the same member.
+struct RequestIds {
+    prefix: u32,
+    next: AtomicU64,
+}
+
+impl RequestIds {
+    fn new() -> RequestIds {
+        use std::hash::BuildHasher;
+        // A randomly seeded hasher is the one source of randomness at hand.
+        let seed = foldhash::quality::RandomState::default().hash_one((std::process::id(), Instant::now()));
+        RequestIds { prefix: seed as u32, next: AtomicU64::new(0) }
+    }
+
+    fn next(&self) -> String {
+        format!("{:08x}{:x}", self.prefix, self.next.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(redact("redis://:secret@h:6379"), "redis://:***@h:6379");
+        assert_eq!(redact("rediss://user:secret@h:6379/0"), "rediss://user:***@h:6379/0");
+        assert_eq!(redact("redis-cluster://h:7000?node=h:7001"), "redis-cluster://h:7000?node=h:7001");
+    }
+
+    #[test]
+    fn request_ids_are_distinct() {
+        let ids = RequestIds::new();
+        let a = ids.next();
+        let b = ids.next();
+        assert_ne!(a, b);
+        assert!(a.len() >= 9);
+    }
+
+    #[test]
+    fn only_outage_errors_count_towards_degrading() {
+        assert!(is_outage(&ErrorKind::Timeout));
+        assert!(is_outage(&ErrorKind::IO));
+        assert!(is_outage(&ErrorKind::Cluster));
+        assert!(!is_outage(&ErrorKind::InvalidArgument));
+        assert!(!is_outage(&ErrorKind::Unknown));
+    }
+}

@@ -1,0 +1,286 @@
+//! The Redis store against one real `redis-server`: every algorithm's
+//! windows rolling over and buckets refilling on the server's clock, the
+//! multi-rule refund, the over-limit cache, `NOSCRIPT` recovery, key TTLs,
+//! `tollgate explain` peeking at live counts, and per-key memory.
+//!
+//! One server is shared by the whole file (started on first use, stopped
+//! when the test process exits); every test uses its own key prefix.
+
+mod support;
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use support::redis::{RedisServer, tollgate_config};
+use support::{Tollgate, Upstream, burst, count, eventually, metric};
+
+fn server() -> &'static RedisServer {
+    static SERVER: OnceLock<RedisServer> = OnceLock::new();
+    SERVER.get_or_init(RedisServer::start)
+}
+
+/// A tollgate on the shared server with `rules`, keys under `prefix`.
+async fn tollgate(upstream: &Upstream, prefix: &str, rules: &str) -> Tollgate {
+    let config =
+        tollgate_config(upstream.addr, &server().url(), &format!("key_prefix = \"{prefix}\"\non_error = \"deny\""));
+    Tollgate::with(&config, &[("rules.toml", rules)]).await
+}
+
+fn rule(name: &str, algorithm: &str, limit: u64, window: &str, burst: u64) -> String {
+    format!(
+        "[[rule]]\nname = \"{name}\"\nkey = [\"ip\"]\nalgorithm = \"{algorithm}\"\nlimit = {limit}\nwindow = \"{window}\"\nburst = {burst}\n"
+    )
+}
+
+async fn status(tg: &Tollgate, ip: &str) -> u16 {
+    tg.get("/").from_ip(ip).send().await.status.as_u16()
+}
+
+/// Sleeps until just after the next multiple of `window` on the wall clock
+/// (the server runs on this machine, so its clock is this one): a test of a
+/// fixed window then starts at the beginning of one.
+async fn align_to(window: Duration) {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos();
+    let w = window.as_nanos();
+    let wait = w - now % w + 20_000_000;
+    tokio::time::sleep(Duration::from_nanos(wait as u64)).await;
+}
+
+#[tokio::test]
+async fn fixed_window_rolls_over_at_the_servers_window_boundary() {
+    let up = Upstream::start().await;
+    let tg = tollgate(&up, "t-fw-roll:", &rule("fw-roll", "fixed_window", 3, "1s", 3)).await;
+    align_to(Duration::from_secs(1)).await;
+    for _ in 0..3 {
+        assert_eq!(status(&tg, "192.0.2.1").await, 200);
+    }
+    let limited = tg.get("/").from_ip("192.0.2.1").send().await;
+    assert_eq!(limited.status, 429);
+    assert_eq!(limited.header("retry-after"), Some("1"));
+    align_to(Duration::from_secs(1)).await;
+    assert_eq!(status(&tg, "192.0.2.1").await, 200, "a new window starts full");
+}
+
+#[tokio::test]
+async fn token_bucket_refills_at_its_rate() {
+    let up = Upstream::start().await;
+    // 10 per second: one token every 100 ms, 2 at most.
+    let tg = tollgate(&up, "t-tb-refill:", &rule("tb-refill", "token_bucket", 10, "1s", 2)).await;
+    assert_eq!(status(&tg, "192.0.2.2").await, 200);
+    assert_eq!(status(&tg, "192.0.2.2").await, 200);
+    assert_eq!(status(&tg, "192.0.2.2").await, 429);
+    tokio::time::sleep(Duration::from_millis(130)).await;
+    assert_eq!(status(&tg, "192.0.2.2").await, 200, "one token refilled");
+    assert_eq!(status(&tg, "192.0.2.2").await, 429, "and only one");
+}
+
+#[tokio::test]
+async fn sliding_window_log_frees_the_oldest_request_first() {
+    let up = Upstream::start().await;
+    let tg = tollgate(&up, "t-swl-slide:", &rule("swl-slide", "sliding_window_log", 3, "800ms", 3)).await;
+    let first = Instant::now();
+    assert_eq!(status(&tg, "192.0.2.3").await, 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(status(&tg, "192.0.2.3").await, 200);
+    assert_eq!(status(&tg, "192.0.2.3").await, 200);
+    assert_eq!(status(&tg, "192.0.2.3").await, 429);
+    // The first request leaves the window 800 ms after it was admitted; the
+    // other two only 300 ms later.
+    tokio::time::sleep(Duration::from_millis(850).saturating_sub(first.elapsed())).await;
+    assert_eq!(status(&tg, "192.0.2.3").await, 200, "the oldest entry slid out");
+    assert_eq!(status(&tg, "192.0.2.3").await, 429, "the other two are still in the window");
+}
+
+#[tokio::test]
+async fn sliding_window_counter_weights_the_previous_window() {
+    let up = Upstream::start().await;
+    let tg = tollgate(&up, "t-swc-slide:", &rule("swc-slide", "sliding_window_counter", 4, "1s", 4)).await;
+    align_to(Duration::from_secs(1)).await;
+    for _ in 0..4 {
+        assert_eq!(status(&tg, "192.0.2.4").await, 200);
+    }
+    assert_eq!(status(&tg, "192.0.2.4").await, 429);
+    // Early in the next window the previous one still weighs almost fully:
+    // 4 * (1 - 0.02..) + 0 > 3, so no room yet.
+    align_to(Duration::from_secs(1)).await;
+    assert_eq!(status(&tg, "192.0.2.4").await, 429);
+    // Past a quarter of it, 4 * 0.75 = 3 leaves room for one.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(status(&tg, "192.0.2.4").await, 200);
+    assert_eq!(status(&tg, "192.0.2.4").await, 429);
+}
+
+#[tokio::test]
+async fn leaky_bucket_spaces_the_requests_it_admits() {
+    let up = Upstream::start().await;
+    // Drains 10 per second: one request every 100 ms, 4 queued at most.
+    let tg = tollgate(&up, "t-lb-space:", &rule("lb-space", "leaky_bucket", 10, "1s", 4)).await;
+    let started = Instant::now();
+    let replies = burst(6, |_| tg.get("/").from_ip("192.0.2.5")).await;
+    let elapsed = started.elapsed();
+    assert_eq!(count(&replies, 200), 4);
+    assert_eq!(count(&replies, 429), 2);
+    // The fourth admitted request waited for three ahead of it.
+    assert!(elapsed >= Duration::from_millis(280), "took {elapsed:?}");
+}
+
+#[tokio::test]
+async fn a_request_one_rule_rejects_gives_back_what_the_others_counted() {
+    let up = Upstream::start().await;
+    let rules = format!(
+        "{}\n{}",
+        rule("refund-wide", "fixed_window", 100, "1m", 100),
+        "[[rule]]\nname = \"refund-narrow\"\nkey = [\"ip\", \"path\"]\nalgorithm = \"token_bucket\"\nlimit = 2\nwindow = \"1m\"\n"
+    );
+    let tg = tollgate(&up, "t-refund:", &rules).await;
+    let statuses: Vec<u16> = {
+        let mut s = Vec::new();
+        for _ in 0..6 {
+            s.push(status(&tg, "192.0.2.6").await);
+        }
+        s
+    };
+    assert_eq!(statuses, [200, 200, 429, 429, 429, 429]);
+    // The wide rule counted the two admitted requests only: the four
+    // rejected ones were refunded (in the background, right after).
+    let key = "t-refund:{refund-wide|ip=192.0.2.6}:fw";
+    eventually("the refunds land", || async { server().cli(&["GET", key]).trim().ends_with(":2") }).await;
+}
+
+#[tokio::test]
+async fn the_over_limit_cache_answers_a_flood_without_asking_redis() {
+    let up = Upstream::start().await;
+    let tg = tollgate(&up, "t-cache:", &rule("cache", "fixed_window", 2, "1m", 2)).await;
+    let calls_before = evalsha_calls();
+    let statuses = support::statuses(30, || tg.get("/").from_ip("192.0.2.7")).await;
+    assert_eq!(statuses, support::expect_statuses(2, 200, 28, 429));
+    let hits = metric(&tg.metrics().await, "tollgate_local_cache_hits_total", &[]).unwrap_or(0.0);
+    assert_eq!(hits, 27.0, "every rejection after the first comes from the cache");
+    // Other tests share the server, so only bound what this one added.
+    let calls = evalsha_calls() - calls_before;
+    assert!(calls >= 3, "{calls}");
+    let limited = tg.get("/").from_ip("192.0.2.7").send().await;
+    assert_eq!(limited.status, 429);
+    assert!(limited.header("retry-after").is_some_and(|s| s.parse::<u64>().is_ok_and(|s| (1..=60).contains(&s))));
+}
+
+fn evalsha_calls() -> u64 {
+    let stats = server().cli(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|s| s.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn checks_recover_from_a_flushed_script_cache() {
+    let up = Upstream::start().await;
+    let tg = tollgate(&up, "t-noscript:", &rule("noscript", "token_bucket", 100, "1s", 100)).await;
+    assert_eq!(status(&tg, "192.0.2.8").await, 200);
+    // What a restarted node or a promoted replica looks like: no scripts.
+    assert_eq!(server().cli(&["SCRIPT", "FLUSH"]).trim(), "OK");
+    for _ in 0..3 {
+        assert_eq!(status(&tg, "192.0.2.8").await, 200, "NOSCRIPT falls back to EVAL");
+    }
+    let errors = metric(&tg.metrics().await, "tollgate_store_errors_total", &[("backend", "redis")]).unwrap_or(0.0);
+    assert_eq!(errors, 0.0);
+}
+
+#[tokio::test]
+async fn every_key_expires_once_it_is_equivalent_to_a_fresh_one() {
+    let up = Upstream::start().await;
+    let algorithms = ["token_bucket", "leaky_bucket", "fixed_window", "sliding_window_log", "sliding_window_counter"];
+    let rules: String = algorithms.iter().map(|a| rule(&format!("ttl-{a}"), a, 10, "10s", 10)).collect();
+    let tg = tollgate(&up, "t-ttl:", &rules).await;
+    assert_eq!(status(&tg, "192.0.2.9").await, 200);
+    for (alg, suffix, most_ms) in [
+        // One token of ten refills in 1 s.
+        ("token_bucket", "tb", 1_002),
+        ("leaky_bucket", "lb", 1_002),
+        // Until the window ends.
+        ("fixed_window", "fw", 10_000),
+        // Until the request leaves the window.
+        ("sliding_window_log", "swl", 10_000),
+        // Until both windows holding it have slid out.
+        ("sliding_window_counter", "swc", 20_000),
+    ] {
+        let key = format!("t-ttl:{{ttl-{alg}|ip=192.0.2.9}}:{suffix}");
+        let ttl: i64 = server().cli(&["PTTL", &key]).trim().parse().unwrap_or(-3);
+        assert!(ttl > 0 && ttl <= most_ms, "{key}: PTTL {ttl} ms, expected at most {most_ms}");
+    }
+}
+
+#[tokio::test]
+async fn explain_shows_the_shared_count_without_consuming() {
+    let up = Upstream::start().await;
+    let tg = tollgate(&up, "t-explain:", &rule("explain", "fixed_window", 5, "1m", 5)).await;
+    for _ in 0..2 {
+        assert_eq!(status(&tg, "192.0.2.10").await, 200);
+    }
+    let explain = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["explain", "--config"])
+            .arg(tg.dir.path().join("tollgate.toml"))
+            .args(["--path", "/", "--ip", "192.0.2.10"])
+            .output()
+            .expect("run tollgate explain");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let first = explain();
+    assert!(first.contains("remaining after this request: 2 of 5 (redis"), "{first}");
+    assert_eq!(explain(), first, "explain does not consume");
+    assert_eq!(status(&tg, "192.0.2.10").await, 200, "the third request is still admitted");
+}
+
+/// Not an assertion of behaviour so much as a measurement: the per-key
+/// memory of each algorithm, which `docs/redis.md` reports. Run with
+/// `--nocapture` to see the table.
+#[tokio::test]
+async fn per_key_memory_stays_small() {
+    let up = Upstream::start().await;
+    let algorithms = ["token_bucket", "leaky_bucket", "fixed_window", "sliding_window_counter", "sliding_window_log"];
+    // One path per algorithm: the leaky bucket would otherwise hold the
+    // log's burst back (it drains one request per 1.8 s here).
+    let rules: String = algorithms
+        .iter()
+        .map(|a| {
+            let r = rule(&format!("mem-{a}"), a, 2_000, "1h", 2_000);
+            format!("{r}match = {{ path = \"/{a}\" }}\n")
+        })
+        .collect();
+    let tg = tollgate(&up, "tollgate:", &rules).await;
+    let usage = |key: &str| -> u64 { server().cli(&["MEMORY", "USAGE", key]).trim().parse().unwrap_or(0) };
+    let ip = "203.0.113.7";
+    for alg in algorithms {
+        // A second request turns the buckets' levels into fractions.
+        for _ in 0..2 {
+            assert_eq!(tg.get(&format!("/{alg}")).from_ip(ip).send().await.status, 200);
+        }
+    }
+    for (alg, suffix) in
+        [("token_bucket", "tb"), ("leaky_bucket", "lb"), ("fixed_window", "fw"), ("sliding_window_counter", "swc")]
+    {
+        let key = format!("tollgate:{{mem-{alg}|ip={ip}}}:{suffix}");
+        let bytes = usage(&key);
+        println!("MEMORY USAGE {alg:<24} {bytes:>6} B  ({key}, {} B of key name)", key.len());
+        assert!((50..=200).contains(&bytes), "{key}: {bytes} B");
+    }
+    let log_key = format!("tollgate:{{mem-sliding_window_log|ip={ip}}}:swl");
+    let mut sent = 2;
+    for n in [2usize, 100, 1_000] {
+        let more = n - sent;
+        for chunk in 0..more.div_ceil(50) {
+            let k = 50.min(more - chunk * 50);
+            let replies = burst(k, |_| tg.get("/sliding_window_log").from_ip(ip)).await;
+            assert_eq!(count(&replies, 200), k);
+        }
+        sent = n;
+        let bytes = usage(&log_key);
+        println!("MEMORY USAGE sliding_window_log at {n:>5} entries: {bytes:>7} B ({} B per entry)", bytes / n as u64);
+        assert!(bytes / (n as u64) < 200, "{bytes} B for {n} entries");
+    }
+}

@@ -1,0 +1,424 @@
+//! Real `redis-server` processes for the Redis tests: a single node
+//! ([`RedisServer`]) and a cluster of 3 masters + 3 replicas
+//! ([`RedisCluster`]), on free loopback ports below 55535 (a cluster node's
+//! bus port is its port + 10000), each node with its own directory and
+//! cluster config file under a temporary directory.
+//!
+//! Everything started here is stopped when its value is dropped. A value
+//! kept in a `static` (one cluster shared by a test binary) is never
+//! dropped, so a small watchdog shell stops the nodes and removes their
+//! directory once the test process is gone, however it ended.
+//!
+//! Administration goes through `redis-cli`, as an operator would do it.
+#![allow(dead_code)]
+
+use std::io::Write as _;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long a node, or the whole cluster, may take to become ready.
+const READY_WITHIN: Duration = Duration::from_secs(30);
+
+/// Whether `redis-server` and `redis-cli` are on the PATH (`scripts/test`
+/// installs them).
+pub fn available() -> bool {
+    let runs = |bin: &str| Command::new(bin).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status();
+    matches!(runs("redis-server"), Ok(s) if s.success()) && matches!(runs("redis-cli"), Ok(s) if s.success())
+}
+
+/// Runs `redis-cli -p port args...` and returns its output (errors too:
+/// redis-cli prints server errors on stdout).
+pub fn cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run redis-cli: {e}"));
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    text
+}
+
+/// Where the next search for free ports starts: spread by process id so
+/// that test binaries running at once rarely probe the same ports.
+static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
+
+/// `n` consecutive free ports `p..p+n` whose bus ports `p+10000..` are free
+/// too, all below 55535.
+pub fn free_ports(n: u16) -> Vec<u16> {
+    let _ = NEXT_PORT.compare_exchange(
+        0,
+        20_000 + (std::process::id() % 2_000) as u16 * 10,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    loop {
+        let base = NEXT_PORT.fetch_add(n + 1, Ordering::SeqCst);
+        if base + n >= 45_000 {
+            NEXT_PORT.store(20_000, Ordering::SeqCst);
+            continue;
+        }
+        let ports: Vec<u16> = (base..base + n).collect();
+        let free = |p: u16| TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if ports.iter().all(|&p| free(p) && free(p + 10_000)) {
+            return ports;
+        }
+    }
+}
+
+/// The processes of one deployment and the directory they write to.
+struct Processes {
+    dir: PathBuf,
+    /// One slot per node; `None` while a node is killed.
+    children: Mutex<Vec<(u16, Option<Child>)>>,
+    /// Cluster mode flags.
+    cluster: bool,
+}
+
+impl Processes {
+    fn new(ports: &[u16], cluster: bool) -> Processes {
+        let dir = tempfile::Builder::new()
+            .prefix("tollgate-redis-")
+            .tempdir()
+            .unwrap_or_else(|e| panic!("temp dir: {e}"))
+            .keep();
+        let p = Processes { dir, children: Mutex::new(ports.iter().map(|&p| (p, None)).collect()), cluster };
+        p.spawn_watchdog();
+        p
+    }
+
+    /// A shell that waits for this test process to exit, then kills every
+    /// node whose pid is listed in `pids` and removes the directory.
+    fn spawn_watchdog(&self) {
+        let script = format!(
+            "while kill -0 {pid} 2>/dev/null; do sleep 0.3; done; \
+             for p in $(cat '{dir}/pids' 2>/dev/null); do kill -9 $p 2>/dev/null; done; rm -rf '{dir}'",
+            pid = std::process::id(),
+            dir = self.dir.display()
+        );
+        let _ = Command::new("sh")
+            .args(["-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+    }
+
+    fn node_dir(&self, port: u16) -> PathBuf {
+        self.dir.join(port.to_string())
+    }
+
+    /// Starts (or restarts) the node on `port` and waits until it answers.
+    fn start(&self, port: u16) {
+        let dir = self.node_dir(port);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("node dir: {e}"));
+        let mut args: Vec<String> = [
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            &dir.display().to_string(),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--logfile",
+            "redis.log",
+            "--repl-diskless-sync",
+            "yes",
+            "--repl-diskless-sync-delay",
+            "0",
+            "--protected-mode",
+            "no",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        if self.cluster {
+            for a in [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                &format!("nodes-{port}.conf"),
+                "--cluster-node-timeout",
+                "1000",
+            ] {
+                args.push(a.to_string());
+            }
+        }
+        let child = Command::new("redis-server")
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start redis-server (is it installed? scripts/test installs it): {e}"));
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("pids")) {
+            let _ = writeln!(f, "{}", child.id());
+        }
+        {
+            let mut children = self.children.lock().unwrap_or_else(|p| p.into_inner());
+            match children.iter_mut().find(|(p, _)| *p == port) {
+                Some(slot) => slot.1 = Some(child),
+                None => children.push((port, Some(child))),
+            }
+        }
+        wait_until(&format!("redis on port {port} answers PING"), || cli(port, &["PING"]).trim() == "PONG");
+    }
+
+    /// `kill -9` the node on `port`.
+    fn kill(&self, port: u16) {
+        let mut children = self.children.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, Some(child))) = children.iter_mut().find(|(p, _)| *p == port) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if let Some(slot) = children.iter_mut().find(|(p, _)| *p == port) {
+            slot.1 = None;
+        }
+    }
+}
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        let mut children = self.children.lock().unwrap_or_else(|p| p.into_inner());
+        for (_, child) in children.iter_mut() {
+            if let Some(c) = child.as_mut() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Polls `condition` every 50 ms; panics after [`READY_WITHIN`].
+pub fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !condition() {
+        assert!(started.elapsed() < READY_WITHIN, "gave up after {READY_WITHIN:?} waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// One standalone `redis-server`.
+pub struct RedisServer {
+    pub port: u16,
+    processes: Processes,
+}
+
+impl RedisServer {
+    /// Starts a node on a free port and waits until it answers.
+    pub fn start() -> RedisServer {
+        let port = free_ports(1)[0];
+        let processes = Processes::new(&[port], false);
+        processes.start(port);
+        RedisServer { port, processes }
+    }
+
+    /// A port with nothing listening, for "Redis is down from the start":
+    /// [`RedisServer::start_on`] can bring a node up there later.
+    pub fn unused_port() -> u16 {
+        free_ports(1)[0]
+    }
+
+    /// Starts a node on `port` (chosen by [`RedisServer::unused_port`]).
+    pub fn start_on(port: u16) -> RedisServer {
+        let processes = Processes::new(&[port], false);
+        processes.start(port);
+        RedisServer { port, processes }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `kill -9` the server.
+    pub fn kill(&self) {
+        self.processes.kill(self.port);
+    }
+
+    /// Starts it again on the same port (empty: nothing is persisted).
+    pub fn restart(&self) {
+        self.processes.start(self.port);
+    }
+
+    pub fn cli(&self, args: &[&str]) -> String {
+        cli(self.port, args)
+    }
+}
+
+/// A Redis Cluster of 3 masters and 3 replicas.
+pub struct RedisCluster {
+    /// Every node's port; which are masters changes with failovers.
+    pub ports: Vec<u16>,
+    processes: Processes,
+}
+
+/// One line of `CLUSTER NODES`.
+#[derive(Debug, Clone)]
+pub struct ClusterNode {
+    pub id: String,
+    pub port: u16,
+    pub master: bool,
+    pub failed: bool,
+    /// Slot ranges served (masters only), inclusive.
+    pub slots: Vec<(u16, u16)>,
+}
+
+impl RedisCluster {
+    /// Starts six nodes, creates the cluster with `redis-cli --cluster
+    /// create ... --cluster-replicas 1`, and waits until every node reports
+    /// `cluster_state:ok` and knows all six, and every replica's link to its
+    /// master is up.
+    pub fn start() -> RedisCluster {
+        let ports = free_ports(6);
+        let processes = Processes::new(&ports, true);
+        for &p in &ports {
+            processes.start(p);
+        }
+        let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
+        args.extend(ports.iter().map(|p| format!("127.0.0.1:{p}")));
+        args.extend(["--cluster-replicas", "1", "--cluster-yes"].map(String::from));
+        let out = Command::new("redis-cli")
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli --cluster create: {e}"));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("[OK] All 16384 slots covered"), "cluster create failed:\n{text}");
+        let cluster = RedisCluster { ports, processes };
+        cluster.wait_ready();
+        cluster
+    }
+
+    /// Waits for `cluster_state:ok` everywhere, six known nodes, three
+    /// masters with slots and every replica linked.
+    pub fn wait_ready(&self) {
+        wait_until("the cluster is ready", || {
+            let alive = self.alive();
+            alive.iter().all(|&p| {
+                let info = cli(p, &["CLUSTER", "INFO"]);
+                info.contains("cluster_state:ok") && info.contains(&format!("cluster_known_nodes:{}", self.ports.len()))
+            }) && self.nodes().iter().filter(|n| n.master && !n.slots.is_empty()).count() == 3
+                && alive.iter().all(|&p| {
+                    let repl = cli(p, &["INFO", "replication"]);
+                    repl.contains("role:master") || repl.contains("master_link_status:up")
+                })
+        });
+    }
+
+    /// Ports of the nodes running now.
+    pub fn alive(&self) -> Vec<u16> {
+        let children = self.processes.children.lock().unwrap_or_else(|p| p.into_inner());
+        children.iter().filter(|(_, c)| c.is_some()).map(|(p, _)| *p).collect()
+    }
+
+    /// `redis-cluster://` with every node as a seed.
+    pub fn url(&self) -> String {
+        let mut url = format!("redis-cluster://127.0.0.1:{}", self.ports[0]);
+        for (i, p) in self.ports[1..].iter().enumerate() {
+            url.push(if i == 0 { '?' } else { '&' });
+            url.push_str(&format!("node=127.0.0.1:{p}"));
+        }
+        url
+    }
+
+    /// The cluster as a live node sees it.
+    pub fn nodes(&self) -> Vec<ClusterNode> {
+        let Some(&port) = self.alive().first() else { return Vec::new() };
+        parse_nodes(&cli(port, &["CLUSTER", "NODES"]))
+    }
+
+    /// The master serving `key`'s slot now (by a live node's view).
+    pub fn master_of(&self, key: &str) -> Option<u16> {
+        let slot = fred::util::redis_keyslot(key.as_bytes());
+        self.nodes()
+            .into_iter()
+            .find(|n| n.master && !n.failed && n.slots.iter().any(|&(a, b)| (a..=b).contains(&slot)))
+            .map(|n| n.port)
+    }
+
+    /// The port of every master, in slot order.
+    pub fn masters(&self) -> Vec<u16> {
+        let mut m: Vec<ClusterNode> =
+            self.nodes().into_iter().filter(|n| n.master && !n.failed && !n.slots.is_empty()).collect();
+        m.sort_by_key(|n| n.slots.first().map_or(0, |s| s.0));
+        m.into_iter().map(|n| n.port).collect()
+    }
+
+    /// `kill -9` the node on `port`.
+    pub fn kill(&self, port: u16) {
+        self.processes.kill(port);
+    }
+
+    pub fn cli(&self, port: u16, args: &[&str]) -> String {
+        cli(port, args)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.processes.dir
+    }
+}
+
+fn parse_nodes(text: &str) -> Vec<ClusterNode> {
+    text.lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 8 {
+                return None;
+            }
+            let port = f[1].split('@').next()?.rsplit(':').next()?.parse().ok()?;
+            let flags = f[2];
+            let slots = f[8..]
+                .iter()
+                .filter(|s| !s.starts_with('['))
+                .filter_map(|s| match s.split_once('-') {
+                    Some((a, b)) => Some((a.parse().ok()?, b.parse().ok()?)),
+                    None => s.parse().ok().map(|x| (x, x)),
+                })
+                .collect();
+            Some(ClusterNode {
+                id: f[0].to_string(),
+                port,
+                master: flags.contains("master"),
+                failed: flags.contains("fail") && !flags.contains("fail?"),
+                slots,
+            })
+        })
+        .collect()
+}
+
+/// The `nth` client address (from 0) whose bucket for the `ip`-keyed rule
+/// `rule` falls in a slot the master on `port` serves: lets a test aim at
+/// one node.
+pub fn ip_on_master(cluster: &RedisCluster, rule: &str, port: u16, nth: usize) -> String {
+    let ranges = cluster.nodes().into_iter().find(|n| n.port == port).map(|n| n.slots).unwrap_or_default();
+    (0..=255u16)
+        .flat_map(|a| (1..=254u16).map(move |b| format!("10.9.{a}.{b}")))
+        .filter(|ip| {
+            // Only the hash tag counts: `{<rule>|ip=<ip>}`.
+            let slot = fred::util::redis_keyslot(format!("{{{rule}|ip={ip}}}").as_bytes());
+            ranges.iter().any(|&(a, b)| (a..=b).contains(&slot))
+        })
+        .nth(nth)
+        .unwrap_or_else(|| panic!("no address maps to the master on {port}"))
+}
+
+/// The main config of [`super::config`] with a `[store]` table for Redis at
+/// `url`; `store` adds lines to that table (`on_error`, `timeout`,
+/// `key_prefix`...). The default timeout here is generous (a loaded CI
+/// machine must not turn a slow answer into a policy decision); tests of
+/// timeouts set their own.
+pub fn tollgate_config(upstream: std::net::SocketAddr, url: &str, store: &str) -> String {
+    let store = if store.contains("timeout") { store.to_string() } else { format!("timeout = \"500ms\"\n{store}") };
+    format!("{}\n[store]\nbackend = \"redis\"\nurl = \"{url}\"\n{store}\n", super::config(upstream))
+}
