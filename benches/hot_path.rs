@@ -61,8 +61,9 @@ fn facts<'a>(
         route: Some(("api", "api")),
         headers,
         client: IpAddr::from([203, 0, 113, 7]),
-        user_header: &names[0],
-        api_key_header: &names[1],
+        client_ip: IpAddr::from([203, 0, 113, 7]),
+        user: headers.get(&names[0]).map(|v| v.as_bytes()),
+        api_key: headers.get(&names[1]).map(|v| v.as_bytes()),
     }
 }
 

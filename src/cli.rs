@@ -17,9 +17,9 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method};
 
 use crate::clock::SystemClock;
 use crate::config::{Backend, Config, ConfigErrors, load_rules};
+use crate::limiter::Verdict;
 use crate::metrics::Metrics;
 use crate::rules::{RequestFacts, RuleSet};
-use crate::limiter::Verdict;
 use crate::store::{Check, MemoryStore, Mode, RedisStore, Store};
 
 /// Exit code for a config that does not validate (EX_USAGE... EX_CONFIG is
@@ -69,23 +69,23 @@ pub struct ExplainArgs {
 /// `tollgate check`: every problem, one per line; `Ok` with a summary.
 pub fn check(config_path: &std::path::Path) -> Result<String, ConfigErrors> {
     let config = Config::load(config_path)?;
-    let (specs, files) = load_rules(&config.rules_path, &config)?;
+    let loaded = load_rules(&config.rules_path, &config)?;
     Ok(format!(
         "{}: ok ({} upstreams, {} routes, {} rules in {} files)",
         config_path.display(),
         config.upstreams.len(),
         config.routes.len(),
-        specs.len(),
-        files.len()
+        loaded.rules.len(),
+        loaded.files.len()
     ))
 }
 
 /// `tollgate explain`: the report, as text.
 pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<String, String> {
     let config = Config::load(config_path).map_err(|e| e.to_string())?;
-    let (specs, files) = load_rules(&config.rules_path, &config).map_err(|e| e.to_string())?;
+    let loaded = load_rules(&config.rules_path, &config).map_err(|e| e.to_string())?;
     let metrics = Metrics::new();
-    let set = RuleSet::build(specs, files, &metrics);
+    let set = RuleSet::from_loaded(loaded, &metrics);
     let method = Method::from_bytes(args.method.to_ascii_uppercase().as_bytes())
         .map_err(|_| format!("{:?} is not an HTTP method", args.method))?;
     let mut headers = HeaderMap::new();
@@ -129,8 +129,9 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
         route: route.map(|r| (r.name.as_str(), config.upstreams[r.upstream].name.as_str())),
         headers: &headers,
         client: crate::client::key_addr(args.ip, config.client.ipv6_prefix),
-        user_header: &config.client.user_header,
-        api_key_header: &config.client.api_key_header,
+        client_ip: args.ip,
+        user: headers.get(&config.client.user_header).map(|v| v.as_bytes()),
+        api_key: headers.get(&config.client.api_key_header).map(|v| v.as_bytes()),
     };
     let matching: Vec<_> = set.matching(&facts).collect();
     if matching.is_empty() {

@@ -20,6 +20,10 @@ pub enum ProxyError {
     Limited { rule: String, limit: u64, window_seconds: u64, retry_after_seconds: u64 },
     /// No route matches the host and path.
     NoRoute,
+    /// A `[[deny]]` entry names the client.
+    Forbidden,
+    /// The request's JWT failed verification (the reason is safe to show).
+    Unauthorized(&'static str),
     /// The request is malformed in a way only tollgate checks (e.g. a bad
     /// `cost_header` value).
     BadRequest(String),
@@ -38,6 +42,8 @@ impl ProxyError {
         match self {
             ProxyError::Limited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
+            ProxyError::Forbidden => StatusCode::FORBIDDEN,
+            ProxyError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ProxyError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -58,6 +64,10 @@ impl ProxyError {
                 "message": format!("Rate limit exceeded: at most {limit} requests per {window_seconds} s under rule {rule:?}. Retry in {retry_after_seconds} s."),
             }),
             ProxyError::NoRoute => json!({"error": "not_found", "message": "No route matches this host and path."}),
+            ProxyError::Forbidden => json!({"error": "forbidden", "message": "This client is not allowed."}),
+            ProxyError::Unauthorized(reason) => {
+                json!({"error": "invalid_token", "message": format!("The bearer token was refused: {reason}.")})
+            }
             ProxyError::BadRequest(reason) => json!({"error": "bad_request", "message": reason}),
             ProxyError::PayloadTooLarge => {
                 json!({"error": "payload_too_large", "message": "The request body is larger than this route accepts."})
@@ -90,6 +100,10 @@ impl ProxyError {
         resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         if let Some(secs) = retry {
             headers::write_retry_after(resp.headers_mut(), secs);
+        }
+        if matches!(self, ProxyError::Unauthorized(_)) {
+            resp.headers_mut()
+                .insert(http::header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer error=\"invalid_token\""));
         }
         resp
     }

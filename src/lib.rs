@@ -12,6 +12,7 @@
 //! | module | responsibility |
 //! |---|---|
 //! | [`server`] | listeners, connection limits, graceful shutdown |
+//! | [`idle`] | closes keep-alive connections idle for `listen.idle_timeout` |
 //! | [`proxy`] | the request path: route, decide, forward or reject |
 //! | [`client`] | who the client is: trusted proxies, `X-Forwarded-For`, IPv6 prefixes |
 //! | [`identity`] | verified user identity from a JWT (`[client] jwt`) |
@@ -43,6 +44,7 @@ pub mod config;
 pub mod error;
 pub mod headers;
 pub mod identity;
+pub mod idle;
 pub mod limiter;
 pub mod metrics;
 pub mod proxy;

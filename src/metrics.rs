@@ -40,6 +40,10 @@ pub struct RouteCounters {
     pub allowed: IntCounter,
     pub limited: IntCounter,
     pub store_unavailable: IntCounter,
+    /// Answered 403 by a `[[deny]]` entry.
+    pub denied: IntCounter,
+    /// Answered by tollgate for any other reason (no route, bad request,
+    /// invalid token).
     pub rejected: IntCounter,
 }
 
@@ -167,6 +171,7 @@ impl Metrics {
             allowed: self.requests_total.with_label_values(&[route, "allowed"]),
             limited: self.requests_total.with_label_values(&[route, "limited"]),
             store_unavailable: self.requests_total.with_label_values(&[route, "store_unavailable"]),
+            denied: self.requests_total.with_label_values(&[route, "denied"]),
             rejected: self.requests_total.with_label_values(&[route, "rejected"]),
         }
     }

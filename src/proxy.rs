@@ -25,9 +25,10 @@ use hyper_util::rt::TokioExecutor;
 use prometheus::IntCounter;
 
 use crate::client;
-use crate::config::{ClientConfig, Config, OnError, Route, Upstream};
+use crate::config::{ClientConfig, Config, InvalidToken, KeyPart, OnError, Route, Upstream};
 use crate::error::ProxyError;
 use crate::headers::{self, RuleReport};
+use crate::identity::{Identity, JwtVerifier};
 use crate::limiter::{Verdict, ceil_secs};
 use crate::metrics::{Metrics, RouteCounters};
 use crate::rules::{RequestFacts, Rule, RuleSet};
@@ -45,6 +46,7 @@ pub struct Proxy {
     pub metrics: Arc<Metrics>,
     client: ClientConfig,
     store_timeout: Duration,
+    jwt: Option<JwtVerifier>,
     default_on_error: OnError,
     upstreams: Vec<UpstreamClient>,
     /// Routes sorted by descending prefix length, host-specific first.
@@ -138,6 +140,15 @@ impl Proxy {
             metrics,
             client: config.client.clone(),
             store_timeout: config.store.timeout,
+            jwt: config.client.jwt.as_ref().and_then(|j| match JwtVerifier::new(j) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    // Config validation built this verifier once already;
+                    // only a key file changed in between can get here.
+                    tracing::error!("client.jwt: {e}; requests keyed on user fall back to the client IP");
+                    None
+                }
+            }),
             default_on_error: config.store.on_error,
             upstreams,
             routes,
@@ -174,6 +185,9 @@ impl Proxy {
         let counters = route.map_or(&self.no_route, |i| &self.routes[i].1);
         let client_ip = client::client_addr(peer.ip(), req.headers(), &self.client.trusted_proxies);
         let rules = self.rules.load();
+        // With `[client] jwt`, the user is whoever the token proves, and the
+        // user header is never read.
+        let identity = self.jwt.as_ref().map(|j| j.verify(req.headers()));
 
         // Decide.
         let mut reports: Vec<RuleReport<'_>> = Vec::new();
@@ -190,13 +204,30 @@ impl Proxy {
                 }),
                 headers: req.headers(),
                 client: client::key_addr(client_ip, self.client.ipv6_prefix),
-                user_header: &self.client.user_header,
-                api_key_header: &self.client.api_key_header,
+                client_ip,
+                user: match &identity {
+                    Some(Identity::Verified(id)) => Some(id.as_bytes()),
+                    Some(_) => None,
+                    None => req.headers().get(&self.client.user_header).map(|v| v.as_bytes()),
+                },
+                api_key: req.headers().get(&self.client.api_key_header).map(|v| v.as_bytes()),
             };
+            if let Some(deny) = rules.denied(&facts) {
+                counters.denied.inc();
+                tracing::debug!(deny = %deny.name, client = %client_ip, "denied");
+                return ProxyError::Forbidden.into_response().map(Either::Right);
+            }
             let inflight =
                 route.map_or(0, |i| self.upstreams[self.routes[i].0.upstream].inflight.load(Ordering::Relaxed));
             let mut pending: Vec<Pending<'_>> = Vec::new();
             for rule in rules.matching(&facts) {
+                if let Some(Identity::Invalid(reason)) = &identity
+                    && rule.spec.on_invalid_token == InvalidToken::Reject
+                    && rule.spec.key.contains(&KeyPart::User)
+                {
+                    counters.rejected.inc();
+                    return ProxyError::Unauthorized(reason).into_response().map(Either::Right);
+                }
                 let cost = match rule.cost(req.headers()) {
                     Ok(c) => c,
                     Err(reason) => {

@@ -58,8 +58,8 @@ impl Reloader {
         let m = &self.proxy.metrics;
         *lock(&self.fingerprint) = fingerprint(&self.config.rules_path);
         match load_rules(&self.config.rules_path, &self.config) {
-            Ok((specs, files)) => {
-                let set = RuleSet::build(specs, files, m);
+            Ok(loaded) => {
+                let set = RuleSet::from_loaded(loaded, m);
                 let n = set.rules.len();
                 self.proxy.swap_rules(set);
                 m.rules_reloads_total.with_label_values(&["success"]).inc();

@@ -14,13 +14,17 @@ use std::time::SystemTime;
 
 use http::{HeaderMap, Method};
 
-use crate::config::{Cost, KeyPart, PathPattern, RuleMode, RuleSpec, Throttle};
+use crate::config::{Cost, DenySpec, KeyPart, LoadedRules, PathPattern, RuleMode, RuleSpec, Throttle};
 use crate::limiter::{Limits, NANOS_PER_SEC, Nanos};
 use crate::metrics::{Metrics, RuleCounters};
 
 /// The rules in force.
 pub struct RuleSet {
     pub rules: Vec<Rule>,
+    /// `[[deny]]` entries: answered 403 before any rule counts.
+    pub denies: Vec<DenySpec>,
+    /// Whether any rule keys on `user` (only then is a JWT verified).
+    pub keys_on_user: bool,
     /// The files they were read from.
     pub files: Vec<PathBuf>,
     pub loaded_at: SystemTime,
@@ -57,8 +61,13 @@ pub struct RequestFacts<'a> {
     /// The client address as keyed (an IPv6 client already reduced to its
     /// prefix).
     pub client: IpAddr,
-    pub user_header: &'a http::HeaderName,
-    pub api_key_header: &'a http::HeaderName,
+    /// The full client address (for `exempt` and `[[deny]]` CIDRs).
+    pub client_ip: IpAddr,
+    /// Who the user is: the verified JWT claim when `[client] jwt` is set,
+    /// else the user header's value; `None` when the request has neither.
+    pub user: Option<&'a [u8]>,
+    /// The API key header's value.
+    pub api_key: Option<&'a [u8]>,
 }
 
 impl RuleSet {
@@ -74,7 +83,20 @@ impl RuleSet {
             })
             .max()
             .unwrap_or(0);
-        RuleSet { rules, files, loaded_at: SystemTime::now(), idle_horizon }
+        let keys_on_user = rules.iter().any(|r| r.spec.key.contains(&KeyPart::User));
+        RuleSet { rules, denies: Vec::new(), keys_on_user, files, loaded_at: SystemTime::now(), idle_horizon }
+    }
+
+    /// Compiles everything a rules path held.
+    pub fn from_loaded(loaded: LoadedRules, metrics: &Metrics) -> RuleSet {
+        let mut set = RuleSet::build(loaded.rules, loaded.files, metrics);
+        set.denies = loaded.denies;
+        set
+    }
+
+    /// The `[[deny]]` entry that names this client, if any.
+    pub fn denied(&self, facts: &RequestFacts<'_>) -> Option<&DenySpec> {
+        self.denies.iter().find(|d| d.clients.contains(facts.client_ip, facts.user, facts.api_key))
     }
 
     /// The rules that apply to a request, in file order.
@@ -108,6 +130,9 @@ impl Rule {
     /// Whether every condition of the rule's `match` holds.
     pub fn matches(&self, f: &RequestFacts<'_>) -> bool {
         let m = &self.spec.matcher;
+        if !self.spec.exempt.is_empty() && self.spec.exempt.contains(f.client_ip, f.user, f.api_key) {
+            return false;
+        }
         if !m.methods.is_empty() && !m.methods.iter().any(|x| x == f.method) {
             return false;
         }
@@ -197,8 +222,8 @@ impl Rule {
             }
             let value: Option<&[u8]> = match part {
                 KeyPart::Ip => None,
-                KeyPart::User => f.headers.get(f.user_header).map(|v| v.as_bytes()),
-                KeyPart::ApiKey => f.headers.get(f.api_key_header).map(|v| v.as_bytes()),
+                KeyPart::User => f.user,
+                KeyPart::ApiKey => f.api_key,
                 KeyPart::Route => Some(f.route.map_or("", |r| r.0).as_bytes()),
                 KeyPart::Method => Some(f.method.as_str().as_bytes()),
                 KeyPart::Path => Some(f.path.as_bytes()),

@@ -57,8 +57,7 @@ impl Server {
     /// Loads the rules, builds the store and binds both listeners.
     pub async fn bind(config: Config, clock: SharedClock) -> Result<Server, StartError> {
         let metrics = Arc::new(Metrics::new());
-        let (specs, files) = load_rules(&config.rules_path, &config)?;
-        let rules = RuleSet::build(specs, files, &metrics);
+        let rules = RuleSet::from_loaded(load_rules(&config.rules_path, &config)?, &metrics);
         let store = match config.store.backend {
             Backend::Memory => AnyStore::Memory(MemoryStore::new(clock)),
             Backend::Redis => AnyStore::Redis(

@@ -25,8 +25,8 @@ use toml::Spanned;
 
 pub use error::{ConfigError, ConfigErrors, line_col};
 pub use rules_file::{
-    Cost, KeyPart, MatchSpec, PathPattern, RuleMode, RuleSpec, Throttle, load_rules, parse_rules, rule_files,
-    rule_files_or_empty,
+    ClientSet, Cost, DenySpec, InvalidToken, KeyPart, LoadedRules, MatchSpec, PathPattern, RuleMode, RuleSpec,
+    RulesFile, Throttle, load_rules, parse_rules, parse_rules_file, rule_files, rule_files_or_empty,
 };
 
 /// What a check does when the store cannot answer.

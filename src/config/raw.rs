@@ -83,6 +83,27 @@ pub struct RawRoute {
 pub struct RawRulesFile {
     #[serde(default)]
     pub rule: Vec<Spanned<RawRule>>,
+    #[serde(default)]
+    pub deny: Vec<Spanned<RawDeny>>,
+}
+
+/// Who a `[[deny]]` entry or a rule's `exempt` names.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawClients {
+    pub ips: Option<Vec<Spanned<String>>>,
+    pub users: Option<Vec<String>>,
+    pub api_keys: Option<Vec<String>>,
+}
+
+/// `[[deny]]`: clients answered 403 before any counting.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDeny {
+    pub name: Spanned<String>,
+    pub ips: Option<Vec<Spanned<String>>>,
+    pub users: Option<Vec<String>>,
+    pub api_keys: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -104,6 +125,8 @@ pub struct RawRule {
     pub cost: Option<Spanned<i64>>,
     pub cost_header: Option<Spanned<String>>,
     pub on_error: Option<OnError>,
+    pub exempt: Option<Spanned<RawClients>>,
+    pub on_invalid_token: Option<super::InvalidToken>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -95,6 +95,67 @@ pub struct MatchSpec {
     pub header: Option<(HeaderName, String)>,
 }
 
+/// A set of clients, by address, verified user or API key: a rule's
+/// `exempt`, or a `[[deny]]` entry.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientSet {
+    pub nets: Vec<ipnet::IpNet>,
+    pub users: Vec<String>,
+    pub api_keys: Vec<String>,
+}
+
+impl ClientSet {
+    pub fn is_empty(&self) -> bool {
+        self.nets.is_empty() && self.users.is_empty() && self.api_keys.is_empty()
+    }
+
+    /// Whether the client at `ip` (its full address), with this user and API
+    /// key, is in the set.
+    pub fn contains(&self, ip: std::net::IpAddr, user: Option<&[u8]>, api_key: Option<&[u8]>) -> bool {
+        self.nets.iter().any(|n| n.contains(&ip))
+            || user.is_some_and(|u| self.users.iter().any(|x| x.as_bytes() == u))
+            || api_key.is_some_and(|k| self.api_keys.iter().any(|x| x.as_bytes() == k))
+    }
+}
+
+/// What a rule keyed on `user` does with a request whose JWT fails
+/// verification (`[client] jwt` only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum InvalidToken {
+    /// 401 with a JSON body.
+    #[default]
+    Reject,
+    /// Count the request under its client IP, as if it had no token.
+    Ip,
+}
+
+/// A validated `[[deny]]` entry.
+#[derive(Debug, Clone)]
+pub struct DenySpec {
+    pub name: String,
+    pub source: PathBuf,
+    pub line: usize,
+    pub clients: ClientSet,
+}
+
+/// Everything the rules path holds, validated.
+#[derive(Debug, Clone, Default)]
+pub struct LoadedRules {
+    pub rules: Vec<RuleSpec>,
+    pub denies: Vec<DenySpec>,
+    /// The files read, in order.
+    pub files: Vec<PathBuf>,
+}
+
+/// One rules file, validated: each rule with the span of its name (for
+/// duplicate-name errors across files), and its deny entries.
+#[derive(Debug, Clone, Default)]
+pub struct RulesFile {
+    pub rules: Vec<(RuleSpec, std::ops::Range<usize>)>,
+    pub denies: Vec<DenySpec>,
+}
+
 /// A validated rule.
 #[derive(Debug, Clone)]
 pub struct RuleSpec {
@@ -112,6 +173,9 @@ pub struct RuleSpec {
     pub throttle: Throttle,
     pub cost: Cost,
     pub on_error: Option<OnError>,
+    /// Clients this rule never applies to.
+    pub exempt: ClientSet,
+    pub on_invalid_token: InvalidToken,
 }
 
 /// The files a rules path stands for: itself, or the `*.toml` files in it
@@ -136,11 +200,13 @@ pub fn rule_files(path: &Path) -> Result<Vec<PathBuf>, ConfigError> {
     Ok(files)
 }
 
-/// Reads and validates every rule under `path`. Rule names must be unique
-/// across files. Returns the rules and the files read, or every problem.
-pub fn load_rules(path: &Path, config: &Config) -> Result<(Vec<RuleSpec>, Vec<PathBuf>), ConfigErrors> {
+/// Reads and validates every rule and deny entry under `path`. Rule names
+/// must be unique across files. Returns them with the files read, or every
+/// problem.
+pub fn load_rules(path: &Path, config: &Config) -> Result<LoadedRules, ConfigErrors> {
     let files = rule_files(path)?;
     let mut specs: Vec<RuleSpec> = Vec::new();
+    let mut denies: Vec<DenySpec> = Vec::new();
     let mut errors = Vec::new();
     for file in &files {
         let source = match std::fs::read_to_string(file) {
@@ -150,9 +216,10 @@ pub fn load_rules(path: &Path, config: &Config) -> Result<(Vec<RuleSpec>, Vec<Pa
                 continue;
             }
         };
-        match parse_rules(file, &source, config) {
-            Ok(mut rules) => {
-                for (rule, span) in rules.drain(..) {
+        match parse_rules_file(file, &source, config) {
+            Ok(parsed) => {
+                denies.extend(parsed.denies);
+                for (rule, span) in parsed.rules {
                     if let Some(first) = specs.iter().find(|s| s.name == rule.name) {
                         errors.push(ConfigError::at(
                             file,
@@ -173,18 +240,33 @@ pub fn load_rules(path: &Path, config: &Config) -> Result<(Vec<RuleSpec>, Vec<Pa
             Err(mut e) => errors.append(&mut e.0),
         }
     }
-    if errors.is_empty() { Ok((specs, files)) } else { Err(ConfigErrors(errors)) }
+    if errors.is_empty() { Ok(LoadedRules { rules: specs, denies, files }) } else { Err(ConfigErrors(errors)) }
 }
 
-/// Validates the text of one rules file. Returns each rule with the span of
-/// its name (for duplicate-name errors across files).
+/// Validates the text of one rules file: its rules alone (see
+/// [`parse_rules_file`] for the deny entries too).
 pub fn parse_rules(
     file: &Path,
     source: &str,
     config: &Config,
 ) -> Result<Vec<(RuleSpec, std::ops::Range<usize>)>, ConfigErrors> {
+    parse_rules_file(file, source, config).map(|f| f.rules)
+}
+
+/// Validates the text of one rules file.
+pub fn parse_rules_file(file: &Path, source: &str, config: &Config) -> Result<RulesFile, ConfigErrors> {
     let raw: RawRulesFile = toml::from_str(source).map_err(|e| ConfigError::from_toml(file, source, &e))?;
     let mut v = Validator { file, source, errors: Vec::new() };
+    let mut denies = Vec::new();
+    for d in raw.deny {
+        let line = super::line_col(source, d.span().start).0;
+        let d = d.into_inner();
+        let clients = v.clients(d.ips.as_deref(), d.users, d.api_keys);
+        if clients.is_empty() {
+            v.error(d.name.span(), "a [[deny]] entry needs at least one of ips, users, api_keys");
+        }
+        denies.push(DenySpec { name: d.name.into_inner(), source: file.to_path_buf(), line, clients });
+    }
     let mut out: Vec<(RuleSpec, std::ops::Range<usize>)> = Vec::new();
     for r in raw.rule {
         let line = super::line_col(source, r.span().start).0;
@@ -199,7 +281,7 @@ pub fn parse_rules(
             out.push((spec, name_span));
         }
     }
-    v.finish(out)
+    v.finish(RulesFile { rules: out, denies })
 }
 
 /// The largest limit or burst: counters and Redis scripts stay well inside
@@ -207,6 +289,26 @@ pub fn parse_rules(
 const MAX_COUNT: i64 = 1_000_000_000;
 
 impl Validator<'_> {
+    /// Addresses/CIDRs, user ids and API keys of a deny entry or exemption.
+    fn clients(
+        &mut self,
+        ips: Option<&[Spanned<String>]>,
+        users: Option<Vec<String>>,
+        api_keys: Option<Vec<String>>,
+    ) -> ClientSet {
+        let mut nets = Vec::new();
+        for ip in ips.unwrap_or_default() {
+            match super::parse_net(ip.get_ref()) {
+                Some(n) => nets.push(n),
+                None => self.error(
+                    ip.span(),
+                    format!("{:?} is not an IP address or CIDR such as \"10.0.0.0/8\"", ip.get_ref()),
+                ),
+            }
+        }
+        ClientSet { nets, users: users.unwrap_or_default(), api_keys: api_keys.unwrap_or_default() }
+    }
+
     fn count(&mut self, value: &Spanned<i64>, what: &str) -> Option<u64> {
         let n = *value.get_ref();
         if n < 1 {
@@ -285,6 +387,13 @@ impl Validator<'_> {
             }
         };
         let capacity = if matches!(algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket) { burst } else { limit };
+        let exempt = match r.exempt {
+            Some(e) => {
+                let e = e.into_inner();
+                self.clients(e.ips.as_deref(), e.users, e.api_keys)
+            }
+            None => ClientSet::default(),
+        };
         let cost = match (&r.cost, &r.cost_header) {
             (Some(c), Some(h)) => {
                 self.error(h.span(), "set either cost or cost_header, not both");
@@ -325,6 +434,8 @@ impl Validator<'_> {
             throttle,
             cost,
             on_error: r.on_error,
+            exempt,
+            on_invalid_token: r.on_invalid_token.unwrap_or_default(),
         })
     }
 
@@ -388,15 +499,10 @@ impl Validator<'_> {
             "route" => Some(KeyPart::Route),
             "method" => Some(KeyPart::Method),
             "path" => Some(KeyPart::Path),
-            _ => {
-                if let Some(h) = s.strip_prefix("header:") {
-                    HeaderName::from_bytes(h.trim().as_bytes()).ok().map(KeyPart::Header)
-                } else if let Some(q) = s.strip_prefix("query:").filter(|q| !q.is_empty()) {
-                    Some(KeyPart::Query(q.to_string()))
-                } else {
-                    None
-                }
-            }
+            _ => match s.strip_prefix("header:") {
+                Some(h) => HeaderName::from_bytes(h.trim().as_bytes()).ok().map(KeyPart::Header),
+                None => s.strip_prefix("query:").filter(|q| !q.is_empty()).map(|q| KeyPart::Query(q.to_string())),
+            },
         };
         if parsed.is_none() {
             self.error(part.span(), format!("key part {s:?} is not one of ip, user, api_key, route, method, path, \"header:NAME\", \"query:NAME\""));

@@ -957,7 +957,7 @@ fn unknown_keys_in_a_rule_and_in_match() {
     assert_eq!(
         rule_errors(&with("  burts = 10\n")),
         [
-            "r.toml:5:3: unknown field `burts`, expected one of `name`, `match`, `key`, `algorithm`, `limit`, `window`, `burst`, `mode`, `throttle`, `soft_percent`, `elastic_percent`, `elastic_when_inflight_below`, `cost`, `cost_header`, `on_error`"
+            "r.toml:5:3: unknown field `burts`, expected one of `name`, `match`, `key`, `algorithm`, `limit`, `window`, `burst`, `mode`, `throttle`, `soft_percent`, `elastic_percent`, `elastic_when_inflight_below`, `cost`, `cost_header`, `on_error`, `exempt`, `on_invalid_token`"
         ]
     );
     assert_eq!(
@@ -972,7 +972,10 @@ fn unknown_keys_in_a_rule_and_in_match() {
         rule_errors(&with("match = { header = { name = \"x\", value = \"y\", regex = true } }\n")),
         ["r.toml:5:47: unknown field `regex`, expected `name` or `value`"]
     );
-    assert_eq!(rule_errors("[[rules]]\nname = \"r\"\n"), ["r.toml:1:3: unknown field `rules`, expected `rule`"]);
+    assert_eq!(
+        rule_errors("[[rules]]\nname = \"r\"\n"),
+        ["r.toml:1:3: unknown field `rules`, expected `rule` or `deny`"]
+    );
 }
 
 #[test]
@@ -1062,8 +1065,8 @@ fn simple(name: &str) -> String {
 fn a_single_rules_file() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = write(dir.path(), "limits.conf", &simple("one"));
-    let (specs, files) = load_rules(&file, &rules_config()).expect("valid");
-    assert_eq!(files, [file.clone()]);
+    let crate::config::LoadedRules { rules: specs, files, .. } = load_rules(&file, &rules_config()).expect("valid");
+    assert_eq!(files, std::slice::from_ref(&file));
     assert_eq!(specs.len(), 1);
     assert_eq!((specs[0].name.as_str(), &specs[0].source, specs[0].line), ("one", &file, 1));
 }
@@ -1086,7 +1089,7 @@ fn a_directory_loads_toml_files_in_name_order_and_skips_the_rest() {
     let want = [d.join("10-a.toml"), d.join("20-b.toml"), d.join("30-c.toml")];
     assert_eq!(rule_files(d).expect("listable"), want);
     assert_eq!(rule_files_or_empty(d), want);
-    let (specs, files) = load_rules(d, &rules_config()).expect("valid");
+    let crate::config::LoadedRules { rules: specs, files, .. } = load_rules(d, &rules_config()).expect("valid");
     assert_eq!(files, want);
     let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["a", "b1", "b2", "c"]);
@@ -1098,7 +1101,8 @@ fn a_directory_loads_toml_files_in_name_order_and_skips_the_rest() {
 #[test]
 fn an_empty_directory_has_no_rules() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (specs, files) = load_rules(dir.path(), &rules_config()).expect("valid");
+    let crate::config::LoadedRules { rules: specs, files, .. } =
+        load_rules(dir.path(), &rules_config()).expect("valid");
     assert!(specs.is_empty());
     assert!(files.is_empty());
 }
@@ -1162,7 +1166,7 @@ fn a_symlinked_directory_is_followed() {
     write(&real, "rules.toml", &simple("linked"));
     let link = dir.path().join("rules");
     std::os::unix::fs::symlink(&real, &link).expect("symlink");
-    let (specs, files) = load_rules(&link, &rules_config()).expect("valid");
+    let crate::config::LoadedRules { rules: specs, files, .. } = load_rules(&link, &rules_config()).expect("valid");
     assert_eq!(files, [link.join("rules.toml")]);
     assert_eq!(specs[0].name, "linked");
 }

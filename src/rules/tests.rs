@@ -108,8 +108,9 @@ impl Req {
             route: self.route.as_ref().map(|(n, u)| (n.as_str(), u.as_str())),
             headers: &self.headers,
             client: self.client,
-            user_header: &self.user_header,
-            api_key_header: &self.api_key_header,
+            client_ip: self.client,
+            user: self.headers.get(&self.user_header).map(|v| v.as_bytes()),
+            api_key: self.headers.get(&self.api_key_header).map(|v| v.as_bytes()),
         }
     }
 }

@@ -1,0 +1,200 @@
+//! Closing connections that sit idle.
+//!
+//! hyper's `header_read_timeout` bounds how long a client may take to send
+//! request headers (slowloris), but nothing closes a keep-alive connection
+//! that sends nothing at all for a long time while holding a connection slot.
+//! [`IdleIo`] wraps a connection's socket: when no byte has moved in either
+//! direction for the idle timeout and no request on it is in flight, its next
+//! read reports end-of-file, which hyper treats as the client closing an idle
+//! connection, the cleanest way out for both HTTP/1.1 and HTTP/2.
+//!
+//! A request waiting on a slow upstream moves no bytes but is not idle: the
+//! service holds an [`InflightGuard`] while it works.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, Sleep};
+
+/// Requests in flight on one connection.
+#[derive(Debug, Clone, Default)]
+pub struct Inflight(Arc<AtomicUsize>);
+
+impl Inflight {
+    /// Marks a request in flight until the guard is dropped.
+    pub fn start(&self) -> InflightGuard {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        InflightGuard(self.0.clone())
+    }
+
+    fn busy(&self) -> bool {
+        self.0.load(Ordering::Relaxed) > 0
+    }
+}
+
+/// See [`Inflight::start`].
+pub struct InflightGuard(Arc<AtomicUsize>);
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A socket that reads as closed once it has been idle for `timeout`.
+pub struct IdleIo<T> {
+    inner: T,
+    timeout: Duration,
+    inflight: Inflight,
+    last_activity: Instant,
+    timer: Pin<Box<Sleep>>,
+}
+
+impl<T> IdleIo<T> {
+    pub fn new(inner: T, timeout: Duration, inflight: Inflight) -> Self {
+        let now = Instant::now();
+        IdleIo {
+            inner,
+            timeout,
+            inflight,
+            last_activity: now,
+            timer: Box::pin(tokio::time::sleep_until(now + timeout)),
+        }
+    }
+
+    fn touch(&mut self) {
+        // Only the timestamp moves here; the timer is re-armed lazily when it
+        // fires, so busy connections do not reset a timer on every read.
+        self.last_activity = Instant::now();
+    }
+
+    /// Whether the connection has been idle for the timeout. Registers the
+    /// waker with the timer when it has not.
+    fn idle_expired(&mut self, cx: &mut Context<'_>) -> bool {
+        loop {
+            if self.timer.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            let deadline = self.last_activity + self.timeout;
+            if deadline > Instant::now() {
+                self.timer.as_mut().reset(deadline);
+                continue;
+            }
+            if self.inflight.busy() {
+                self.last_activity = Instant::now();
+                let next = self.last_activity + self.timeout;
+                self.timer.as_mut().reset(next);
+                continue;
+            }
+            return true;
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for IdleIo<T> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        match Pin::new(&mut self.inner).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                if buf.filled().len() > before {
+                    self.touch();
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => {
+                if self.idle_expired(cx) {
+                    // End of file: the peer "closed" an idle connection.
+                    Poll::Ready(Ok(()))
+                } else {
+                    Poll::Pending
+                }
+            }
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for IdleIo<T> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        let n = ready!(Pin::new(&mut self.inner).poll_write(cx, data))?;
+        if n > 0 {
+            self.touch();
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let n = ready!(Pin::new(&mut self.inner).poll_write_vectored(cx, bufs))?;
+        if n > 0 {
+            self.touch();
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_reads_as_closed_after_the_timeout() {
+        let (client, server) = tokio::io::duplex(64);
+        let mut io = IdleIo::new(server, Duration::from_secs(5), Inflight::default());
+        let started = Instant::now();
+        let mut buf = [0u8; 8];
+        let n = io.read(&mut buf).await.expect("read");
+        assert_eq!(n, 0, "idle connection reads as end of file");
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+        drop(client);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn activity_and_inflight_requests_keep_it_open() {
+        let (mut client, server) = tokio::io::duplex(64);
+        let inflight = Inflight::default();
+        let mut io = IdleIo::new(server, Duration::from_secs(5), inflight.clone());
+        let started = Instant::now();
+        let writer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            client.write_all(b"x").await.expect("write");
+            client
+        });
+        let mut buf = [0u8; 8];
+        assert_eq!(io.read(&mut buf).await.expect("read"), 1);
+        let _client = writer.await.expect("writer");
+        // A request in flight for 20 s: not idle, whatever the silence.
+        let guard = inflight.start();
+        let release = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(20)).await;
+            drop(guard);
+        });
+        assert_eq!(io.read(&mut buf).await.expect("read"), 0);
+        release.await.expect("release");
+        // Never while the request was in flight (until t = 24 s); within one
+        // timeout after it (in real use the response's bytes count as
+        // activity too).
+        let closed = started.elapsed();
+        assert!(closed >= Duration::from_secs(24) && closed <= Duration::from_secs(29), "closed at {closed:?}");
+    }
+}

@@ -1,0 +1,121 @@
+//! Who may pass at all, and who a `user` is: `[[deny]]` answers 403 before
+//! any counting, a rule's `exempt` list skips it, and with `[client] jwt`
+//! the user is the verified token's subject, never a header the client
+//! chose.
+
+mod support;
+
+use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+use serde_json::json;
+use support::{Tollgate, Upstream, config, statuses};
+
+const RULES: &str = r#"
+[[deny]]
+name = "abusers"
+ips = ["192.0.2.0/24", "2001:db8:bad::/48"]
+users = ["mallory"]
+api_keys = ["leaked-key"]
+
+[[rule]]
+name = "per-ip"
+key = ["ip"]
+algorithm = "fixed_window"
+limit = 2
+window = "1m"
+exempt = { ips = ["10.0.0.0/8"], users = ["monitor"] }
+"#;
+
+#[tokio::test]
+async fn deny_lists_answer_403_before_counting() {
+    let upstream = Upstream::start().await;
+    let tg = Tollgate::start(&upstream, RULES).await;
+    for call in [
+        tg.get("/").from_ip("192.0.2.77"),
+        tg.get("/").from_ip("2001:db8:bad:1::5"),
+        tg.get("/").from_ip("198.51.100.1").header("x-user-id", "mallory"),
+        tg.get("/").from_ip("198.51.100.1").header("x-api-key", "leaked-key"),
+    ] {
+        let r = call.send().await;
+        assert_eq!(r.status, 403, "{}", r.text());
+        assert_eq!(r.json()["error"], "forbidden");
+        assert!(r.ratelimit_headers().is_empty(), "no rule was counted");
+    }
+    assert_eq!(upstream.hits(), 0);
+    // 198.51.100.1 was denied twice above, yet its quota is untouched.
+    assert_eq!(statuses(3, || tg.get("/").from_ip("198.51.100.1")).await, [200, 200, 429]);
+    let m = tg.metrics().await;
+    assert_eq!(support::metric(&m, "tollgate_requests_total", &[("route", "svc"), ("decision", "denied")]), Some(4.0));
+}
+
+#[tokio::test]
+async fn exempt_clients_skip_the_rule() {
+    let upstream = Upstream::start().await;
+    let tg = Tollgate::start(&upstream, RULES).await;
+    assert_eq!(statuses(4, || tg.get("/").from_ip("10.1.2.3")).await, [200; 4]);
+    let r = tg.get("/").from_ip("10.1.2.3").send().await;
+    assert!(r.ratelimit_headers().is_empty(), "an exempt client matches no rule");
+    assert_eq!(statuses(4, || tg.get("/").from_ip("203.0.113.9").header("x-user-id", "monitor")).await, [200; 4]);
+    assert_eq!(statuses(3, || tg.get("/").from_ip("203.0.113.9")).await, [200, 200, 429]);
+}
+
+const SECRET: &[u8] = b"integration-test-secret-at-least-32-bytes";
+
+fn token(sub: &str, exp_offset: i64, secret: &[u8]) -> String {
+    let exp = jsonwebtoken::get_current_timestamp() as i64 + exp_offset;
+    let claims = json!({"sub": sub, "exp": exp, "iss": "https://issuer.test", "aud": "tollgate"});
+    encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret)).expect("token encodes")
+}
+
+async fn jwt_tollgate(upstream: &Upstream, on_invalid: &str) -> Tollgate {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("jwt.secret"), SECRET).expect("write secret");
+    std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
+    let rules = format!(
+        "[[rule]]\nname = \"per-user\"\nkey = [\"user\"]\nalgorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1m\"\non_invalid_token = \"{on_invalid}\"\n"
+    );
+    std::fs::write(dir.path().join("rules/r.toml"), rules).expect("write rules");
+    let cfg = config(upstream.addr).replace(
+        "[client]\n",
+        "[client]\njwt = { key_file = \"jwt.secret\", algorithms = [\"HS256\"], issuer = \"https://issuer.test\", audience = \"tollgate\", leeway = \"0s\" }\n",
+    );
+    Tollgate::start_in(dir, &cfg).await
+}
+
+#[tokio::test]
+async fn users_are_the_verified_token_subject() {
+    let upstream = Upstream::start().await;
+    let tg = jwt_tollgate(&upstream, "reject").await;
+    let alice = format!("Bearer {}", token("alice", 300, SECRET));
+    // Alice cannot escape her bucket by claiming another user in the header,
+    // nor from another address.
+    assert_eq!(statuses(1, || tg.get("/").header("authorization", &alice).header("x-user-id", "bob")).await, [200]);
+    let from_elsewhere = || tg.get("/").header("authorization", &alice).from_ip("203.0.113.50");
+    assert_eq!(statuses(2, from_elsewhere).await, [200, 429]);
+    // The header alone proves nothing: no token, keyed by IP.
+    assert_eq!(statuses(3, || tg.get("/").header("x-user-id", "alice").from_ip("203.0.113.60")).await, [200, 200, 429]);
+}
+
+#[tokio::test]
+async fn invalid_tokens_get_401_or_fall_back_to_the_ip() {
+    let upstream = Upstream::start().await;
+    let tg = jwt_tollgate(&upstream, "reject").await;
+    for (bad, reason) in [
+        (token("alice", -120, SECRET), "expired"),
+        (token("alice", 300, b"another-secret-that-is-long-enough-xx"), "signature"),
+        ("not.a.token".to_string(), "malformed"),
+    ] {
+        let r = tg.get("/").header("authorization", &format!("Bearer {bad}")).send().await;
+        assert_eq!(r.status, 401, "{reason}: {}", r.text());
+        assert_eq!(r.json()["error"], "invalid_token");
+        assert!(r.json()["message"].as_str().is_some_and(|m| m.contains(reason)), "{reason}: {}", r.text());
+        assert_eq!(r.header("www-authenticate"), Some("Bearer error=\"invalid_token\""));
+    }
+    assert_eq!(upstream.hits(), 0);
+
+    let lenient = jwt_tollgate(&upstream, "ip").await;
+    let expired = format!("Bearer {}", token("alice", -120, SECRET));
+    let call = || lenient.get("/").header("authorization", &expired).from_ip("203.0.113.70");
+    assert_eq!(statuses(3, call).await, [200, 200, 429]);
+    // ...and that bucket is the IP's: a tokenless request from it is out too.
+    assert_eq!(statuses(1, || lenient.get("/").from_ip("203.0.113.70")).await, [429]);
+}
