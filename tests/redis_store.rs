@@ -1,7 +1,8 @@
 //! The Redis store against one real `redis-server`: every algorithm's
 //! windows rolling over and buckets refilling on the server's clock, the
 //! multi-rule refund, the over-limit cache, `NOSCRIPT` recovery, key TTLs,
-//! `tollgate explain` peeking at live counts, and per-key memory.
+//! `tollgate explain` peeking at live counts, per-key memory, and the same
+//! store found through Sentinel.
 //!
 //! One server is shared by the whole file (started on first use, stopped
 //! when the test process exits); every test uses its own key prefix.
@@ -11,7 +12,7 @@ mod support;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use support::redis::{RedisServer, tollgate_config};
+use support::redis::{RedisSentinel, RedisServer, tollgate_config};
 use support::{Tollgate, Upstream, burst, count, eventually, metric};
 
 fn server() -> &'static RedisServer {
@@ -283,4 +284,17 @@ async fn per_key_memory_stays_small() {
         println!("MEMORY USAGE sliding_window_log at {n:>5} entries: {bytes:>7} B ({} B per entry)", bytes / n as u64);
         assert!(bytes / (n as u64) < 200, "{bytes} B for {n} entries");
     }
+}
+
+#[tokio::test]
+async fn the_master_is_found_through_sentinel() {
+    let sentinel = tokio::task::spawn_blocking(RedisSentinel::start).await.expect("sentinel");
+    let up = Upstream::start().await;
+    let config = tollgate_config(up.addr, &sentinel.url(), "on_error = \"deny\"");
+    let tg = Tollgate::with(&config, &[("rules.toml", &rule("sentinel", "fixed_window", 2, "1m", 2))]).await;
+    assert_eq!(tg.admin("/readyz").await.status, 200);
+    let statuses = support::statuses(3, || tg.get("/").from_ip("192.0.2.11")).await;
+    assert_eq!(statuses, [200, 200, 429]);
+    let key = "tollgate:{sentinel|ip=192.0.2.11}:fw";
+    assert!(support::redis::cli(sentinel.master, &["GET", key]).trim().ends_with(":2"), "counted on the master");
 }

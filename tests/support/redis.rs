@@ -174,6 +174,41 @@ impl Processes {
         wait_until(&format!("redis on port {port} answers PING"), || cli(port, &["PING"]).trim() == "PONG");
     }
 
+    /// Starts a Sentinel on `port` monitoring the master on `master` as
+    /// `tollgate`, and waits until it knows the master.
+    fn start_sentinel(&self, port: u16, master: u16) {
+        let dir = self.node_dir(port);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("sentinel dir: {e}"));
+        // Sentinel rewrites its config file, so it gets one of its own.
+        let conf = dir.join("sentinel.conf");
+        let text = format!(
+            "port {port}\nbind 127.0.0.1\ndir {}\nlogfile sentinel.log\nsentinel monitor tollgate 127.0.0.1 {master} 1\nsentinel down-after-milliseconds tollgate 1000\n",
+            dir.display()
+        );
+        std::fs::write(&conf, text).unwrap_or_else(|e| panic!("sentinel config: {e}"));
+        let child = Command::new("redis-server")
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start redis-server --sentinel: {e}"));
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("pids")) {
+            let _ = writeln!(f, "{}", child.id());
+        }
+        {
+            let mut children = self.children.lock().unwrap_or_else(|p| p.into_inner());
+            match children.iter_mut().find(|(p, _)| *p == port) {
+                Some(slot) => slot.1 = Some(child),
+                None => children.push((port, Some(child))),
+            }
+        }
+        wait_until(&format!("sentinel on port {port} knows the master"), || {
+            cli(port, &["SENTINEL", "get-master-addr-by-name", "tollgate"]).contains(&master.to_string())
+        });
+    }
+
     /// `kill -9` the node on `port`.
     fn kill(&self, port: u16) {
         let mut children = self.children.lock().unwrap_or_else(|p| p.into_inner());
@@ -253,6 +288,29 @@ impl RedisServer {
 
     pub fn cli(&self, args: &[&str]) -> String {
         cli(self.port, args)
+    }
+}
+
+/// One master behind one Sentinel, which names it `tollgate`.
+pub struct RedisSentinel {
+    pub master: u16,
+    pub sentinel: u16,
+    processes: Processes,
+}
+
+impl RedisSentinel {
+    pub fn start() -> RedisSentinel {
+        let ports = free_ports(2);
+        let (master, sentinel) = (ports[0], ports[1]);
+        let processes = Processes::new(&ports, false);
+        processes.start(master);
+        processes.start_sentinel(sentinel, master);
+        RedisSentinel { master, sentinel, processes }
+    }
+
+    /// `redis-sentinel://` naming the sentinel and the service.
+    pub fn url(&self) -> String {
+        format!("redis-sentinel://127.0.0.1:{}?sentinelServiceName=tollgate", self.sentinel)
     }
 }
 

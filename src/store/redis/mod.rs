@@ -55,6 +55,7 @@
 //! retry-after moment, without a round trip.
 
 mod cache;
+mod call;
 mod health;
 mod scripts;
 
@@ -63,12 +64,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fred::clients::{Client, Pool};
-use fred::error::{Error as FredError, ErrorKind};
 use fred::interfaces::{ClientLike, ClusterInterface};
 use fred::types::config::{
     ClusterDiscoveryPolicy, Config as FredConfig, Options, ReconnectPolicy, ServerConfig, UnresponsiveConfig,
 };
-use fred::types::{Builder, ClusterHash, CustomCommand, Value};
+use fred::types::{Builder, Value};
 use tokio::task::JoinHandle;
 
 use crate::clock::SharedClock;
@@ -77,7 +77,8 @@ use crate::limiter::{Algorithm, Nanos, Verdict};
 use crate::metrics::Metrics;
 use crate::store::{Check, MemoryStore, Mode, Store, StoreError};
 
-use scripts::{Reply, Script, ScriptMode, Scripts};
+use call::Failure;
+use scripts::{Reply, ScriptMode, Scripts};
 pub use scripts::{redis_key, suffix};
 
 /// How long fred may take to open a connection (TCP and TLS) or to run its
@@ -288,7 +289,8 @@ impl Shared {
             .collect();
         let calls = checks.iter().zip(&keys).zip(&ids).map(|((c, key), id)| {
             let script = self.scripts.get(c.limits.algorithm);
-            self.call(script, key, scripts::args(script_mode, &c.limits, c.cost, id), deadline)
+            let args = scripts::args(script_mode, &c.limits, c.cost, id);
+            call::run(self.pool.next(), script, key, args, deadline, self.timeout)
         });
         // Sent together: fred writes them back to back on each node's
         // connection, so all rules cost one round trip.
@@ -396,7 +398,10 @@ impl Shared {
             let refunds = calls.into_iter().map(|(alg, key, args)| {
                 let shared = &shared;
                 async move {
-                    if let Err(e) = shared.call(shared.scripts.get(alg), &key, args, deadline).await {
+                    if let Err(e) =
+                        call::run(shared.pool.next(), shared.scripts.get(alg), &key, args, deadline, shared.timeout)
+                            .await
+                    {
                         // The quota stays taken until the key's window or
                         // refill gives it back: an error towards rejecting.
                         tracing::debug!(key, error = %e.error, "refund failed");
@@ -405,63 +410,6 @@ impl Shared {
             });
             futures::future::join_all(refunds).await;
         });
-    }
-
-    /// One script call on the node owning `key`, by SHA, then by source if
-    /// that node does not know the script.
-    async fn call(&self, script: &Script, key: &str, args: [Value; 6], deadline: Instant) -> Result<Reply, Failure> {
-        let client = self.pool.next();
-        let mut result = self.eval(client, "EVALSHA", &script.sha, key, &args, deadline).await;
-        if result.as_ref().is_err_and(|e| e.details().starts_with("NOSCRIPT")) {
-            result = self.eval(client, "EVAL", script.source, key, &args, deadline).await;
-        }
-        match result {
-            Ok(value) => scripts::parse_reply(value).map_err(|error| Failure { error, outage: false }),
-            Err(e) => Err(Failure { error: self.store_error(&e), outage: is_outage(e.kind()) }),
-        }
-    }
-
-    /// Sends `EVALSHA sha 1 key args...` (or `EVAL source ...`) to the node
-    /// owning `key`'s slot, bounded by `deadline`.
-    async fn eval(
-        &self,
-        client: &Client,
-        command: &'static str,
-        script: &str,
-        key: &str,
-        args: &[Value; 6],
-        deadline: Instant,
-    ) -> Result<Value, FredError> {
-        let slot = fred::util::redis_keyslot(key.as_bytes());
-        let mut argv: Vec<Value> = Vec::with_capacity(3 + args.len());
-        argv.push(Value::String(script.into()));
-        argv.push(Value::Integer(1));
-        argv.push(Value::String(key.into()));
-        argv.extend(args.iter().cloned());
-        // At most one redirection-driven re-send (see the module docs).
-        let mut redirected = false;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(FredError::new(ErrorKind::Timeout, "store timeout"));
-            }
-            // `ClusterHash::Custom`: fred would otherwise hash the first
-            // argument (the SHA) instead of the key.
-            let options = Options { timeout: Some(left), max_attempts: Some(1), ..Default::default() };
-            let cmd = CustomCommand::new_static(command, ClusterHash::Custom(slot), false);
-            let result: Result<Value, FredError> = client.with_options(&options).custom(cmd, argv.clone()).await;
-            match result {
-                Err(e) if !redirected && is_exhausted_redirect(&e) => redirected = true,
-                other => return other,
-            }
-        }
-    }
-
-    fn store_error(&self, e: &FredError) -> StoreError {
-        match e.kind() {
-            ErrorKind::Timeout => StoreError::Timeout(self.timeout),
-            kind => StoreError::Unavailable(format!("{kind:?}: {}", e.details())),
-        }
     }
 
     /// Asks Redis whether it answers: `PING`, or on a cluster `CLUSTER
@@ -473,12 +421,12 @@ impl Shared {
             let options = Options { timeout: Some(timeout), max_attempts: Some(1), ..Default::default() };
             let client = client.with_options(&options);
             if self.clustered {
-                let info: String = client.cluster_info().await.map_err(|e| self.store_error(&e))?;
+                let info: String = client.cluster_info().await.map_err(|e| call::store_error(&e, self.timeout))?;
                 if !info.contains("cluster_state:ok") {
                     return Err(StoreError::Unavailable("the cluster reports cluster_state other than ok".into()));
                 }
             } else {
-                let _: String = client.ping(None).await.map_err(|e| self.store_error(&e))?;
+                let _: String = client.ping(None).await.map_err(|e| call::store_error(&e, self.timeout))?;
             }
         }
         Ok(())
@@ -498,36 +446,6 @@ impl Shared {
             }
         }
     }
-}
-
-/// A failed script call: the error, and whether it means Redis is not
-/// answering (as opposed to answering something unexpected about one key,
-/// such as `WRONGTYPE`), which is what counts towards degrading.
-#[derive(Debug, Clone)]
-struct Failure {
-    error: StoreError,
-    outage: bool,
-}
-
-fn is_outage(kind: &ErrorKind) -> bool {
-    matches!(
-        kind,
-        ErrorKind::Timeout
-            | ErrorKind::IO
-            | ErrorKind::Canceled
-            | ErrorKind::Routing
-            | ErrorKind::Cluster
-            | ErrorKind::Tls
-            | ErrorKind::Backpressure
-    )
-}
-
-/// With `max_command_attempts = 1`, fred reports a command it had to send
-/// a second time as out of attempts; the only second send it makes with
-/// that setting is after a `MOVED`/`ASK` redirection (a failover or a slot
-/// migration), which the old node answered without running the script.
-fn is_exhausted_redirect(e: &FredError) -> bool {
-    e.details().contains("Too many failed write attempts")
 }
 
 /// The URL without its password, for logs and errors.
@@ -580,14 +498,5 @@ mod tests {
         let b = ids.next();
         assert_ne!(a, b);
         assert!(a.len() >= 9);
-    }
-
-    #[test]
-    fn only_outage_errors_count_towards_degrading() {
-        assert!(is_outage(&ErrorKind::Timeout));
-        assert!(is_outage(&ErrorKind::IO));
-        assert!(is_outage(&ErrorKind::Cluster));
-        assert!(!is_outage(&ErrorKind::InvalidArgument));
-        assert!(!is_outage(&ErrorKind::Unknown));
     }
 }

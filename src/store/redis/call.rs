@@ -1,0 +1,124 @@
+//! One script call: `EVALSHA` on the node owning the key, the same call as
+//! `EVAL` on that node when it answers `NOSCRIPT`, bounded by a deadline
+//! with fred's own timer, and re-sent only after a cluster redirection.
+
+use std::time::{Duration, Instant};
+
+use fred::clients::Client;
+use fred::error::{Error as FredError, ErrorKind};
+use fred::interfaces::ClientLike;
+use fred::types::config::Options;
+use fred::types::{ClusterHash, CustomCommand, Value};
+
+use super::scripts::{self, Reply, Script};
+use crate::store::StoreError;
+
+/// One script call on the node owning `key`, by SHA, then by source if
+/// that node does not know the script.
+pub(super) async fn run(
+    client: &Client,
+    script: &Script,
+    key: &str,
+    args: [Value; 6],
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<Reply, Failure> {
+    let mut result = eval(client, "EVALSHA", &script.sha, key, &args, deadline).await;
+    if result.as_ref().is_err_and(|e| e.details().starts_with("NOSCRIPT")) {
+        result = eval(client, "EVAL", script.source, key, &args, deadline).await;
+    }
+    match result {
+        Ok(value) => scripts::parse_reply(value).map_err(|error| Failure { error, outage: false }),
+        Err(e) => Err(Failure { error: store_error(&e, timeout), outage: is_outage(e.kind()) }),
+    }
+}
+
+/// Sends `EVALSHA sha 1 key args...` (or `EVAL source ...`) to the node
+/// owning `key`'s slot, bounded by `deadline`.
+async fn eval(
+    client: &Client,
+    command: &'static str,
+    script: &str,
+    key: &str,
+    args: &[Value; 6],
+    deadline: Instant,
+) -> Result<Value, FredError> {
+    let slot = fred::util::redis_keyslot(key.as_bytes());
+    let mut argv: Vec<Value> = Vec::with_capacity(3 + args.len());
+    argv.push(Value::String(script.into()));
+    argv.push(Value::Integer(1));
+    argv.push(Value::String(key.into()));
+    argv.extend(args.iter().cloned());
+    // At most one re-send, after a redirection (see `is_exhausted_redirect`).
+    let mut redirected = false;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(FredError::new(ErrorKind::Timeout, "store timeout"));
+        }
+        // `ClusterHash::Custom`: fred would otherwise hash the first
+        // argument (the SHA) instead of the key.
+        let options = Options { timeout: Some(left), max_attempts: Some(1), ..Default::default() };
+        let cmd = CustomCommand::new_static(command, ClusterHash::Custom(slot), false);
+        let result: Result<Value, FredError> = client.with_options(&options).custom(cmd, argv.clone()).await;
+        match result {
+            Err(e) if !redirected && is_exhausted_redirect(&e) => {
+                tracing::debug!(key, "re-sending a script after a cluster redirection");
+                redirected = true;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The store's view of a fred error: a timeout, or Redis unavailable.
+pub(super) fn store_error(e: &FredError, timeout: Duration) -> StoreError {
+    match e.kind() {
+        ErrorKind::Timeout => StoreError::Timeout(timeout),
+        kind => StoreError::Unavailable(format!("{kind:?}: {}", e.details())),
+    }
+}
+
+/// A failed script call: the error, and whether it means Redis is not
+/// answering (as opposed to answering something unexpected about one key,
+/// such as `WRONGTYPE`), which is what counts towards degrading.
+#[derive(Debug, Clone)]
+pub(super) struct Failure {
+    pub error: StoreError,
+    pub outage: bool,
+}
+
+fn is_outage(kind: &ErrorKind) -> bool {
+    matches!(
+        kind,
+        ErrorKind::Timeout
+            | ErrorKind::IO
+            | ErrorKind::Canceled
+            | ErrorKind::Routing
+            | ErrorKind::Cluster
+            | ErrorKind::Tls
+            | ErrorKind::Backpressure
+    )
+}
+
+/// With `max_command_attempts = 1`, fred reports a command it had to send
+/// a second time as out of attempts; the only second send it makes with
+/// that setting is after a `MOVED`/`ASK` redirection (a failover or a slot
+/// migration), which the old node answered without running the script.
+fn is_exhausted_redirect(e: &FredError) -> bool {
+    e.details().contains("Too many failed write attempts")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_outage_errors_count_towards_degrading() {
+        assert!(is_outage(&ErrorKind::Timeout));
+        assert!(is_outage(&ErrorKind::IO));
+        assert!(is_outage(&ErrorKind::Cluster));
+        assert!(!is_outage(&ErrorKind::InvalidArgument));
+        assert!(!is_outage(&ErrorKind::Unknown));
+    }
+}
