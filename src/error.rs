@@ -29,6 +29,10 @@ pub enum ProxyError {
     BadRequest(String),
     /// The body is larger than the route allows.
     PayloadTooLarge,
+    /// The request target is longer than `listen.max_uri_bytes`.
+    UriTooLong,
+    /// The header section is larger than `listen.max_header_bytes`.
+    HeadersTooLarge,
     /// The store failed and the rule's policy is `deny`.
     StoreUnavailable { retry_after_seconds: u64 },
     /// The upstream refused, reset or broke the connection.
@@ -46,6 +50,8 @@ impl ProxyError {
             ProxyError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ProxyError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::UriTooLong => StatusCode::URI_TOO_LONG,
+            ProxyError::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProxyError::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::BadGateway => StatusCode::BAD_GATEWAY,
             ProxyError::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
@@ -69,6 +75,13 @@ impl ProxyError {
                 json!({"error": "invalid_token", "message": format!("The bearer token was refused: {reason}.")})
             }
             ProxyError::BadRequest(reason) => json!({"error": "bad_request", "message": reason}),
+            ProxyError::UriTooLong => {
+                json!({"error": "uri_too_long", "message": "The request target is longer than this proxy accepts."})
+            }
+            ProxyError::HeadersTooLarge => json!({
+                "error": "request_header_fields_too_large",
+                "message": "The request headers are larger than this proxy accepts."
+            }),
             ProxyError::PayloadTooLarge => {
                 json!({"error": "payload_too_large", "message": "The request body is larger than this route accepts."})
             }

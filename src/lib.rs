@@ -14,6 +14,7 @@
 //! | [`server`] | listeners, connection limits, graceful shutdown |
 //! | [`idle`] | closes keep-alive connections idle for `listen.idle_timeout` |
 //! | [`proxy`] | the request path: route, decide, forward or reject |
+//! | [`forward`] | pooled upstream clients, hop-by-hop and `X-Forwarded-*` headers, body limits |
 //! | [`client`] | who the client is: trusted proxies, `X-Forwarded-For`, IPv6 prefixes |
 //! | [`identity`] | verified user identity from a JWT (`[client] jwt`) |
 //! | [`rules`] | the compiled rule set: which rules match, the bucket key of each |
@@ -42,6 +43,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod forward;
 pub mod headers;
 pub mod identity;
 pub mod idle;

@@ -1,32 +1,26 @@
 //! The request path: route, match rules, ask the store once, then answer
 //! 429 or forward to the upstream with rate-limit headers.
 //!
-//! Forwarding streams both bodies (hyper's `Incoming` goes straight into the
-//! upstream request and back), removes hop-by-hop headers, sets
-//! `X-Forwarded-*`, and reuses pooled upstream connections. Anything
-//! tollgate answers itself goes through [`ProxyError`], which alone decides
-//! statuses and bodies.
+//! Forwarding itself (pooled clients, streaming bodies, hop-by-hop and
+//! `X-Forwarded-*` headers) is in [`crate::forward`]. Anything tollgate
+//! answers itself goes through [`ProxyError`], which alone decides statuses
+//! and bodies.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::uri::{PathAndQuery, Uri};
-use http::{Request, Response, Version};
+use http::header;
+use http::{Request, Response};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
-use prometheus::IntCounter;
 
 use crate::client;
-use crate::config::{ClientConfig, Config, InvalidToken, KeyPart, OnError, Route, Upstream};
+use crate::config::{ClientConfig, Config, InvalidToken, KeyPart, OnError, Route};
 use crate::error::ProxyError;
+use crate::forward::{Downstream, UpstreamClient};
 use crate::headers::{self, RuleReport};
 use crate::identity::{Identity, JwtVerifier};
 use crate::limiter::{Verdict, ceil_secs};
@@ -46,6 +40,8 @@ pub struct Proxy {
     pub metrics: Arc<Metrics>,
     client: ClientConfig,
     store_timeout: Duration,
+    max_uri_bytes: usize,
+    max_header_bytes: usize,
     jwt: Option<JwtVerifier>,
     default_on_error: OnError,
     upstreams: Vec<UpstreamClient>,
@@ -54,43 +50,9 @@ pub struct Proxy {
     no_route: RouteCounters,
 }
 
-/// One upstream: its pooled client, in-flight count and error counters.
-struct UpstreamClient {
-    config: Upstream,
-    client: Client<HttpConnector, Incoming>,
-    inflight: AtomicUsize,
-    connect_errors: IntCounter,
-    timeouts: IntCounter,
-    resets: IntCounter,
-}
-
-/// Keeps an upstream's in-flight count while a request is being forwarded.
-struct InflightGuard<'a>(&'a AtomicUsize);
-
-impl Drop for InflightGuard<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Headers that describe one connection, not the message (RFC 9110 7.6.1):
-/// never forwarded in either direction.
-const HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-];
 /// How far past the store timeout the proxy's own bound on a store check
 /// lies (see [`Proxy::decide`]).
 const STORE_TIMEOUT_BACKSTOP: Duration = Duration::from_millis(5);
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
 /// One matching rule while a request is being decided.
 struct Pending<'r> {
@@ -103,29 +65,7 @@ struct Pending<'r> {
 impl Proxy {
     /// Builds the request path for `config` with `rules` in force.
     pub fn new(config: &Config, rules: RuleSet, store: AnyStore, metrics: Arc<Metrics>) -> Proxy {
-        let upstreams = config
-            .upstreams
-            .iter()
-            .map(|u| {
-                let mut connector = HttpConnector::new();
-                connector.set_connect_timeout(Some(u.connect_timeout));
-                connector.set_nodelay(true);
-                connector.set_keepalive(Some(Duration::from_secs(60)));
-                let client = Client::builder(TokioExecutor::new())
-                    .pool_idle_timeout(Duration::from_secs(60))
-                    .pool_max_idle_per_host(1024)
-                    .build(connector);
-                let err = |kind: &str| metrics.upstream_errors_total.with_label_values(&[u.name.as_str(), kind]);
-                UpstreamClient {
-                    config: u.clone(),
-                    client,
-                    inflight: AtomicUsize::new(0),
-                    connect_errors: err("connect"),
-                    timeouts: err("timeout"),
-                    resets: err("reset"),
-                }
-            })
-            .collect();
+        let upstreams = config.upstreams.iter().map(|u| UpstreamClient::new(u, &metrics)).collect();
         let mut routes: Vec<(Route, RouteCounters)> =
             config.routes.iter().map(|r| (r.clone(), metrics.route_counters(&r.name))).collect();
         routes.sort_by_key(|(r, _)| (std::cmp::Reverse(r.path_prefix.len()), r.host.is_none()));
@@ -140,6 +80,8 @@ impl Proxy {
             metrics,
             client: config.client.clone(),
             store_timeout: config.store.timeout,
+            max_uri_bytes: config.listen.max_uri_bytes,
+            max_header_bytes: config.listen.max_header_bytes,
             jwt: config.client.jwt.as_ref().and_then(|j| match JwtVerifier::new(j) {
                 Ok(v) => Some(v),
                 Err(e) => {
@@ -183,6 +125,10 @@ impl Proxy {
         let path = req.uri().path();
         let route = self.route(host.as_deref(), path);
         let counters = route.map_or(&self.no_route, |i| &self.routes[i].1);
+        if let Some(e) = self.oversized(&req, route) {
+            counters.rejected.inc();
+            return e.into_response().map(Either::Right);
+        }
         let client_ip = client::client_addr(peer.ip(), req.headers(), &self.client.trusted_proxies);
         let rules = self.rules.load();
         // With `[client] jwt`, the user is whoever the token proves, and the
@@ -217,8 +163,7 @@ impl Proxy {
                 tracing::debug!(deny = %deny.name, client = %client_ip, "denied");
                 return ProxyError::Forbidden.into_response().map(Either::Right);
             }
-            let inflight =
-                route.map_or(0, |i| self.upstreams[self.routes[i].0.upstream].inflight.load(Ordering::Relaxed));
+            let inflight = route.map_or(0, |i| self.upstreams[self.routes[i].0.upstream].inflight());
             let mut pending: Vec<Pending<'_>> = Vec::new();
             for rule in rules.matching(&facts) {
                 if let Some(Identity::Invalid(reason)) = &identity
@@ -317,7 +262,13 @@ impl Proxy {
         let primary = headers::most_restrictive(&reports);
         let upstream = &self.upstreams[self.routes[route].0.upstream];
         let version = req.version();
-        let mut resp = match self.forward(upstream, req, peer.ip(), host).await {
+        let down = Downstream {
+            peer: peer.ip(),
+            trusted: self.client.trusted_proxies.iter().any(|n| n.contains(&peer.ip())),
+            host: host.as_deref(),
+            max_body: self.routes[route].0.max_body,
+        };
+        let mut resp = match upstream.forward(req, down).await {
             Ok(mut resp) => {
                 // Answer in the client's protocol, not the upstream's.
                 *resp.version_mut() = version;
@@ -327,6 +278,24 @@ impl Proxy {
         };
         headers::write(resp.headers_mut(), &reports, primary);
         resp
+    }
+
+    /// Requests over a size limit are refused before any rule counts them:
+    /// 414 for the target, 431 for the headers, 413 for a declared body
+    /// length (a chunked body is cut off while streaming instead, see
+    /// [`crate::forward::LimitedBody`]).
+    fn oversized(&self, req: &Request<Incoming>, route: Option<usize>) -> Option<ProxyError> {
+        if req.uri().path_and_query().map_or(0, |p| p.as_str().len()) > self.max_uri_bytes {
+            return Some(ProxyError::UriTooLong);
+        }
+        // Counted the way they travel in HTTP/1.1: "name: value\r\n".
+        let header_bytes: usize = req.headers().iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
+        if header_bytes > self.max_header_bytes {
+            return Some(ProxyError::HeadersTooLarge);
+        }
+        let max_body = route.and_then(|i| self.routes[i].0.max_body)?;
+        let declared = req.headers().get(header::CONTENT_LENGTH)?.to_str().ok()?.trim().parse::<u64>().ok()?;
+        (declared > max_body).then_some(ProxyError::PayloadTooLarge)
     }
 
     /// One store round trip for all matching rules, bounded by the store
@@ -389,84 +358,9 @@ impl Proxy {
             .collect())
     }
 
-    async fn forward(
-        &self,
-        upstream: &UpstreamClient,
-        req: Request<Incoming>,
-        peer: IpAddr,
-        host: Option<String>,
-    ) -> Result<Response<Incoming>, ProxyError> {
-        let (mut parts, body) = req.into_parts();
-        let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        let pq = if upstream.config.base_path.is_empty() {
-            PathAndQuery::try_from(pq)
-        } else {
-            PathAndQuery::try_from(format!("{}{}", upstream.config.base_path, pq))
-        }
-        .map_err(|_| ProxyError::BadRequest("The request target is not a valid path.".into()))?;
-        let original_authority = parts.uri.authority().cloned();
-        parts.uri = Uri::from_parts({
-            let mut u = http::uri::Parts::default();
-            u.scheme = Some(upstream.config.scheme.clone());
-            u.authority = Some(upstream.config.authority.clone());
-            u.path_and_query = Some(pq);
-            u
-        })
-        .map_err(|_| ProxyError::BadRequest("The request target is not a valid path.".into()))?;
-
-        let trusted_peer = self.client.trusted_proxies.iter().any(|n| n.contains(&peer));
-        strip_hop_by_hop(&mut parts.headers);
-        // The Host the client asked for goes to the upstream (virtual hosts
-        // behind the proxy keep working); HTTP/2 clients send it as the
-        // :authority instead.
-        if !parts.headers.contains_key(header::HOST)
-            && let Some(a) = &original_authority
-            && let Ok(v) = HeaderValue::from_str(a.as_str())
-        {
-            parts.headers.insert(header::HOST, v);
-        }
-        set_forwarded(&mut parts.headers, peer, trusted_peer, host.as_deref());
-        // The pooled client speaks HTTP/1.1 to upstreams whatever the client
-        // spoke to us.
-        parts.version = Version::HTTP_11;
-
-        let req = Request::from_parts(parts, body);
-        upstream.inflight.fetch_add(1, Ordering::Relaxed);
-        let _guard = InflightGuard(&upstream.inflight);
-        let result = tokio::time::timeout(upstream.config.timeout, upstream.client.request(req)).await;
-        match result {
-            Ok(Ok(mut resp)) => {
-                strip_hop_by_hop(resp.headers_mut());
-                Ok(resp)
-            }
-            Ok(Err(e)) => {
-                if e.is_connect() {
-                    if is_timeout(&e) {
-                        upstream.timeouts.inc();
-                        tracing::warn!(upstream = %upstream.config.name, "upstream connect timed out");
-                        Err(ProxyError::GatewayTimeout)
-                    } else {
-                        upstream.connect_errors.inc();
-                        tracing::warn!(upstream = %upstream.config.name, error = %e, "upstream connect failed");
-                        Err(ProxyError::BadGateway)
-                    }
-                } else {
-                    upstream.resets.inc();
-                    tracing::warn!(upstream = %upstream.config.name, error = %e, "upstream request failed");
-                    Err(ProxyError::BadGateway)
-                }
-            }
-            Err(_) => {
-                upstream.timeouts.inc();
-                tracing::warn!(upstream = %upstream.config.name, "upstream timed out");
-                Err(ProxyError::GatewayTimeout)
-            }
-        }
-    }
-
     /// In-flight requests to an upstream, by name (for tests and `explain`).
     pub fn upstream_inflight(&self, name: &str) -> Option<usize> {
-        self.upstreams.iter().find(|u| u.config.name == name).map(|u| u.inflight.load(Ordering::Relaxed))
+        self.upstreams.iter().find(|u| u.config.name == name).map(UpstreamClient::inflight)
     }
 }
 
@@ -483,60 +377,4 @@ pub fn request_host<B>(req: &Request<B>) -> Option<String> {
         raw.rsplit_once(':').map_or(raw, |(h, port)| if port.bytes().all(|b| b.is_ascii_digit()) { h } else { raw })
     };
     Some(host.to_ascii_lowercase())
-}
-
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Headers named in Connection are hop-by-hop too.
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
-    for name in named.iter().chain(HOP_BY_HOP.iter()) {
-        headers.remove(name);
-    }
-    // `Upgrade` is hop-by-hop as well; tollgate does not tunnel upgrades.
-    headers.remove(header::UPGRADE);
-}
-
-/// `X-Forwarded-For` gets the peer appended when the peer is a trusted
-/// proxy, and is replaced by the peer otherwise (an untrusted client's claim
-/// must not reach the upstream). Likewise for `-Proto` and `-Host`.
-fn set_forwarded(headers: &mut HeaderMap, peer: IpAddr, trusted_peer: bool, host: Option<&str>) {
-    let peer_s = peer.to_string();
-    let xff = match (trusted_peer, headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok())) {
-        (true, Some(prev)) if !prev.trim().is_empty() => format!("{prev}, {peer_s}"),
-        _ => peer_s,
-    };
-    headers.remove(&X_FORWARDED_FOR);
-    if let Ok(v) = HeaderValue::from_str(&xff) {
-        headers.insert(X_FORWARDED_FOR, v);
-    }
-    if !trusted_peer || !headers.contains_key(&X_FORWARDED_PROTO) {
-        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
-    }
-    if !trusted_peer || !headers.contains_key(&X_FORWARDED_HOST) {
-        headers.remove(&X_FORWARDED_HOST);
-        if let Some(v) = host.and_then(|h| HeaderValue::from_str(h).ok()) {
-            headers.insert(X_FORWARDED_HOST, v);
-        }
-    }
-}
-
-fn is_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = cur {
-        if let Some(io) = err.downcast_ref::<std::io::Error>()
-            && io.kind() == std::io::ErrorKind::TimedOut
-        {
-            return true;
-        }
-        if err.to_string().contains("timed out") {
-            return true;
-        }
-        cur = err.source();
-    }
-    false
 }

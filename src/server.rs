@@ -23,6 +23,7 @@ use tokio::sync::Semaphore;
 use crate::admin::Admin;
 use crate::clock::SharedClock;
 use crate::config::{Backend, Config, ConfigErrors, load_rules};
+use crate::idle::{IdleIo, Inflight};
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 use crate::reload::Reloader;
@@ -126,13 +127,12 @@ fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(config.listen.header_read_timeout)
-        .max_buf_size(config.listen.max_header_bytes.max(8192))
+        // Room for the request line and the headers: the exact limits are
+        // checked by the proxy, which answers them with JSON; hyper's own
+        // 431 only catches what does not fit at all.
+        .max_buf_size((config.listen.max_header_bytes + config.listen.max_uri_bytes + 1024).max(8192))
         .keep_alive(true);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(Some(config.listen.idle_timeout))
-        .max_concurrent_streams(256);
+    builder.http2().timer(TokioTimer::new()).max_concurrent_streams(256);
     builder
 }
 
@@ -163,11 +163,18 @@ async fn serve_proxy(listener: TcpListener, proxy: Arc<Proxy>, config: &Config, 
         };
         let _ = stream.set_nodelay(true);
         let proxy = proxy.clone();
+        let inflight = Inflight::default();
+        let io = IdleIo::new(stream, config.listen.idle_timeout, inflight.clone());
         let svc = service_fn(move |req| {
             let proxy = proxy.clone();
-            async move { Ok::<_, Infallible>(proxy.handle(req, peer).await) }
+            let busy = inflight.start();
+            async move {
+                let resp = proxy.handle(req, peer).await;
+                drop(busy);
+                Ok::<_, Infallible>(resp)
+            }
         });
-        let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
+        let conn = builder.serve_connection(TokioIo::new(io), svc).into_owned();
         let conn = graceful.watch(conn);
         let active = proxy_metrics.connections_active.clone();
         active.inc();

@@ -82,6 +82,8 @@ pub struct Listen {
     pub drain_timeout: Duration,
     /// Largest request header section accepted (431 above it).
     pub max_header_bytes: usize,
+    /// Longest request target (path and query) accepted (414 above it).
+    pub max_uri_bytes: usize,
 }
 
 /// `[store]`
@@ -129,6 +131,8 @@ pub struct Route {
     pub host: Option<String>,
     /// Index into [`Config::upstreams`].
     pub upstream: usize,
+    /// Largest request body forwarded (413 above it); `None`: unlimited.
+    pub max_body: Option<u64>,
 }
 
 impl Config {
@@ -253,7 +257,16 @@ impl Validator<'_> {
             Some(n) => *n.get_ref() as usize,
             None => 64 * 1024,
         };
+        let max_uri_bytes = match &listen.max_uri_bytes {
+            Some(n) if !(256..=65_000).contains(n.get_ref()) => {
+                self.error(n.span(), "listen.max_uri_bytes must be between 256 and 65000");
+                16 * 1024
+            }
+            Some(n) => *n.get_ref() as usize,
+            None => 16 * 1024,
+        };
         let listen = Listen {
+            max_uri_bytes,
             proxy: proxy.unwrap_or(default_proxy),
             admin: admin.unwrap_or(default_admin),
             header_read_timeout: self.opt_duration(
@@ -422,7 +435,15 @@ impl Validator<'_> {
                 self.error(r.path_prefix.span(), format!("route path_prefix {prefix:?} must start with '/'"));
                 continue;
             }
+            let max_body = r.max_body.as_ref().and_then(|s| match parse_size(s.get_ref()) {
+                Some(n) => Some(n),
+                None => {
+                    self.error(s.span(), "route max_body must be a size in bytes: a whole number, or a string such as \"512KiB\", \"10MB\"");
+                    None
+                }
+            });
             routes.push(Route {
+                max_body,
                 name: r.name.unwrap_or_else(|| upstreams[upstream].name.clone()),
                 path_prefix: prefix.clone(),
                 host: r.host.map(|h| h.to_ascii_lowercase()),
@@ -516,6 +537,31 @@ impl Validator<'_> {
 /// "1h30m".
 pub fn parse_duration(s: &str) -> Result<Duration, humantime::DurationError> {
     humantime::parse_duration(s.trim())
+}
+
+/// A size: bytes as a number, or a string with a unit (B, KB, KiB, MB, MiB,
+/// GB, GiB; decimal units are powers of 1000, binary ones of 1024).
+fn parse_size(raw: &raw::RawSize) -> Option<u64> {
+    match raw {
+        raw::RawSize::Bytes(n) => u64::try_from(*n).ok(),
+        raw::RawSize::Text(s) => {
+            let s = s.trim();
+            let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+            let (digits, unit) = s.split_at(split);
+            let n: u64 = digits.parse().ok()?;
+            let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+                "" | "b" => 1,
+                "kb" => 1000,
+                "kib" | "k" => 1024,
+                "mb" => 1000 * 1000,
+                "mib" | "m" => 1024 * 1024,
+                "gb" => 1000 * 1000 * 1000,
+                "gib" | "g" => 1024 * 1024 * 1024,
+                _ => return None,
+            };
+            n.checked_mul(scale)
+        }
+    }
 }
 
 /// An address or a CIDR; a bare address is a /32 or /128.

@@ -30,6 +30,7 @@ pub struct RawListen {
     pub max_connections: Option<Spanned<i64>>,
     pub drain_timeout: Option<Spanned<String>>,
     pub max_header_bytes: Option<Spanned<i64>>,
+    pub max_uri_bytes: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -75,6 +76,15 @@ pub struct RawRoute {
     pub path_prefix: Spanned<String>,
     pub host: Option<String>,
     pub upstream: Spanned<String>,
+    pub max_body: Option<Spanned<RawSize>>,
+}
+
+/// A size in bytes: a number, or a string such as "10MiB".
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RawSize {
+    Bytes(i64),
+    Text(String),
 }
 
 /// A rules file: `[[rule]]` tables and nothing else.

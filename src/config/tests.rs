@@ -281,7 +281,7 @@ fn unknown_key_in_a_table() {
     assert_eq!(
         errors("[listen]\nport = 8080\n"),
         [
-            "t.toml:2:1: unknown field `port`, expected one of `proxy`, `admin`, `header_read_timeout`, `idle_timeout`, `max_connections`, `drain_timeout`, `max_header_bytes`"
+            "t.toml:2:1: unknown field `port`, expected one of `proxy`, `admin`, `header_read_timeout`, `idle_timeout`, `max_connections`, `drain_timeout`, `max_header_bytes`, `max_uri_bytes`"
         ]
     );
     // [client] is growing keys (jwt): check the place and the start only.
@@ -298,7 +298,7 @@ fn unknown_key_in_a_table() {
     );
     assert_eq!(
         errors("[[route]]\npath = \"/\"\nupstream = \"a\"\n"),
-        ["t.toml:2:1: unknown field `path`, expected one of `name`, `path_prefix`, `host`, `upstream`"]
+        ["t.toml:2:1: unknown field `path`, expected one of `name`, `path_prefix`, `host`, `upstream`, `max_body`"]
     );
     assert_eq!(errors("[rules]\ndir = \"r\"\n"), ["t.toml:2:1: unknown field `dir`, expected `path`"]);
 }
