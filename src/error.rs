@@ -107,7 +107,14 @@ impl ProxyError {
             }
             _ => None,
         };
-        let body = Bytes::from(self.body().to_string());
+        let body = match &self {
+            // The flood path: written directly instead of through a JSON
+            // tree (a handful of allocations fewer per rejection).
+            ProxyError::Limited { rule, limit, window_seconds, retry_after_seconds } => {
+                limited_body(rule, *limit, *window_seconds, *retry_after_seconds)
+            }
+            _ => Bytes::from(self.body().to_string()),
+        };
         let mut resp = Response::new(Full::new(body));
         *resp.status_mut() = self.status();
         resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -122,10 +129,42 @@ impl ProxyError {
     }
 }
 
+/// The 429 body, byte for byte what `serde_json` renders for
+/// [`ProxyError::body`]. Rule names are validated to printable ASCII without
+/// `"` or `\`, so they need no JSON escaping (checked in debug builds).
+fn limited_body(rule: &str, limit: u64, window: u64, retry: u64) -> Bytes {
+    use std::fmt::Write as _;
+    debug_assert!(rule.bytes().all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\'));
+    let mut s = String::with_capacity(200 + 2 * rule.len());
+    // Writing to a String cannot fail.
+    let _ = write!(
+        s,
+        r#"{{"error":"too_many_requests","rule":"{rule}","limit":{limit},"window_seconds":{window},"retry_after_seconds":{retry},"message":"Rate limit exceeded: at most {limit} requests per {window} s under rule \"{rule}\". Retry in {retry} s."}}"#
+    );
+    Bytes::from(s)
+}
+
 /// A JSON response for the admin listener and other internal answers.
 pub fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<Full<Bytes>> {
     let mut resp = Response::new(Full::new(Bytes::from(value.to_string())));
     *resp.status_mut() = status;
     resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fast_429_body_is_what_serde_json_writes() {
+        let e = ProxyError::Limited {
+            rule: "login-by-ip (v2) /api/*".into(),
+            limit: 5,
+            window_seconds: 60,
+            retry_after_seconds: 12,
+        };
+        let fast = limited_body("login-by-ip (v2) /api/*", 5, 60, 12);
+        assert_eq!(std::str::from_utf8(&fast).expect("utf-8"), e.body().to_string());
+    }
 }

@@ -55,22 +55,32 @@ pub fn write(headers: &mut HeaderMap, reports: &[RuleReport<'_>], primary: usize
     headers.insert(X_RATELIMIT_REMAINING, number(p.remaining));
     headers.insert(X_RATELIMIT_RESET, number(p.reset_secs));
 
-    let mut policy = String::with_capacity(reports.len() * 32);
+    let mut policy = String::new();
     let mut state = String::with_capacity(reports.len() * 32);
     for (i, r) in reports.iter().enumerate() {
         if i > 0 {
             policy.push_str(", ");
             state.push_str(", ");
         }
-        policy.push_str(&r.rule.policy);
+        if reports.len() > 1 {
+            policy.push_str(&r.rule.policy);
+        }
         // Writing to a String cannot fail.
         let _ = write!(state, "{};r={};t={}", r.rule.quoted_name, r.remaining, r.reset_secs);
+    }
+    // One rule, the common case: its policy value was rendered at reload.
+    if let [only] = reports
+        && let Some(v) = &only.rule.policy_value
+    {
+        headers.insert(RATELIMIT_POLICY, v.clone());
     }
     // Rule names are validated to printable ASCII without quotes or
     // backslashes (the sf-string alphabet, nothing to escape), so
     // these are valid header values; skip the header rather than panic if
     // that ever changes.
-    if let Ok(v) = HeaderValue::from_str(&policy) {
+    if reports.len() > 1
+        && let Ok(v) = HeaderValue::from_str(&policy)
+    {
         headers.insert(RATELIMIT_POLICY, v);
     }
     if let Ok(v) = HeaderValue::from_str(&state) {

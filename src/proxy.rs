@@ -231,7 +231,7 @@ impl Proxy {
                     }
                     Err(e) => {
                         self.metrics.store_errors_total.with_label_values(&[self.store.backend()]).inc();
-                        tracing::warn!(error = %e, "store check failed");
+                        tracing::debug!(error = %e, "store check failed");
                         let deny = pending.iter().any(|p| {
                             p.rule.enforced() && p.rule.spec.on_error.unwrap_or(self.default_on_error) == OnError::Deny
                         });

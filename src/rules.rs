@@ -39,6 +39,8 @@ pub struct Rule {
     pub nominal: Limits,
     /// The rule's part of `RateLimit-Policy`: `"name";q=5;w=60`.
     pub policy: String,
+    /// The same as a header value, for the common one-rule response.
+    pub policy_value: Option<http::HeaderValue>,
     /// The name, quoted as a structured-field string: `"name"`.
     pub quoted_name: String,
     /// The window in whole seconds (at least 1), for headers and bodies.
@@ -116,7 +118,8 @@ impl Rule {
         encode(&mut key_prefix, spec.name.as_bytes());
         key_prefix.push('|');
         let counters = metrics.rule_counters(&spec.name);
-        Rule { spec, nominal, policy, quoted_name, window_secs, key_prefix, counters }
+        let policy_value = http::HeaderValue::from_str(&policy).ok();
+        Rule { spec, nominal, policy, policy_value, quoted_name, window_secs, key_prefix, counters }
     }
 
     pub fn name(&self) -> &str {

@@ -1,0 +1,168 @@
+//! The real binary as operators run it: SIGTERM drains in-flight requests
+//! and exits 0, and (opt-in, `cargo test --test process -- --ignored`) a soak
+//! under constant load keeps memory and file descriptors flat.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::{Call, Upstream, config};
+
+/// A tollgate process; killed on drop if still running.
+struct Process {
+    child: Child,
+    proxy: SocketAddr,
+    admin: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the binary with the test config in front of `upstream` and reads
+/// its listening addresses from its JSON log line.
+fn spawn(upstream: &Upstream, rules: &str) -> Process {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
+    std::fs::write(dir.path().join("rules/r.toml"), rules).expect("rules");
+    let cfg = config(upstream.addr)
+        .replace("admin = \"127.0.0.1:0\"\n", "admin = \"127.0.0.1:0\"\ndrain_timeout = \"10s\"\n");
+    std::fs::write(dir.path().join("tollgate.toml"), cfg).expect("config");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("--config")
+        .arg(dir.path().join("tollgate.toml"))
+        .args(["--log-format", "json"])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tollgate starts");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (proxy, admin) = loop {
+        assert!(Instant::now() < deadline, "no listening line from tollgate");
+        let line = lines.next().expect("tollgate exited before listening").expect("log line");
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+        if v["fields"]["message"] == "tollgate listening" {
+            let addr = |k: &str| v["fields"][k].as_str().and_then(|s| s.parse().ok()).expect("address in log");
+            break (addr("proxy"), addr("admin"));
+        }
+    };
+    // Keep draining the log so the process never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Process { child, proxy, admin, _dir: dir }
+}
+
+fn signal(child: &Child, name: &str) {
+    let ok = Command::new("kill").args(["-s", name, &child.id().to_string()]).status().expect("kill runs").success();
+    assert!(ok, "kill -s {name} failed");
+}
+
+#[tokio::test]
+async fn sigterm_finishes_in_flight_requests_then_exits_0() {
+    let upstream = Upstream::start().await;
+    let mut p = spawn(&upstream, "");
+    // Three requests the upstream holds for 800 ms each.
+    let slow: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(Call::new("GET", p.proxy, "/slow").header("x-echo-delay-ms", "800").send()))
+        .collect();
+    support::eventually("the slow requests reach the upstream", || async { upstream.hits() >= 3 }).await;
+    signal(&p.child, "TERM");
+    for s in slow {
+        let r = s.await.expect("request task");
+        assert_eq!(r.status, 200, "an in-flight request was cut: {}", r.text());
+    }
+    // After draining, the process exits by itself with status 0...
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = p.child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "tollgate did not exit after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "exit status {status}");
+    // ...and no longer accepts connections.
+    assert!(tokio::net::TcpStream::connect(p.proxy).await.is_err());
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+fn fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).expect("proc fd").count()
+}
+
+/// A bounded soak: 32 keep-alive clients and 20,000 distinct users for
+/// `TOLLGATE_SOAK_SECS` (default 60) seconds. Memory and descriptors after
+/// the first fifth of the run are the baseline; the end may exceed it by at
+/// most 20% (RSS) and 8 descriptors.
+#[tokio::test]
+#[ignore = "soak: run with `cargo test --test process -- --ignored`"]
+async fn soak_keeps_memory_and_descriptors_flat() {
+    let secs: u64 = std::env::var("TOLLGATE_SOAK_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
+    let upstream = Upstream::start().await;
+    let rules = "[[rule]]\nname = \"per-user\"\nkey = [\"user\"]\nlimit = 5\nwindow = \"1s\"\n\
+                 [[rule]]\nname = \"per-user-log\"\nkey = [\"user\"]\nalgorithm = \"sliding_window_log\"\nlimit = 50\nwindow = \"2s\"\n";
+    let p = spawn(&upstream, rules);
+    let pid = p.child.id();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let errors = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut clients = Vec::new();
+    for c in 0..32u64 {
+        let (addr, stop, sent, errors) = (p.proxy, stop.clone(), sent.clone(), errors.clone());
+        clients.push(tokio::spawn(async move {
+            let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<http_body_util::Empty<bytes::Bytes>>();
+            let mut n = c;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                n = n.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let req = http::Request::get(format!("http://{addr}/soak"))
+                    .header("x-user-id", format!("user-{}", (n >> 33) % 20_000))
+                    .body(http_body_util::Empty::new())
+                    .expect("request");
+                match client.request(req).await {
+                    Ok(resp) if resp.status() == 200 || resp.status() == 429 => {
+                        let _ = http_body_util::BodyExt::collect(resp.into_body()).await;
+                        sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    _ => {
+                        errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(secs / 5)).await;
+    let (rss0, fds0) = (rss_kib(pid), fds(pid));
+    tokio::time::sleep(Duration::from_secs(secs - secs / 5)).await;
+    let (rss1, fds1) = (rss_kib(pid), fds(pid));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for c in clients {
+        c.await.expect("client");
+    }
+    let admin = support::Call::new("GET", p.admin, "/metrics").send().await;
+    assert_eq!(admin.status, 200);
+    eprintln!(
+        "soak: {} requests in {secs} s, RSS {rss0} -> {rss1} KiB, fds {fds0} -> {fds1}",
+        sent.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    assert_eq!(errors.load(std::sync::atomic::Ordering::Relaxed), 0, "failed requests during the soak");
+    assert!(rss1 <= rss0 + rss0 / 5, "RSS grew from {rss0} KiB to {rss1} KiB");
+    assert!(fds1 <= fds0 + 8, "file descriptors grew from {fds0} to {fds1}");
+}
