@@ -47,7 +47,7 @@ fn run(cli: &Cli) -> ExitCode {
             return ExitCode::from(cli::EXIT_CONFIG as u8);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match runtime() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("cannot start the async runtime: {e}");
@@ -71,6 +71,23 @@ fn run(cli: &Cli) -> ExitCode {
         tracing::info!("stopped");
         ExitCode::SUCCESS
     })
+}
+
+/// The async runtime: one worker thread per CPU this process may run on.
+/// Pinned to a single CPU (`taskset`, a one-CPU container quota), a
+/// current-thread runtime serves the same load without the multi-thread
+/// scheduler's cross-thread wake-ups; `TOLLGATE_WORKERS` overrides.
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    let workers = std::env::var("TOLLGATE_WORKERS")
+        .ok()
+        .and_then(|w| w.parse::<usize>().ok())
+        .filter(|&w| w > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if workers == 1 {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build()
+    }
 }
 
 /// Completes on SIGTERM or SIGINT.
