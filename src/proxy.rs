@@ -358,6 +358,11 @@ impl Proxy {
             .collect())
     }
 
+    /// The JWT verifier, when `[client] jwt` is set.
+    pub fn jwt(&self) -> Option<&JwtVerifier> {
+        self.jwt.as_ref()
+    }
+
     /// In-flight requests to an upstream, by name (for tests and `explain`).
     pub fn upstream_inflight(&self, name: &str) -> Option<usize> {
         self.upstreams.iter().find(|u| u.config.name == name).map(UpstreamClient::inflight)

@@ -43,13 +43,31 @@ pub struct Reloader {
     proxy: Arc<Proxy>,
     pub status: Mutex<ReloadStatus>,
     fingerprint: Mutex<u64>,
+    /// `[client] jwt = { jwks_file = ... }`: the file and its last
+    /// fingerprint. Polled with the rules; a changed key set is swapped in,
+    /// an unreadable or invalid one keeps the old keys.
+    jwks: Option<(PathBuf, Mutex<u64>)>,
 }
 
 impl Reloader {
     pub fn new(config: Config, proxy: Arc<Proxy>) -> Reloader {
         let fingerprint = Mutex::new(fingerprint(&config.rules_path));
         let status = ReloadStatus { last_success: Some(SystemTime::now()), ..Default::default() };
-        Reloader { config, proxy, status: Mutex::new(status), fingerprint }
+        let jwks = proxy.jwt().and_then(|j| j.jwks_path()).map(|p| (p.clone(), Mutex::new(file_fingerprint(p))));
+        Reloader { config, proxy, status: Mutex::new(status), fingerprint, jwks }
+    }
+
+    /// Re-reads the JWKS file if it changed since the last look.
+    pub fn reload_jwks_if_changed(&self) {
+        let (Some((path, last)), Some(jwt)) = (&self.jwks, self.proxy.jwt()) else { return };
+        let now = file_fingerprint(path);
+        if now == std::mem::replace(&mut *lock(last), now) {
+            return;
+        }
+        match std::fs::read(path).map_err(|e| e.to_string()).and_then(|b| jwt.reload_jwks(&b)) {
+            Ok(()) => tracing::info!(path = %path.display(), "JWKS reloaded"),
+            Err(e) => tracing::error!(path = %path.display(), "JWKS reload failed, previous keys stay in force: {e}"),
+        }
     }
 
     /// Reads, validates and swaps in the rules now. On error the old rules
@@ -121,6 +139,7 @@ impl Reloader {
                     if self.changed() {
                         let _ = self.reload();
                     }
+                    self.reload_jwks_if_changed();
                 }
             }
         }
@@ -145,6 +164,17 @@ fn watcher(path: &Path, tx: mpsc::UnboundedSender<()>) -> notify::Result<notify:
         let _ = w.watch(parent, RecursiveMode::NonRecursive);
     }
     Ok(w)
+}
+
+/// A summary of one file's contents (0 when it cannot be read).
+fn file_fingerprint(path: &Path) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = foldhash::quality::FixedState::with_seed(2).build_hasher();
+    match std::fs::read(path) {
+        Ok(bytes) => h.write(&bytes),
+        Err(_) => return 0,
+    }
+    h.finish()
 }
 
 /// A cheap summary of the rules files' contents: changes when any file is

@@ -119,3 +119,37 @@ async fn invalid_tokens_get_401_or_fall_back_to_the_ip() {
     // ...and that bucket is the IP's: a tokenless request from it is out too.
     assert_eq!(statuses(1, || lenient.get("/").from_ip("203.0.113.70")).await, [429]);
 }
+
+#[tokio::test]
+async fn a_changed_jwks_file_is_picked_up() {
+    use base64::Engine as _;
+    let upstream = Upstream::start().await;
+    let jwks = |kid: &str| {
+        let k = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(SECRET);
+        format!(r#"{{"keys":[{{"kty":"oct","kid":"{kid}","alg":"HS256","k":"{k}"}}]}}"#)
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("jwks.json"), jwks("one")).expect("write jwks");
+    std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
+    let rules = "[[rule]]\nname = \"per-user\"\nkey = [\"user\"]\nlimit = 100\nwindow = \"1m\"\n";
+    std::fs::write(dir.path().join("rules/r.toml"), rules).expect("write rules");
+    let cfg = config(upstream.addr).replace(
+        "[client]\n",
+        "[client]\njwt = { jwks_file = \"jwks.json\", algorithms = [\"HS256\"], leeway = \"0s\" }\n",
+    );
+    let tg = Tollgate::start_in(dir, &cfg).await;
+    let claims = json!({"sub": "alice", "exp": jsonwebtoken::get_current_timestamp() + 300});
+    let mut header = Header::new(Algorithm::HS256);
+    header.kid = Some("one".into());
+    let t = format!("Bearer {}", encode(&header, &claims, &EncodingKey::from_secret(SECRET)).expect("encodes"));
+    assert_eq!(statuses(1, || tg.get("/").header("authorization", &t)).await, [200]);
+
+    support::write_atomic(&tg.dir.path().join("jwks.json"), &jwks("two"));
+    tg.reloader.reload_jwks_if_changed();
+    let r = tg.get("/").header("authorization", &t).send().await;
+    assert_eq!(r.status, 401, "{}", r.text());
+    // A broken file keeps the keys in force.
+    support::write_atomic(&tg.dir.path().join("jwks.json"), "not json");
+    tg.reloader.reload_jwks_if_changed();
+    assert_eq!(statuses(1, || tg.get("/").header("authorization", &t)).await, [401]);
+}

@@ -216,29 +216,24 @@ pub fn load_rules(path: &Path, config: &Config) -> Result<LoadedRules, ConfigErr
                 continue;
             }
         };
-        match parse_rules_file(file, &source, config) {
-            Ok(parsed) => {
-                denies.extend(parsed.denies);
-                for (rule, span) in parsed.rules {
-                    if let Some(first) = specs.iter().find(|s| s.name == rule.name) {
-                        errors.push(ConfigError::at(
-                            file,
-                            &source,
-                            Some(span),
-                            format!(
-                                "rule name {:?} is already used at {}:{}",
-                                rule.name,
-                                first.source.display(),
-                                first.line
-                            ),
-                        ));
-                    } else {
-                        specs.push(rule);
-                    }
-                }
+        // A file's valid rules take part in the duplicate check even when
+        // other rules of it are broken: `tollgate check` lists every problem.
+        let (parsed, mut file_errors) = validate_rules_file(file, &source, config);
+        denies.extend(parsed.denies);
+        for (rule, span) in parsed.rules {
+            if let Some(first) = specs.iter().find(|s| s.name == rule.name) {
+                file_errors.push(ConfigError::at(
+                    file,
+                    &source,
+                    Some(span),
+                    format!("rule name {:?} is already used at {}:{}", rule.name, first.source.display(), first.line),
+                ));
+            } else {
+                specs.push(rule);
             }
-            Err(mut e) => errors.append(&mut e.0),
         }
+        file_errors.sort_by_key(|e| (e.line, e.column));
+        errors.append(&mut file_errors);
     }
     if errors.is_empty() { Ok(LoadedRules { rules: specs, denies, files }) } else { Err(ConfigErrors(errors)) }
 }
@@ -255,7 +250,21 @@ pub fn parse_rules(
 
 /// Validates the text of one rules file.
 pub fn parse_rules_file(file: &Path, source: &str, config: &Config) -> Result<RulesFile, ConfigErrors> {
-    let raw: RawRulesFile = toml::from_str(source).map_err(|e| ConfigError::from_toml(file, source, &e))?;
+    let (parsed, mut errors) = validate_rules_file(file, source, config);
+    if errors.is_empty() {
+        Ok(parsed)
+    } else {
+        errors.sort_by_key(|e| (e.line, e.column));
+        Err(ConfigErrors(errors))
+    }
+}
+
+/// Validates one rules file: what is valid in it, and every problem.
+fn validate_rules_file(file: &Path, source: &str, config: &Config) -> (RulesFile, Vec<ConfigError>) {
+    let raw: RawRulesFile = match toml::from_str(source) {
+        Ok(raw) => raw,
+        Err(e) => return (RulesFile::default(), vec![ConfigError::from_toml(file, source, &e)]),
+    };
     let mut v = Validator { file, source, errors: Vec::new() };
     let mut denies = Vec::new();
     for d in raw.deny {
@@ -281,7 +290,7 @@ pub fn parse_rules_file(file: &Path, source: &str, config: &Config) -> Result<Ru
             out.push((spec, name_span));
         }
     }
-    v.finish(RulesFile { rules: out, denies })
+    (RulesFile { rules: out, denies }, v.errors)
 }
 
 /// The largest limit or burst: counters and Redis scripts stay well inside

@@ -1170,3 +1170,21 @@ fn a_symlinked_directory_is_followed() {
     assert_eq!(files, [link.join("rules.toml")]);
     assert_eq!(specs[0].name, "linked");
 }
+
+#[test]
+fn a_duplicate_across_files_is_reported_even_when_the_first_file_has_other_errors() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    std::fs::write(
+        d.join("a.toml"),
+        "[[rule]]\nname = \"x\"\nlimit = 1\nwindow = \"1s\"\n\n[[rule]]\nname = \"bad\"\nlimit = 0\nwindow = \"1s\"\n",
+    )
+    .expect("write");
+    std::fs::write(d.join("b.toml"), "[[rule]]\nname = \"x\"\nlimit = 2\nwindow = \"1s\"\n").expect("write");
+    let err = load_rules(d, &rules_config()).expect_err("two problems");
+    let lines: Vec<String> = err.0.iter().map(|e| e.to_string()).collect();
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    assert!(lines[0].ends_with("a.toml:8:9: limit must be at least 1, not 0"), "{}", lines[0]);
+    assert!(lines[1].contains("b.toml:2:8: rule name \"x\" is already used at "), "{}", lines[1]);
+    assert!(lines[1].ends_with("a.toml:1"), "{}", lines[1]);
+}
