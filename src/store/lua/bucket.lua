@@ -1,7 +1,13 @@
--- Token bucket: capacity `burst`, refilled at `limit` per `window`.
+-- Token bucket and leaky bucket, which share their state: a level that rises
+-- by `cost` per admitted request and falls at `limit` per `window`. The token
+-- bucket's level is the tokens taken (capacity `burst`); the leaky bucket's is
+-- the queue of `burst` requests, and an admitted request waits `delay` for the
+-- queue ahead of it to drain (shaping). Rust prepends `local SHAPING = ...`
+-- (false for the token bucket, true for the leaky bucket), which also gives
+-- the two scripts distinct SHA1s.
 -- The same arithmetic as `bucket` in src/limiter.rs, on the server's clock.
 --
--- KEYS[1]  the bucket, a string "<updated_us>:<tokens taken>"
+-- KEYS[1]  the bucket, a string "<updated_us>:<level>"
 -- ARGV     mode (0 peek, 1 consume, 2 refund), limit, window_us, burst, cost
 -- Returns  {allowed, remaining, reset_after_ns, retry_after_ns, delay_ns, token}
 --
@@ -30,7 +36,7 @@ local function ns_ceil(x)
   return math.ceil(x)
 end
 
-local rate = limit / window -- tokens per microsecond
+local rate = limit / window -- level drained per microsecond
 local function drain_ns(tokens)
   return ns_ceil((tokens - EPSILON) / rate * 1000)
 end
@@ -45,7 +51,7 @@ if state then
 end
 local level = math.max(stored - math.max(now - stored_t, 0) * rate, 0)
 -- Keep the later timestamp so that a clock stepping back (a failover to a
--- node whose clock is behind) never refills the bucket twice.
+-- node whose clock is behind) never drains the level twice.
 local t = math.max(now, stored_t)
 
 local function save(new_level)
@@ -68,7 +74,9 @@ if level + cost <= capacity + EPSILON then
   local new_level = level + cost
   if mode == 1 then save(new_level) end
   local remaining = math.floor(math.max(capacity - new_level + EPSILON, 0))
-  return {1, remaining, drain_ns(new_level), 0, 0, 0}
+  local delay = 0
+  if SHAPING then delay = drain_ns(level) end
+  return {1, remaining, drain_ns(new_level), 0, delay, 0}
 end
 local retry = math.max(drain_ns(level + cost - capacity), 1)
 return {0, 0, drain_ns(level), retry, 0, 0}
