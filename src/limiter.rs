@@ -149,8 +149,61 @@ pub struct Cell {
 }
 
 /// The state of a sliding window log: the time and cost of every admitted
-/// request still inside the window, oldest first.
-pub type Log = VecDeque<(Nanos, u32)>;
+/// request still inside the window, oldest first, and their total cost (kept
+/// as entries come and go, so a check costs the entries it expires, not a
+/// walk over the whole window).
+#[derive(Debug, Clone, Default)]
+pub struct Log {
+    entries: VecDeque<(Nanos, u32)>,
+    total: u64,
+}
+
+impl Log {
+    pub fn new() -> Log {
+        Log::default()
+    }
+
+    fn push_back(&mut self, entry: (Nanos, u32)) {
+        self.total += entry.1 as u64;
+        self.entries.push_back(entry);
+    }
+
+    fn pop_front(&mut self) {
+        if let Some((_, c)) = self.entries.pop_front() {
+            self.total -= c as u64;
+        }
+    }
+}
+
+/// Read access to the entries (`len`, `back`, `iter`, ...).
+impl std::ops::Deref for Log {
+    type Target = VecDeque<(Nanos, u32)>;
+    fn deref(&self) -> &Self::Target {
+        &self.entries
+    }
+}
+
+impl PartialEq for Log {
+    fn eq(&self, other: &Log) -> bool {
+        self.entries == other.entries
+    }
+}
+
+impl<const N: usize> PartialEq<[(Nanos, u32); N]> for Log {
+    fn eq(&self, other: &[(Nanos, u32); N]) -> bool {
+        self.entries == *other
+    }
+}
+
+impl FromIterator<(Nanos, u32)> for Log {
+    fn from_iter<I: IntoIterator<Item = (Nanos, u32)>>(iter: I) -> Log {
+        let mut log = Log::new();
+        for e in iter {
+            log.push_back(e);
+        }
+        log
+    }
+}
 
 /// Evaluates a fixed-size-state algorithm. Returns the verdict and the state
 /// to write back if the request is admitted (the unchanged state otherwise).
@@ -302,7 +355,7 @@ pub fn evaluate_log(log: &mut Log, now: Nanos, limits: &Limits, cost: u64, commi
             break;
         }
     }
-    let count: u64 = log.iter().map(|&(_, c)| c as u64).sum();
+    let count = log.total;
     if count + cost <= limits.limit {
         if commit {
             log.push_back((now.max(log.back().map_or(0, |e| e.0)), cost as u32));

@@ -30,6 +30,11 @@ pub struct RuleSet {
     pub loaded_at: SystemTime,
     /// The longest idle time after which any rule's bucket is fresh again.
     pub idle_horizon: Nanos,
+    /// Rules with an exact `match.path`, by that path (indexes in file
+    /// order): a request only looks at the rules of its own path...
+    by_path: std::collections::HashMap<String, Vec<usize>, foldhash::fast::RandomState>,
+    /// ...and at these, the rules without an exact path.
+    unindexed: Vec<usize>,
 }
 
 /// One compiled rule.
@@ -86,7 +91,25 @@ impl RuleSet {
             .max()
             .unwrap_or(0);
         let keys_on_user = rules.iter().any(|r| r.spec.key.contains(&KeyPart::User));
-        RuleSet { rules, denies: Vec::new(), keys_on_user, files, loaded_at: SystemTime::now(), idle_horizon }
+        let mut by_path: std::collections::HashMap<String, Vec<usize>, foldhash::fast::RandomState> =
+            Default::default();
+        let mut unindexed = Vec::new();
+        for (i, r) in rules.iter().enumerate() {
+            match &r.spec.matcher.path {
+                Some(PathPattern::Exact(p)) => by_path.entry(p.clone()).or_default().push(i),
+                _ => unindexed.push(i),
+            }
+        }
+        RuleSet {
+            rules,
+            denies: Vec::new(),
+            keys_on_user,
+            files,
+            loaded_at: SystemTime::now(),
+            idle_horizon,
+            by_path,
+            unindexed,
+        }
     }
 
     /// Compiles everything a rules path held.
@@ -102,8 +125,36 @@ impl RuleSet {
     }
 
     /// The rules that apply to a request, in file order.
+    ///
+    /// Only the rules of the request's exact path and the rules without an
+    /// exact path are examined (merged back into file order), so a thousand
+    /// per-endpoint rules cost a hash lookup, not a thousand comparisons.
     pub fn matching<'s: 'f, 'f>(&'s self, facts: &'f RequestFacts<'_>) -> impl Iterator<Item = &'s Rule> + 'f {
-        self.rules.iter().filter(move |r| r.matches(facts))
+        let exact = self.by_path.get(facts.path).map_or(&[][..], Vec::as_slice);
+        MergeSorted { a: exact, b: &self.unindexed }.map(|i| &self.rules[i]).filter(move |r| r.matches(facts))
+    }
+}
+
+/// Two ascending index lists, merged into one ascending sequence.
+struct MergeSorted<'a> {
+    a: &'a [usize],
+    b: &'a [usize],
+}
+
+impl Iterator for MergeSorted<'_> {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        let take_a = match (self.a.first(), self.b.first()) {
+            (Some(x), Some(y)) => x < y,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => return None,
+        };
+        let side = if take_a { &mut self.a } else { &mut self.b };
+        let (first, rest) = side.split_first()?;
+        *side = rest;
+        Some(*first)
     }
 }
 

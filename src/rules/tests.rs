@@ -806,3 +806,21 @@ fn retry_after_is_whole_seconds_and_at_least_one() {
         assert_eq!(header_pairs(&h), pairs(&[("retry-after", want), ("x-ratelimit-retry-after", want)]), "{secs}");
     }
 }
+
+#[test]
+fn the_path_index_keeps_file_order_across_exact_prefix_and_pathless_rules() {
+    let rule = |name: &str, m: &str| format!("[[rule]]\nname = \"{name}\"\n{m}limit = 1\nwindow = \"1s\"\n");
+    let s = set(&[
+        rule("exact-a", "match = { path = \"/a\" }\n"),
+        rule("prefix-a", "match = { path = \"/a*\" }\n"),
+        rule("exact-a-get", "match = { path = \"/a\", methods = [\"GET\"] }\n"),
+        rule("any", ""),
+        rule("exact-b", "match = { path = \"/b\" }\n"),
+        rule("exact-a-post", "match = { path = \"/a\", methods = [\"POST\"] }\n"),
+    ]
+    .concat());
+    assert_eq!(matched(&s, &get("/a")), ["exact-a", "prefix-a", "exact-a-get", "any"]);
+    assert_eq!(matched(&s, &get("/b")), ["any", "exact-b"]);
+    assert_eq!(matched(&s, &get("/ab")), ["prefix-a", "any"]);
+    assert_eq!(matched(&s, &req(Method::POST, "/a")), ["exact-a", "prefix-a", "any", "exact-a-post"]);
+}
