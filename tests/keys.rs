@@ -165,3 +165,37 @@ async fn ipv6_prefix_is_configurable() {
     assert_eq!(statuses(3, || from("2001:db8:1:2::1")).await, [200, 200, 429]);
     assert_eq!(statuses(3, || from("2001:db8:1:2::2")).await, [200, 200, 429]);
 }
+
+#[tokio::test]
+async fn forwarded_headers_and_garbage_from_a_trusted_peer() {
+    let upstream = Upstream::start().await;
+    let tg = Tollgate::start(&upstream, &two_per_minute(r#"["ip"]"#)).await;
+    // RFC 7239 `Forwarded` names the client like X-Forwarded-For does.
+    let fwd = || tg.get("/").header("forwarded", "for=198.51.100.20;proto=https, for=127.0.0.1");
+    assert_eq!(statuses(3, fwd).await, [200, 200, 429]);
+    assert_eq!(statuses(1, || tg.get("/").from_ip("198.51.100.20")).await, [429], "the same client either way");
+    // Garbage falls back to the socket address (127.0.0.1), never to a fresh
+    // bucket per garbage value.
+    for garbage in ["not-an-ip", "999.1.1.1", "1.2.3.4, , 5.6.7.8", "for=unknown"] {
+        let name = if garbage.starts_with("for=") { "forwarded" } else { "x-forwarded-for" };
+        let _ = tg.get("/").header(name, garbage).send().await;
+    }
+    assert_eq!(statuses(1, || tg.get("/")).await, [429], "four garbage requests and this one share 127.0.0.1's bucket");
+}
+
+#[tokio::test]
+async fn values_cannot_collide_across_key_parts() {
+    let upstream = Upstream::start().await;
+    let rules = "[[rule]]\nname = \"k\"\nkey = [\"user\", \"path\"]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\n";
+    let tg = Tollgate::start(&upstream, rules).await;
+    // user "a|path=/b" on path "/c" against user "a" on path "/b|path=/c"
+    // (as far as a URL allows it: "%7C" is the client's own spelling of "|").
+    assert_eq!(statuses(1, || tg.get("/b%7Cpath=/c").header("x-user-id", "a")).await, [200]);
+    assert_eq!(statuses(1, || tg.get("/c").header("x-user-id", "a|path=/b")).await, [200]);
+    assert_eq!(statuses(1, || tg.get("/c").header("x-user-id", "a%7Cpath=/b")).await, [200]);
+    // A megabyte-scale user id is still one bounded, distinct key.
+    let long_a = "a".repeat(10_000);
+    let long_b = format!("{}b", "a".repeat(9_999));
+    assert_eq!(statuses(2, || tg.get("/x").header("x-user-id", &long_a)).await, [200, 429]);
+    assert_eq!(statuses(1, || tg.get("/x").header("x-user-id", &long_b)).await, [200]);
+}
