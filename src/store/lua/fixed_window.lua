@@ -11,14 +11,9 @@
 -- expiry: expiry runs on a clock frozen at the script's start and with
 -- millisecond resolution, TIME does not, and the two must never disagree
 -- about which window a request falls in.
-local key = KEYS[1]
-local mode = tonumber(ARGV[1])
-local limit = tonumber(ARGV[2])
-local window = tonumber(ARGV[3])
-local cost = tonumber(ARGV[5])
-
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+--
+-- The arguments, `now` (server clock, µs), EPSILON and ns_ceil come from
+-- prelude.lua, which Rust prepends.
 
 local stored_start, stored_count = -1, 0
 local state = redis.call('GET', key)

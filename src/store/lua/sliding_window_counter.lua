@@ -7,22 +7,9 @@
 --          and for a refund the window start the consume returned as its token
 -- Returns  {allowed, remaining, reset_after_ns, retry_after_ns, delay_ns, token}
 --          where token is the window start the request was counted in
-local key = KEYS[1]
-local mode = tonumber(ARGV[1])
-local limit = tonumber(ARGV[2])
-local window = tonumber(ARGV[3])
-local cost = tonumber(ARGV[5])
-
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-
-local EPSILON = 1e-9
-local function ns_ceil(x)
-  local whole = math.floor(x + 0.5)
-  if math.abs(x - whole) <= math.max(math.abs(x) * 1e-14, 1e-6) then x = whole end
-  if x <= 0 then return 0 end
-  return math.ceil(x)
-end
+--
+-- The arguments, `now` (server clock, µs), EPSILON and ns_ceil come from
+-- prelude.lua, which Rust prepends.
 
 local stored_start, stored_prev, stored_curr = -1, 0, 0
 local state = redis.call('GET', key)

@@ -10,12 +10,10 @@
 -- A request of cost n adds n entries, so ZCARD is the count and the entry
 -- that must leave before a request fits is found by rank, both without
 -- reading the whole log.
-local key = KEYS[1]
-local mode = tonumber(ARGV[1])
-local limit = tonumber(ARGV[2])
-local window = tonumber(ARGV[3])
-local cost = tonumber(ARGV[5])
 local id = ARGV[6]
+--
+-- The arguments, `now` (server clock, µs), EPSILON and ns_ceil come from
+-- prelude.lua, which Rust prepends.
 
 -- Sends `command key ...` with the items `item(1..n)` in batches: `unpack`
 -- of a very large table would overflow the Lua stack.
@@ -37,9 +35,6 @@ if mode == 2 then
   batched('ZREM', cost, function(i) return {id .. ':' .. i} end)
   return {1, 0, 0, 0, 0, 0}
 end
-
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 
 -- An entry at exactly `now - window` has left the window.
 local cutoff = '(' .. string.format('%d', now - window)

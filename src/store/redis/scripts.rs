@@ -1,7 +1,8 @@
 //! The Lua scripts, the keys they touch, and the wire format of their calls.
 //!
 //! One script per algorithm, in `src/store/lua/` (the token and leaky
-//! buckets share `bucket.lua`, as they share `bucket` in `src/limiter.rs`), each deciding one key
+//! buckets share `bucket.lua`, as they share `bucket` in `src/limiter.rs`;
+//! every script starts with `prelude.lua`), each deciding one key
 //! atomically on the server with the server's clock. All five take the same
 //! arguments and answer the same six integers, so the Rust side treats them
 //! alike.
@@ -46,11 +47,11 @@ pub(super) struct Scripts {
 impl Scripts {
     pub fn new() -> Scripts {
         Scripts {
-            token_bucket: Script::new(concat!("local SHAPING = false\n", include_str!("../lua/bucket.lua"))),
-            leaky_bucket: Script::new(concat!("local SHAPING = true\n", include_str!("../lua/bucket.lua"))),
-            fixed_window: Script::new(include_str!("../lua/fixed_window.lua")),
-            sliding_window_log: Script::new(include_str!("../lua/sliding_window_log.lua")),
-            sliding_window_counter: Script::new(include_str!("../lua/sliding_window_counter.lua")),
+            token_bucket: Script::new(concat!("local SHAPING = false\n", include_str!("../lua/prelude.lua"), include_str!("../lua/bucket.lua"))),
+            leaky_bucket: Script::new(concat!("local SHAPING = true\n", include_str!("../lua/prelude.lua"), include_str!("../lua/bucket.lua"))),
+            fixed_window: Script::new(concat!(include_str!("../lua/prelude.lua"), include_str!("../lua/fixed_window.lua"))),
+            sliding_window_log: Script::new(concat!(include_str!("../lua/prelude.lua"), include_str!("../lua/sliding_window_log.lua"))),
+            sliding_window_counter: Script::new(concat!(include_str!("../lua/prelude.lua"), include_str!("../lua/sliding_window_counter.lua"))),
         }
     }
 
