@@ -154,24 +154,25 @@ impl Processes {
                 args.push(a.to_string());
             }
         }
-        let child = Command::new("redis-server")
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start redis-server (is it installed? scripts/test installs it): {e}"));
+        self.spawn(port, Command::new("redis-server").args(&args));
+        wait_until(&format!("redis on port {port} answers PING"), || cli(port, &["PING"]).trim() == "PONG");
+    }
+
+    /// Starts `cmd` (a redis-server or sentinel) as the process of `port`,
+    /// recording its pid for clean-up.
+    fn spawn(&self, port: u16, cmd: &mut Command) {
+        let child =
+            cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap_or_else(|e| {
+                panic!("cannot start redis-server (is it installed? scripts/test installs it): {e}")
+            });
         if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("pids")) {
             let _ = writeln!(f, "{}", child.id());
         }
-        {
-            let mut children = self.children.lock().unwrap_or_else(|p| p.into_inner());
-            match children.iter_mut().find(|(p, _)| *p == port) {
-                Some(slot) => slot.1 = Some(child),
-                None => children.push((port, Some(child))),
-            }
+        let mut children = self.children.lock().unwrap_or_else(|p| p.into_inner());
+        match children.iter_mut().find(|(p, _)| *p == port) {
+            Some(slot) => slot.1 = Some(child),
+            None => children.push((port, Some(child))),
         }
-        wait_until(&format!("redis on port {port} answers PING"), || cli(port, &["PING"]).trim() == "PONG");
     }
 
     /// Starts a Sentinel on `port` monitoring the master on `master` as
@@ -186,24 +187,7 @@ impl Processes {
             dir.display()
         );
         std::fs::write(&conf, text).unwrap_or_else(|e| panic!("sentinel config: {e}"));
-        let child = Command::new("redis-server")
-            .arg(&conf)
-            .arg("--sentinel")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start redis-server --sentinel: {e}"));
-        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("pids")) {
-            let _ = writeln!(f, "{}", child.id());
-        }
-        {
-            let mut children = self.children.lock().unwrap_or_else(|p| p.into_inner());
-            match children.iter_mut().find(|(p, _)| *p == port) {
-                Some(slot) => slot.1 = Some(child),
-                None => children.push((port, Some(child))),
-            }
-        }
+        self.spawn(port, Command::new("redis-server").arg(&conf).arg("--sentinel"));
         wait_until(&format!("sentinel on port {port} knows the master"), || {
             cli(port, &["SENTINEL", "get-master-addr-by-name", "tollgate"]).contains(&master.to_string())
         });
