@@ -47,11 +47,28 @@ pub(super) struct Scripts {
 impl Scripts {
     pub fn new() -> Scripts {
         Scripts {
-            token_bucket: Script::new(concat!("local SHAPING = false\n", include_str!("../lua/prelude.lua"), include_str!("../lua/bucket.lua"))),
-            leaky_bucket: Script::new(concat!("local SHAPING = true\n", include_str!("../lua/prelude.lua"), include_str!("../lua/bucket.lua"))),
-            fixed_window: Script::new(concat!(include_str!("../lua/prelude.lua"), include_str!("../lua/fixed_window.lua"))),
-            sliding_window_log: Script::new(concat!(include_str!("../lua/prelude.lua"), include_str!("../lua/sliding_window_log.lua"))),
-            sliding_window_counter: Script::new(concat!(include_str!("../lua/prelude.lua"), include_str!("../lua/sliding_window_counter.lua"))),
+            token_bucket: Script::new(concat!(
+                "local SHAPING = false\n",
+                include_str!("../lua/prelude.lua"),
+                include_str!("../lua/bucket.lua")
+            )),
+            leaky_bucket: Script::new(concat!(
+                "local SHAPING = true\n",
+                include_str!("../lua/prelude.lua"),
+                include_str!("../lua/bucket.lua")
+            )),
+            fixed_window: Script::new(concat!(
+                include_str!("../lua/prelude.lua"),
+                include_str!("../lua/fixed_window.lua")
+            )),
+            sliding_window_log: Script::new(concat!(
+                include_str!("../lua/prelude.lua"),
+                include_str!("../lua/sliding_window_log.lua")
+            )),
+            sliding_window_counter: Script::new(concat!(
+                include_str!("../lua/prelude.lua"),
+                include_str!("../lua/sliding_window_counter.lua")
+            )),
         }
     }
 
