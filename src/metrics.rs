@@ -21,6 +21,8 @@ pub struct Metrics {
     pub rules_active: IntGauge,
     pub store_degraded: IntGauge,
     pub local_cache_hits_total: IntCounter,
+    pub lease_hits_total: IntCounter,
+    pub leases_granted_total: IntCounter,
     pub store_fallback_transitions_total: IntCounterVec,
     pub connections_active: IntGauge,
     pub connections_refused_total: IntCounter,
@@ -127,6 +129,19 @@ impl Metrics {
                     "Requests rejected from the local over-limit cache without asking the store.",
                 )
                 .expect("valid metric definition"),
+            ),
+            lease_hits_total: reg(
+                &registry,
+                IntCounter::new(
+                    "tollgate_lease_hits_total",
+                    "Requests admitted from quota leased from the store, without asking it.",
+                )
+                .expect("valid metric definition"),
+            ),
+            leases_granted_total: reg(
+                &registry,
+                IntCounter::new("tollgate_leases_granted_total", "Leases of quota the store granted to this instance.")
+                    .expect("valid metric definition"),
             ),
             store_fallback_transitions_total: counter_vec(
                 &registry,

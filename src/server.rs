@@ -113,7 +113,8 @@ impl Server {
         let admin = Arc::new(Admin { proxy: proxy.clone(), reloader });
         let admin_task = tokio::spawn(serve_admin(admin_listener, admin));
 
-        serve_proxy(proxy_listener, proxy, &config, shutdown).await;
+        serve_proxy(proxy_listener, proxy.clone(), &config, shutdown).await;
+        proxy.store.close().await;
 
         watch.abort();
         sweep.abort();

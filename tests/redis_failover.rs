@@ -44,7 +44,9 @@ const MARGIN: Duration = Duration::from_millis(250);
 async fn a_master_killed_mid_traffic_is_absorbed_and_limits_are_exact_after_promotion() {
     let cluster = Arc::new(tokio::task::spawn_blocking(RedisCluster::start).await.expect("cluster"));
     let up = Upstream::start().await;
-    let store = format!("timeout = \"{}ms\"\non_error = \"allow\"", STORE_TIMEOUT.as_millis());
+    // No leases: every load request must ask the cluster, or the ones
+    // answered from quota leased before the kill would hide the outage.
+    let store = format!("timeout = \"{}ms\"\non_error = \"allow\"\nlease_percent = 0", STORE_TIMEOUT.as_millis());
     let tg = Tollgate::with(&tollgate_config(up.addr, &cluster.url(), &store), &[("rules.toml", RULES)]).await;
 
     let victim = cluster.masters()[0];

@@ -95,6 +95,12 @@ pub struct StoreConfig {
     pub on_error: OnError,
     pub pool_size: usize,
     pub key_prefix: String,
+    /// Share of a key's capacity, in percent, that one instance may take
+    /// ahead in a round trip and spend locally (0: every check asks Redis).
+    pub lease_percent: u8,
+    /// How long leased quota nobody here uses is kept before it is given
+    /// back to Redis.
+    pub lease_idle: Duration,
 }
 
 /// `[client]`: how the client behind a request is identified.
@@ -318,6 +324,14 @@ impl Validator<'_> {
             Some(n) => *n.get_ref() as usize,
             None => 1,
         };
+        let lease_percent = match &store.lease_percent {
+            Some(n) if !(0..=25).contains(n.get_ref()) => {
+                self.error(n.span(), "store.lease_percent must be between 0 (no leasing) and 25");
+                0
+            }
+            Some(n) => *n.get_ref() as u8,
+            None => 1,
+        };
         let store = StoreConfig {
             backend,
             url: store.url.map(|u| u.into_inner()),
@@ -325,6 +339,8 @@ impl Validator<'_> {
             on_error: store.on_error.unwrap_or_default(),
             pool_size,
             key_prefix: store.key_prefix.unwrap_or_else(|| "tollgate:".to_string()),
+            lease_percent,
+            lease_idle: self.opt_duration(store.lease_idle.as_ref(), "store.lease_idle", Duration::from_secs(5)),
         };
 
         let client = raw.client.unwrap_or_default();

@@ -48,6 +48,8 @@ pub struct RawStore {
     pub on_error: Option<OnError>,
     pub pool_size: Option<Spanned<i64>>,
     pub key_prefix: Option<String>,
+    pub lease_percent: Option<Spanned<i64>>,
+    pub lease_idle: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]

@@ -95,6 +95,14 @@ impl AnyStore {
         }
     }
 
+    /// Hands back what this process holds of the shared store (leased
+    /// quota); the server calls it after draining.
+    pub async fn close(&self) {
+        if let AnyStore::Redis(s) = self {
+            s.close().await;
+        }
+    }
+
     /// Drops idle state kept in this process; the server calls it
     /// periodically.
     pub fn sweep(&self) {

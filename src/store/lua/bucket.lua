@@ -9,7 +9,11 @@
 --
 -- KEYS[1]  the bucket, a string "<updated_us>:<level>"
 -- ARGV     mode (0 peek, 1 consume, 2 refund), limit, window_us, burst, cost
--- Returns  {allowed, remaining, reset_after_ns, retry_after_ns, delay_ns, token}
+-- Returns  {allowed, remaining, reset_after_ns, retry_after_ns, delay_ns, token,
+--           granted, lease_ttl_ns}: the token bucket leases (see prelude.lua;
+--           taking tokens early never lets more through, and a lease given back
+--           restores the level exactly); the leaky bucket never does, since its
+--           delay is decided request by request.
 --
 -- The arguments, `now` (server clock, µs), EPSILON and ns_ceil come from
 -- prelude.lua, which Rust prepends.
@@ -49,12 +53,14 @@ if mode == 2 then
 end
 
 if level + cost <= capacity + EPSILON then
-  local new_level = level + cost
+  local granted = 0
+  if not SHAPING then granted = lease(math.floor(capacity - level - cost + EPSILON)) end
+  local new_level = level + cost + granted
   if mode == 1 then save(new_level) end
   local remaining = math.floor(math.max(capacity - new_level + EPSILON, 0))
   local delay = 0
   if SHAPING then delay = drain_ns(level) end
-  return {1, remaining, drain_ns(new_level), 0, delay, 0}
+  return {1, remaining, drain_ns(new_level), 0, delay, 0, granted, 0}
 end
 local retry = math.max(drain_ns(level + cost - capacity), 1)
 return {0, 0, drain_ns(level), retry, 0, 0}

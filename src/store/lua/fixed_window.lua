@@ -4,8 +4,9 @@
 -- KEYS[1]  the counter, a string "<window start_us>:<count>"
 -- ARGV     mode (0 peek, 1 consume, 2 refund), limit, window_us, burst, cost,
 --          and for a refund the window start the consume returned as its token
--- Returns  {allowed, remaining, reset_after_ns, retry_after_ns, delay_ns, token}
---          where token is the window start the request was counted in
+-- Returns  {allowed, remaining, reset_after_ns, retry_after_ns, delay_ns, token,
+--           granted, lease_ttl_ns} where token is the window start the request
+--          was counted in; a lease (prelude.lua) lasts until that window ends
 --
 -- The window start is kept in the value rather than left to the key's
 -- expiry: expiry runs on a clock frozen at the script's start and with
@@ -45,12 +46,13 @@ if stored_start == start then count = stored_count end
 local reset_us = start + window - now
 
 if count + cost <= limit then
-  count = count + cost
+  local granted = lease(limit - count - cost)
+  count = count + cost + granted
   if mode == 1 then
     -- The key lives until its window ends.
     local ttl_ms = math.max(math.ceil(reset_us / 1000), 1)
     redis.call('SET', key, string.format('%d:%d', start, count), 'PX', ttl_ms)
   end
-  return {1, limit - count, reset_us * 1000, 0, 0, start}
+  return {1, limit - count, reset_us * 1000, 0, 0, start, granted, reset_us * 1000}
 end
 return {0, 0, reset_us * 1000, math.max(reset_us * 1000, 1), 0, 0}

@@ -4,7 +4,8 @@
 --
 -- KEYS[1]  the bucket's key
 -- ARGV     mode (0 peek, 1 consume, 2 refund), limit, window_us, burst,
---          cost, and a script-specific sixth value
+--          cost, a script-specific sixth value, and the lease wanted: units
+--          the caller would like to take ahead of need (0 for none)
 --
 -- Time is read from the server (TIME), never passed in: every proxy
 -- instance agrees on it whatever its own clock says. Microseconds since the
@@ -15,6 +16,17 @@ local limit = tonumber(ARGV[2])
 local window = tonumber(ARGV[3])
 local capacity = tonumber(ARGV[4])
 local cost = tonumber(ARGV[5])
+local want = tonumber(ARGV[7]) or 0
+
+-- Scripts that lease answer two more values, {..., granted, lease_ttl_ns}:
+-- the units taken ahead for the caller to spend locally, and how long they
+-- stay valid (0: until given back). A lease is granted only on an admitted
+-- consume that leaves at least as much again for everyone else, so leases
+-- stop well before the limit and the last units are decided one by one.
+local function lease(room)
+  if mode ~= 1 or want <= 0 or room < 2 * want then return 0 end
+  return want
+end
 
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])

@@ -5,8 +5,11 @@
 -- KEYS[1]  the counters, a string "<current window start_us>:<previous count>:<current count>"
 -- ARGV     mode (0 peek, 1 consume, 2 refund), limit, window_us, burst, cost,
 --          and for a refund the window start the consume returned as its token
--- Returns  {allowed, remaining, reset_after_ns, retry_after_ns, delay_ns, token}
---          where token is the window start the request was counted in
+-- Returns  {allowed, remaining, reset_after_ns, retry_after_ns, delay_ns, token,
+--           granted, lease_ttl_ns} where token is the window start the request
+--          was counted in; a lease (prelude.lua) lasts until that window ends:
+--          spent within it, its units weigh on the estimate as if they had
+--          come at the moment they were counted, which only over-counts
 --
 -- The arguments, `now` (server clock, µs), EPSILON and ns_ceil come from
 -- prelude.lua, which Rust prepends.
@@ -53,14 +56,15 @@ local into = math.max(now - start, 0) / window
 local estimate = prev * (1 - into) + curr
 
 if estimate + cost <= limit + EPSILON then
-  curr = curr + cost
+  local granted = lease(math.floor(limit - estimate - cost + EPSILON))
+  curr = curr + cost + granted
   local reset_us = start + 2 * window - now
   if mode == 1 then
     -- The key lives until both windows holding requests have slid out.
     save(start, prev, curr, math.max(math.ceil(reset_us / 1000), 1))
   end
-  local remaining = math.floor(math.max(limit - estimate - cost + EPSILON, 0))
-  return {1, remaining, reset_us * 1000, 0, 0, start}
+  local remaining = math.floor(math.max(limit - estimate - cost - granted + EPSILON, 0))
+  return {1, remaining, reset_us * 1000, 0, 0, start, granted, (start + window - now) * 1000}
 end
 
 -- The earliest moment the estimate leaves room for `cost`, as an offset

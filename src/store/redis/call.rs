@@ -19,7 +19,7 @@ pub(super) async fn run(
     client: &Client,
     script: &Script,
     key: &str,
-    args: [Value; 6],
+    args: [Value; scripts::ARGS],
     deadline: Instant,
     timeout: Duration,
 ) -> Result<Reply, Failure> {
@@ -40,7 +40,7 @@ async fn eval(
     command: &'static str,
     script: &str,
     key: &str,
-    args: &[Value; 6],
+    args: &[Value; scripts::ARGS],
     deadline: Instant,
 ) -> Result<Value, FredError> {
     let slot = fred::util::redis_keyslot(key.as_bytes());

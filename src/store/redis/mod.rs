@@ -57,6 +57,7 @@
 mod cache;
 mod call;
 mod health;
+mod lease;
 mod scripts;
 
 use std::sync::Arc;
@@ -114,6 +115,7 @@ struct Shared {
     timeout: Duration,
     scripts: Scripts,
     cache: cache::OverLimitCache,
+    leases: lease::Leases,
     local: MemoryStore,
     health: health::Health,
     metrics: Arc<Metrics>,
@@ -178,6 +180,7 @@ impl RedisStore {
             timeout,
             scripts: Scripts::new(),
             cache: cache::OverLimitCache::new(),
+            leases: lease::Leases::new(config.lease_percent, config.lease_idle),
             local,
             health: health::Health::new(&metrics),
             metrics,
@@ -195,6 +198,10 @@ impl RedisStore {
             Err(e) => shared.health.degrade(&format!("at start-up: {e}")),
         }
         tasks.push(tokio::spawn(shared.clone().probe_loop()));
+        if shared.leases.enabled() {
+            let every = (config.lease_idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+            tasks.push(tokio::spawn(shared.clone().lease_loop(every)));
+        }
         Ok(RedisStore { shared, tasks })
     }
 
@@ -214,6 +221,16 @@ impl RedisStore {
     pub fn sweep(&self) {
         self.shared.local.sweep();
         self.shared.cache.sweep(Instant::now());
+    }
+
+    /// Gives every lease held here back to Redis (bounded by the store
+    /// timeout): called once the server has drained, so that a restart
+    /// does not hold quota away from the other instances.
+    pub async fn close(&self) {
+        let unused = self.shared.leases.drain(Instant::now());
+        if !unused.is_empty() && !self.shared.health.is_degraded() {
+            self.shared.run_refunds(unused_calls(unused)).await;
+        }
     }
 
     /// The fred client, for tests and tools that inspect Redis directly.
@@ -267,59 +284,109 @@ impl Shared {
         let started = Instant::now();
         let deadline = started + self.timeout;
         let keys: Vec<String> = checks.iter().map(|c| redis_key(&self.key_prefix, c.key, c.limits.algorithm)).collect();
+        let consume = mode == Mode::Consume;
 
-        if mode == Mode::Consume
-            && let Some(verdicts) = self.answer_from_cache(checks, &keys, started)
-        {
+        if consume && let Some(verdicts) = self.answer_from_cache(checks, &keys, started) {
             self.metrics.local_cache_hits_total.inc();
             return Ok(verdicts);
         }
+        // Checks that leased quota held here can answer (see `lease`).
+        let mut local: Vec<Option<Verdict>> = vec![None; checks.len()];
+        if consume && self.leases.enabled() {
+            for ((slot, c), key) in local.iter_mut().zip(checks).zip(&keys) {
+                *slot = self.leases.take(key, &c.limits, c.cost, started);
+            }
+            if local.iter().all(Option::is_some) {
+                self.metrics.lease_hits_total.inc();
+                return Ok(local.into_iter().flatten().collect());
+            }
+        }
         if self.health.is_degraded() {
+            self.give_back(checks, &keys, &local);
             return Err(StoreError::Unavailable(
                 "redis did not answer recent checks; waiting for it to come back".into(),
             ));
         }
 
-        let script_mode = if mode == Mode::Consume { ScriptMode::Consume } else { ScriptMode::Peek };
+        let script_mode = if consume { ScriptMode::Consume } else { ScriptMode::Peek };
         // Sliding window log entries are named by request, so a refund
         // removes exactly this request's entries.
         let ids: Vec<String> = checks
             .iter()
             .map(|c| if c.limits.algorithm.uses_log() { self.ids.next() } else { String::new() })
             .collect();
-        let calls = checks.iter().zip(&keys).zip(&ids).map(|((c, key), id)| {
+        let asked: Vec<usize> = (0..checks.len()).filter(|&i| local[i].is_none()).collect();
+        let wants: Vec<u64> = asked
+            .iter()
+            .map(|&i| {
+                let c = &checks[i];
+                if consume && self.leases.enabled() {
+                    self.leases.want(&keys[i], &c.limits, c.cost, started, self.timeout)
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let calls = asked.iter().zip(&wants).map(|(&i, &want)| {
+            let c = &checks[i];
             let script = self.scripts.get(c.limits.algorithm);
-            let args = scripts::args(script_mode, &c.limits, c.cost, id);
-            call::run(self.pool.next(), script, key, args, deadline, self.timeout)
+            let args = scripts::args(script_mode, &c.limits, c.cost, &ids[i], want);
+            call::run(self.pool.next(), script, &keys[i], args, deadline, self.timeout)
         });
         // Sent together: fred writes them back to back on each node's
         // connection, so all rules cost one round trip.
         let results: Vec<Result<Reply, Failure>> = futures::future::join_all(calls).await;
+
+        // Record what was leased, whatever else happened: the units are
+        // counted in Redis either way.
+        let now = Instant::now();
+        for ((&i, &want), result) in asked.iter().zip(&wants).zip(&results) {
+            if want == 0 {
+                continue;
+            }
+            match result {
+                Ok(reply) => {
+                    if reply.granted > 0 {
+                        self.metrics.leases_granted_total.inc();
+                    }
+                    if let Some(old) = self.leases.granted(&keys[i], &checks[i].limits, reply, started, now) {
+                        self.give_back_to_redis(vec![old]);
+                    }
+                }
+                Err(_) => self.leases.failed(&keys[i]),
+            }
+        }
 
         if let Some(failure) = results.iter().find_map(|r| r.as_ref().err()) {
             let failure = failure.clone();
             if failure.outage {
                 self.health.failed(&failure.error.to_string());
             }
-            if mode == Mode::Consume {
+            if consume {
                 // An error decides nothing: give back what the rules that
                 // did answer counted.
-                let counted: Vec<usize> = results
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, r)| r.as_ref().is_ok_and(|r| r.verdict.allowed))
-                    .map(|(i, _)| i)
-                    .collect();
-                self.refund(checks, &keys, &ids, &results, &counted);
+                let counted = asked.iter().zip(&results).filter_map(|(&i, r)| match r {
+                    Ok(reply) if reply.verdict.allowed => Some((i, reply)),
+                    _ => None,
+                });
+                self.refund(checks, &keys, &ids, counted);
+                self.give_back(checks, &keys, &local);
             }
             return Err(failure.error);
         }
         self.health.succeeded();
-        let replies: Vec<Reply> = results.into_iter().filter_map(Result::ok).collect();
-        let verdicts: Vec<Verdict> = replies.iter().map(|r| r.verdict).collect();
 
-        if mode == Mode::Consume {
-            let now = Instant::now();
+        let mut verdicts: Vec<Verdict> = local.iter().map(|v| v.unwrap_or_default()).collect();
+        for (&i, result) in asked.iter().zip(&results) {
+            if let Ok(reply) = result {
+                // The client may use what this instance now holds for it.
+                let mut v = reply.verdict;
+                v.remaining = v.remaining.saturating_add(reply.granted);
+                verdicts[i] = v;
+            }
+        }
+
+        if consume {
             let mut rejected = false;
             for ((c, key), v) in checks.iter().zip(&keys).zip(&verdicts) {
                 if c.enforced && !v.allowed {
@@ -328,12 +395,25 @@ impl Shared {
                 }
             }
             if rejected {
-                let counted: Vec<usize> = (0..checks.len()).filter(|&i| verdicts[i].allowed).collect();
-                let results: Vec<Result<Reply, Failure>> = replies.into_iter().map(Ok).collect();
-                self.refund(checks, &keys, &ids, &results, &counted);
+                let counted = asked.iter().zip(&results).filter_map(|(&i, r)| match r {
+                    Ok(reply) if reply.verdict.allowed => Some((i, reply)),
+                    _ => None,
+                });
+                self.refund(checks, &keys, &ids, counted);
+                self.give_back(checks, &keys, &local);
             }
         }
         Ok(verdicts)
+    }
+
+    /// Returns the units taken from leases here for a request that ended up
+    /// counting nowhere.
+    fn give_back(&self, checks: &[Check<'_>], keys: &[String], local: &[Option<Verdict>]) {
+        for ((c, key), v) in checks.iter().zip(keys).zip(local) {
+            if v.is_some() {
+                self.leases.give_back(key, &c.limits, c.cost);
+            }
+        }
     }
 
     /// Answers a request from the over-limit cache when one of its enforced
@@ -365,51 +445,64 @@ impl Shared {
         )
     }
 
-    /// Gives back, in the background, what the checks at `counted` counted.
-    fn refund(
+    /// Gives back, in the background, what the `counted` checks (index and
+    /// reply) counted for this request. Units they leased stay leased.
+    fn refund<'r>(
         self: &Arc<Self>,
         checks: &[Check<'_>],
         keys: &[String],
         ids: &[String],
-        results: &[Result<Reply, Failure>],
-        counted: &[usize],
+        counted: impl Iterator<Item = (usize, &'r Reply)>,
     ) {
-        let calls: Vec<(Algorithm, String, [Value; 6])> = counted
-            .iter()
-            .filter_map(|&i| {
-                let reply = results[i].as_ref().ok()?;
+        let calls: Vec<(Algorithm, String, [Value; scripts::ARGS])> = counted
+            .map(|(i, reply)| {
                 let c = &checks[i];
                 // The log names its entries by request id; the windows
                 // name the window the request was counted in.
                 let token = if c.limits.algorithm.uses_log() { ids[i].clone() } else { reply.token.to_string() };
-                Some((
-                    c.limits.algorithm,
-                    keys[i].clone(),
-                    scripts::args(ScriptMode::Refund, &c.limits, c.cost, &token),
-                ))
+                (c.limits.algorithm, keys[i].clone(), scripts::args(ScriptMode::Refund, &c.limits, c.cost, &token, 0))
             })
             .collect();
+        self.spawn_refunds(calls);
+    }
+
+    /// Gives back, in the background, leased units nobody here will spend.
+    fn give_back_to_redis(self: &Arc<Self>, unused: Vec<lease::Unused>) {
+        self.spawn_refunds(unused_calls(unused));
+    }
+
+    fn spawn_refunds(self: &Arc<Self>, calls: Vec<(Algorithm, String, [Value; scripts::ARGS])>) {
         if calls.is_empty() {
             return;
         }
         let shared = self.clone();
-        tokio::spawn(async move {
-            let deadline = Instant::now() + shared.timeout;
-            let refunds = calls.into_iter().map(|(alg, key, args)| {
-                let shared = &shared;
-                async move {
-                    if let Err(e) =
-                        call::run(shared.pool.next(), shared.scripts.get(alg), &key, args, deadline, shared.timeout)
-                            .await
-                    {
-                        // The quota stays taken until the key's window or
-                        // refill gives it back: an error towards rejecting.
-                        tracing::debug!(key, error = %e.error, "refund failed");
-                    }
-                }
-            });
-            futures::future::join_all(refunds).await;
+        tokio::spawn(async move { shared.run_refunds(calls).await });
+    }
+
+    async fn run_refunds(&self, calls: Vec<(Algorithm, String, [Value; scripts::ARGS])>) {
+        let deadline = Instant::now() + self.timeout;
+        let refunds = calls.into_iter().map(|(alg, key, args)| async move {
+            if let Err(e) = call::run(self.pool.next(), self.scripts.get(alg), &key, args, deadline, self.timeout).await
+            {
+                // The quota stays taken until the key's window or refill
+                // gives it back: an error towards rejecting.
+                tracing::debug!(key, error = %e.error, "refund failed");
+            }
         });
+        futures::future::join_all(refunds).await;
+    }
+
+    /// Gives back leases left idle, every so often.
+    async fn lease_loop(self: Arc<Self>, every: Duration) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let unused = self.leases.expire(Instant::now());
+            if !unused.is_empty() && !self.health.is_degraded() {
+                self.run_refunds(unused_calls(unused)).await;
+            }
+        }
     }
 
     /// Asks Redis whether it answers: `PING`, or on a cluster `CLUSTER
@@ -446,6 +539,17 @@ impl Shared {
             }
         }
     }
+}
+
+/// The refund calls that give leased units back.
+fn unused_calls(unused: Vec<lease::Unused>) -> Vec<(Algorithm, String, [Value; scripts::ARGS])> {
+    unused
+        .into_iter()
+        .map(|u| {
+            let args = scripts::args(ScriptMode::Refund, &u.limits, u.units, &u.token.to_string(), 0);
+            (u.limits.algorithm, u.key, args)
+        })
+        .collect()
 }
 
 /// The URL without its password, for logs and errors.

@@ -120,9 +120,13 @@ pub fn window_us(limits: &Limits) -> u64 {
     limits.window.div_ceil(1_000).max(1)
 }
 
-/// The `ARGV` of one call: mode, limit, window in µs, burst, cost, and the
-/// refund token or request id.
-pub fn args(mode: ScriptMode, limits: &Limits, cost: u64, extra: &str) -> [Value; 6] {
+/// How many values a script call takes after its key.
+pub const ARGS: usize = 7;
+
+/// The `ARGV` of one call: mode, limit, window in µs, burst, cost, the
+/// refund token or request id, and the units wanted as a lease (see
+/// `lease`).
+pub fn args(mode: ScriptMode, limits: &Limits, cost: u64, extra: &str, want: u64) -> [Value; ARGS] {
     [
         Value::Integer(mode as i64),
         int(limits.limit),
@@ -130,6 +134,7 @@ pub fn args(mode: ScriptMode, limits: &Limits, cost: u64, extra: &str) -> [Value
         int(limits.burst),
         int(cost),
         Value::String(extra.into()),
+        int(want),
     ]
 }
 
@@ -137,20 +142,27 @@ fn int(n: u64) -> Value {
     Value::Integer(i64::try_from(n).unwrap_or(i64::MAX))
 }
 
-/// A script's answer: the verdict, and the token a refund must quote (the
-/// window start a fixed window or sliding counter counted the request in).
+/// A script's answer: the verdict, the token a refund must quote (the
+/// window start a fixed window or sliding counter counted the request in),
+/// and the lease it granted.
 #[derive(Debug, Clone, Copy)]
 pub struct Reply {
+    /// As Redis decided it; `remaining` does not include `granted`.
     pub verdict: Verdict,
     pub token: i64,
+    /// Units taken ahead for this instance to spend locally.
+    pub granted: u64,
+    /// How long those units stay valid, in nanoseconds (0: until given back).
+    pub lease_ttl: u64,
 }
 
-/// Reads `{allowed, remaining, reset_after_ns, retry_after_ns, delay_ns, token}`.
+/// Reads `{allowed, remaining, reset_after_ns, retry_after_ns, delay_ns,
+/// token}`, followed by `{granted, lease_ttl_ns}` from the scripts that lease.
 pub fn parse_reply(value: Value) -> Result<Reply, StoreError> {
     let bad = |v: &Value| StoreError::Protocol(format!("a rate-limit script answered {v:?}"));
     let Value::Array(items) = &value else { return Err(bad(&value)) };
-    let mut n = [0i64; 6];
-    if items.len() != n.len() {
+    let mut n = [0i64; 8];
+    if items.len() != 6 && items.len() != 8 {
         return Err(bad(&value));
     }
     for (slot, item) in n.iter_mut().zip(items) {
@@ -169,6 +181,8 @@ pub fn parse_reply(value: Value) -> Result<Reply, StoreError> {
             delay: ns(n[4]),
         },
         token: n[5],
+        granted: ns(n[6]),
+        lease_ttl: ns(n[7]),
     })
 }
 
@@ -211,6 +225,11 @@ mod tests {
         let r = parse_reply(ok).expect("parses");
         assert_eq!(r.verdict, Verdict { allowed: true, remaining: 4, reset_after: 2_000, retry_after: 0, delay: 7 });
         assert_eq!(r.token, 99);
+        assert_eq!((r.granted, r.lease_ttl), (0, 0));
+        let leased = Value::Array([1, 4, 2_000, 0, 0, 99, 10, 5_000].map(Value::Integer).to_vec());
+        let r = parse_reply(leased).expect("parses");
+        assert_eq!((r.granted, r.lease_ttl), (10, 5_000));
+        assert!(parse_reply(Value::Array([1, 4, 2_000, 0, 0, 99, 10].map(Value::Integer).to_vec())).is_err());
         assert!(parse_reply(Value::Array(vec![Value::Integer(1)])).is_err());
         assert!(parse_reply(Value::String("OK".into())).is_err());
     }

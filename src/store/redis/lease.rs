@@ -1,0 +1,387 @@
+//! Leased quota: units a script took from a key ahead of need, for this
+//! instance to spend without a round trip.
+//!
+//! A busy key costs one script call per request otherwise, and every call is
+//! work for a Redis that all instances share. With a lease, the call that
+//! admits a request also takes up to `lease_percent` of the key's capacity
+//! for this instance; the requests that follow spend it here, and Redis
+//! hears from this instance again when the lease runs out.
+//!
+//! What it keeps and what it gives up:
+//!
+//! - **Never more than the limit.** Leased units are counted in Redis when
+//!   they are taken, so every instance together still admits at most the
+//!   limit. Spending them later than they were counted only errs towards
+//!   rejecting: a token bucket refills after the units were taken, and a
+//!   window lease ends with the window it was counted in (a fixed window's
+//!   count, or a sliding counter's current window, which only weighs less
+//!   as it slides out).
+//! - **Exact near the limit.** A script grants a lease only when at least as
+//!   much again stays in Redis (`lease` in prelude.lua), so the last units of
+//!   a key are decided one request at a time, and a key whose capacity is
+//!   under 200 (at the default 1%) is never leased at all. What an instance
+//!   can hold back from the others is one lease per key, and only for keys
+//!   it is using: a lease left idle for `lease_idle` is given back (a refund
+//!   script call), and so is every lease on shutdown.
+//! - **Only for keys seen twice.** The first request for a key is decided
+//!   alone; a lease is asked for from its second request on, so one-off
+//!   clients (a scan of IP keys) cost one call each, not a lease and its
+//!   refund. One lease request per key is in flight at a time.
+//! - **Not for every algorithm.** The leaky bucket decides each request's
+//!   delay from the queue ahead of it, and the sliding log stamps each entry
+//!   with its own time (an entry stamped early would leave the window
+//!   early), so both ask Redis for every request.
+//!
+//! Headers served from a lease show what Redis had left at the grant plus
+//! the units still held here: an estimate, since other instances spend too.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::scripts::Reply;
+use crate::limiter::{Algorithm, Limits, Verdict};
+
+const SHARDS: usize = 64;
+/// Keys tracked per shard at most (640k in all, about 100 bytes each). Past
+/// it, new keys are simply not leased.
+const MAX_PER_SHARD: usize = 10_000;
+
+/// The leases this instance holds, and the keys it has seen recently.
+pub(super) struct Leases {
+    shards: Box<[Mutex<HashMap<String, Lease>>]>,
+    hasher: foldhash::quality::RandomState,
+    percent: u64,
+    idle: Duration,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Lease {
+    limits: Limits,
+    /// Units held here, counted in Redis and not spent yet.
+    units: u64,
+    /// The window they were counted in (what a refund quotes).
+    token: i64,
+    /// When they stop being valid (the end of their window), if ever.
+    expires_at: Option<Instant>,
+    last_used: Instant,
+    /// What Redis had left after the grant, and when the key would be full
+    /// again: for the headers of requests served here.
+    remaining: u64,
+    reset_at: Instant,
+    /// A lease request for this key is in flight until then.
+    asking_until: Option<Instant>,
+}
+
+/// Units to give back to Redis: a lease nobody here uses any more.
+#[derive(Debug)]
+pub(super) struct Unused {
+    pub key: String,
+    pub limits: Limits,
+    pub units: u64,
+    pub token: i64,
+}
+
+impl Leases {
+    pub fn new(percent: u8, idle: Duration) -> Leases {
+        Leases {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: foldhash::quality::RandomState::default(),
+            percent: u64::from(percent),
+            idle,
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.percent > 0
+    }
+
+    fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<String, Lease>> {
+        let i = self.hasher.hash_one(key) as usize % SHARDS;
+        // Entries are `Copy` values replaced whole, so a panic while the
+        // lock was held cannot have left one half-written.
+        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The lease size for `limits`, or 0 where leasing does not apply.
+    fn size(&self, limits: &Limits) -> u64 {
+        let leases = matches!(
+            limits.algorithm,
+            Algorithm::TokenBucket | Algorithm::FixedWindow | Algorithm::SlidingWindowCounter
+        );
+        if !leases {
+            return 0;
+        }
+        let size = limits.capacity().saturating_mul(self.percent) / 100;
+        if size < 2 { 0 } else { size }
+    }
+
+    /// Spends `cost` units of a valid lease on `key`, if one holds enough.
+    pub fn take(&self, key: &str, limits: &Limits, cost: u64, now: Instant) -> Option<Verdict> {
+        let mut shard = self.shard(key);
+        let lease = shard.get_mut(key)?;
+        if lease.limits != *limits || lease.units < cost.max(1) || lease.expires_at.is_some_and(|t| t <= now) {
+            return None;
+        }
+        lease.units -= cost;
+        lease.last_used = now;
+        Some(Verdict {
+            allowed: true,
+            remaining: lease.remaining.saturating_add(lease.units),
+            reset_after: nanos(lease.reset_at.saturating_duration_since(now)),
+            retry_after: 0,
+            delay: 0,
+        })
+    }
+
+    /// Undoes a [`take`](Self::take): the request was rejected by another
+    /// rule and counts nowhere.
+    pub fn give_back(&self, key: &str, limits: &Limits, cost: u64) {
+        if let Some(lease) = self.shard(key).get_mut(key)
+            && lease.limits == *limits
+        {
+            lease.units += cost;
+        }
+    }
+
+    /// How many units to ask for ahead with the call deciding `key` now: 0
+    /// the first time the key is seen (it is remembered instead), while
+    /// another lease request for it is in flight, or where leasing does not
+    /// apply. Otherwise the caller must report the call's outcome to
+    /// [`granted`](Self::granted) or [`failed`](Self::failed).
+    pub fn want(&self, key: &str, limits: &Limits, cost: u64, now: Instant, timeout: Duration) -> u64 {
+        let size = self.size(limits);
+        if size < cost.max(1) {
+            return 0;
+        }
+        let mut shard = self.shard(key);
+        match shard.get_mut(key) {
+            Some(lease) => {
+                if lease.asking_until.is_some_and(|t| t > now) {
+                    return 0;
+                }
+                lease.asking_until = Some(now + timeout);
+                lease.last_used = now;
+                size
+            }
+            None => {
+                if shard.len() < MAX_PER_SHARD {
+                    shard.insert(
+                        key.to_string(),
+                        Lease {
+                            limits: *limits,
+                            units: 0,
+                            token: 0,
+                            expires_at: None,
+                            last_used: now,
+                            remaining: 0,
+                            reset_at: now,
+                            asking_until: None,
+                        },
+                    );
+                }
+                0
+            }
+        }
+    }
+
+    /// Records what a call that asked for a lease was granted. `sent` is
+    /// when the call left: validity is counted from there, so it can only
+    /// end early. Returns the units of a lease it replaces, which are to be
+    /// given back (they were counted under other limits or another window).
+    pub fn granted(&self, key: &str, limits: &Limits, reply: &Reply, sent: Instant, now: Instant) -> Option<Unused> {
+        let mut shard = self.shard(key);
+        let lease = shard.get_mut(key)?;
+        lease.asking_until = None;
+        if reply.granted == 0 {
+            return None;
+        }
+        let mut expires_at = (reply.lease_ttl > 0).then(|| sent + Duration::from_nanos(reply.lease_ttl));
+        // Counted under the same limits in the same window (or bucket): the
+        // units add up, valid until the earlier of the two estimates of the
+        // window's end.
+        let same = lease.limits == *limits && lease.token == reply.token;
+        if same && let (Some(a), Some(b)) = (lease.expires_at, expires_at) {
+            expires_at = Some(a.min(b));
+        }
+        let replaced = if same || lease.units == 0 {
+            None
+        } else {
+            Some(Unused { key: key.to_string(), limits: lease.limits, units: lease.units, token: lease.token })
+        };
+        let units = if same { lease.units + reply.granted } else { reply.granted };
+        *lease = Lease {
+            limits: *limits,
+            units,
+            token: reply.token,
+            expires_at,
+            last_used: now,
+            remaining: reply.verdict.remaining,
+            reset_at: sent + Duration::from_nanos(reply.verdict.reset_after),
+            asking_until: None,
+        };
+        replaced
+    }
+
+    /// The call that asked for a lease on `key` failed: let the next one ask.
+    pub fn failed(&self, key: &str) {
+        if let Some(lease) = self.shard(key).get_mut(key) {
+            lease.asking_until = None;
+        }
+    }
+
+    /// Forgets keys idle for `lease_idle` and leases whose window has ended,
+    /// and returns the units among them that Redis should get back.
+    pub fn expire(&self, now: Instant) -> Vec<Unused> {
+        self.remove_where(now, |lease| {
+            now.saturating_duration_since(lease.last_used) >= self.idle || lease.expires_at.is_some_and(|t| t <= now)
+        })
+    }
+
+    /// Every lease held, for giving back on shutdown.
+    pub fn drain(&self, now: Instant) -> Vec<Unused> {
+        self.remove_where(now, |_| true)
+    }
+
+    fn remove_where(&self, now: Instant, mut gone: impl FnMut(&Lease) -> bool) -> Vec<Unused> {
+        let mut unused = Vec::new();
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            shard.retain(|key, lease| {
+                if !gone(lease) {
+                    return true;
+                }
+                // A fixed window's count ends with its window, so units of an
+                // ended window need no refund; a sliding counter's still
+                // weigh on the next window, and a bucket's on its level.
+                let ended =
+                    lease.limits.algorithm == Algorithm::FixedWindow && lease.expires_at.is_some_and(|t| t <= now);
+                if lease.units > 0 && !ended {
+                    unused.push(Unused {
+                        key: key.clone(),
+                        limits: lease.limits,
+                        units: lease.units,
+                        token: lease.token,
+                    });
+                }
+                false
+            });
+        }
+        unused
+    }
+
+    /// Keys tracked now.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len()).sum()
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::NANOS_PER_SEC;
+
+    const BUCKET: Limits =
+        Limits { algorithm: Algorithm::TokenBucket, limit: 1_000, window: NANOS_PER_SEC, burst: 1_000 };
+    const TIMEOUT: Duration = Duration::from_millis(20);
+
+    fn reply(granted: u64, remaining: u64, token: i64, lease_ttl: u64) -> Reply {
+        Reply {
+            verdict: Verdict { allowed: true, remaining, reset_after: 500_000_000, retry_after: 0, delay: 0 },
+            token,
+            granted,
+            lease_ttl,
+        }
+    }
+
+    #[test]
+    fn a_key_is_leased_from_its_second_call_and_then_spent_locally() {
+        let leases = Leases::new(1, Duration::from_secs(5));
+        let t0 = Instant::now();
+        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 0, "first sighting: decided alone");
+        assert!(leases.take("k", &BUCKET, 1, t0).is_none());
+        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 10, "1% of 1,000");
+        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 0, "one lease request in flight per key");
+        assert!(leases.granted("k", &BUCKET, &reply(10, 980, 0, 0), t0, t0).is_none());
+        for left in (0..10).rev() {
+            let v = leases.take("k", &BUCKET, 1, t0).expect("served from the lease");
+            assert!(v.allowed);
+            assert_eq!(v.remaining, 980 + left);
+        }
+        assert!(leases.take("k", &BUCKET, 1, t0).is_none(), "spent: back to Redis");
+        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 10);
+    }
+
+    #[test]
+    fn small_keys_and_per_request_algorithms_are_never_leased() {
+        let leases = Leases::new(1, Duration::from_secs(5));
+        let t0 = Instant::now();
+        let small = Limits { limit: 150, burst: 150, ..BUCKET };
+        let log = Limits { algorithm: Algorithm::SlidingWindowLog, ..BUCKET };
+        let leaky = Limits { algorithm: Algorithm::LeakyBucket, ..BUCKET };
+        for limits in [small, log, leaky] {
+            leases.want("k", &limits, 1, t0, TIMEOUT);
+            assert_eq!(leases.want("k", &limits, 1, t0, TIMEOUT), 0, "{limits:?}");
+        }
+        assert_eq!(leases.len(), 0);
+        assert_eq!(leases.want("k", &BUCKET, 11, t0, TIMEOUT), 0, "a request costing more than a lease");
+        assert_eq!(Leases::new(0, Duration::from_secs(5)).want("k", &BUCKET, 1, t0, TIMEOUT), 0);
+    }
+
+    #[test]
+    fn a_lease_serves_only_its_limits_and_its_window() {
+        let leases = Leases::new(1, Duration::from_secs(5));
+        let t0 = Instant::now();
+        let window = Limits { algorithm: Algorithm::FixedWindow, ..BUCKET };
+        leases.want("k", &window, 1, t0, TIMEOUT);
+        leases.want("k", &window, 1, t0, TIMEOUT);
+        leases.granted("k", &window, &reply(10, 980, 7, 100_000_000), t0, t0);
+        assert!(leases.take("k", &Limits { limit: 2_000, ..window }, 1, t0).is_none(), "limits lifted");
+        assert!(leases.take("k", &window, 1, t0 + Duration::from_millis(99)).is_some());
+        assert!(leases.take("k", &window, 1, t0 + Duration::from_millis(100)).is_none(), "the window ended");
+        // The window's count ended with it: nothing to give back.
+        assert!(leases.expire(t0 + Duration::from_millis(100)).is_empty());
+        assert_eq!(leases.len(), 0);
+    }
+
+    #[test]
+    fn idle_leases_are_returned_and_taken_units_can_be_given_back() {
+        let leases = Leases::new(1, Duration::from_secs(5));
+        let t0 = Instant::now();
+        leases.want("k", &BUCKET, 1, t0, TIMEOUT);
+        leases.want("k", &BUCKET, 1, t0, TIMEOUT);
+        leases.granted("k", &BUCKET, &reply(10, 980, 0, 0), t0, t0);
+        leases.take("k", &BUCKET, 3, t0).expect("served");
+        leases.give_back("k", &BUCKET, 3);
+        assert!(leases.expire(t0 + Duration::from_secs(4)).is_empty(), "not idle yet");
+        let back = leases.expire(t0 + Duration::from_secs(5));
+        assert_eq!(back.len(), 1);
+        assert_eq!((back[0].key.as_str(), back[0].units), ("k", 10));
+        assert_eq!(leases.len(), 0);
+    }
+
+    #[test]
+    fn a_failed_lease_request_lets_the_next_call_ask_and_replaced_leases_are_returned() {
+        let leases = Leases::new(1, Duration::from_secs(5));
+        let t0 = Instant::now();
+        leases.want("k", &BUCKET, 1, t0, TIMEOUT);
+        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 10);
+        leases.failed("k");
+        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 10);
+        leases.granted("k", &BUCKET, &reply(10, 980, 0, 0), t0, t0);
+        // An in-flight request that never reports stops blocking after the timeout.
+        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 10);
+        assert_eq!(leases.want("k", &BUCKET, 1, t0 + TIMEOUT, TIMEOUT), 10);
+        // A reload changed the limits: the old units go back.
+        let lifted = Limits { limit: 2_000, burst: 2_000, ..BUCKET };
+        let old = leases.granted("k", &lifted, &reply(20, 1_900, 0, 0), t0, t0).expect("old lease returned");
+        assert_eq!((old.units, old.limits), (10, BUCKET));
+        assert_eq!(leases.drain(t0).len(), 1);
+    }
+}

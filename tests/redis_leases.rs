@@ -1,0 +1,125 @@
+//! Leases against one real `redis-server`: a busy key is answered from
+//! quota leased to the instance, two instances together never admit past the
+//! limit (exactly the limit when requests keep coming to both), idle leases
+//! and every lease at shutdown go back to Redis, and `lease_percent = 0`
+//! asks Redis for every request.
+//!
+//! One server is shared by the whole file; every test uses its own key
+//! prefix.
+
+mod support;
+
+use std::sync::OnceLock;
+
+use support::redis::{RedisServer, tollgate_config};
+use support::{Tollgate, Upstream, burst, count, eventually, metric};
+
+fn server() -> &'static RedisServer {
+    static SERVER: OnceLock<RedisServer> = OnceLock::new();
+    SERVER.get_or_init(RedisServer::start)
+}
+
+/// A tollgate on the shared server, keys under `prefix`, with `store`
+/// settings added and `rules`.
+async fn tollgate(upstream: &Upstream, prefix: &str, store: &str, rules: &str) -> Tollgate {
+    let store = format!("key_prefix = \"{prefix}\"\non_error = \"deny\"\n{store}");
+    Tollgate::with(&tollgate_config(upstream.addr, &server().url(), &store), &[("rules.toml", rules)]).await
+}
+
+/// One rule keyed by IP. A day-long window: no window boundary falls inside
+/// a test (all but certainly), and a token bucket refills one token in 86 s.
+fn rule(name: &str, algorithm: &str, limit: u64) -> String {
+    format!(
+        "[[rule]]\nname = \"{name}\"\nkey = [\"ip\"]\nalgorithm = \"{algorithm}\"\nlimit = {limit}\nwindow = \"1d\"\n"
+    )
+}
+
+async fn lease_hits(tg: &Tollgate) -> f64 {
+    metric(&tg.metrics().await, "tollgate_lease_hits_total", &[]).unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn two_instances_serve_a_busy_key_from_leases_and_admit_exactly_the_limit() {
+    let up = Upstream::start().await;
+    for algorithm in ["fixed_window", "sliding_window_counter", "token_bucket"] {
+        let prefix = format!("t-lease-exact-{algorithm}:");
+        let rules = rule("busy", algorithm, 1_000);
+        let a = tollgate(&up, &prefix, "lease_idle = \"1h\"", &rules).await;
+        let b = tollgate(&up, &prefix, "lease_idle = \"1h\"", &rules).await;
+        let mut admitted = 0;
+        let mut statuses = Vec::new();
+        for i in 0..1_100 {
+            let tg = if i % 2 == 0 { &a } else { &b };
+            let status = tg.get("/").from_ip("192.0.2.10").send().await.status.as_u16();
+            admitted += usize::from(status == 200);
+            statuses.push(status);
+        }
+        assert_eq!(admitted, 1_000, "{algorithm}: {statuses:?}");
+        assert!(statuses[..1_000].iter().all(|&s| s == 200), "{algorithm}: the first 1,000 are admitted");
+        // Each instance asks Redis for the key's first request, then for a
+        // lease of 10 every 11 requests, then one by one for the last 20.
+        let hits = lease_hits(&a).await + lease_hits(&b).await;
+        assert!(hits >= 800.0, "{algorithm}: only {hits} of 1,100 requests were served from leases");
+    }
+}
+
+#[tokio::test]
+async fn concurrent_instances_stay_within_the_limit_and_idle_leases_come_back() {
+    let up = Upstream::start().await;
+    let prefix = "t-lease-concurrent:";
+    let rules = rule("shared", "fixed_window", 1_000);
+    let a = tollgate(&up, prefix, "lease_idle = \"300ms\"", &rules).await;
+    let b = tollgate(&up, prefix, "lease_idle = \"300ms\"", &rules).await;
+    let mut admitted = 0;
+    for _ in 0..12 {
+        let replies = burst(100, |i| (if i % 2 == 0 { &a } else { &b }).get("/").from_ip("192.0.2.11")).await;
+        admitted += count(&replies, 200);
+    }
+    // Never past the limit; short of it by at most the two leases (10 each)
+    // the instances may still hold when their requests stop.
+    assert!((980..=1_000).contains(&admitted), "admitted {admitted} of 1,200");
+
+    // Idle leases go back to Redis: a third instance (whose over-limit
+    // cache is empty) then gets exactly what was held back.
+    let c = tollgate(&up, prefix, "lease_percent = 0", &rules).await;
+    let held_back = 1_000 - admitted;
+    eventually("the idle leases are given back", || async {
+        let key = format!("{prefix}{{shared|ip=192.0.2.11}}:fw");
+        let value = server().cli(&["GET", &key]);
+        value.trim().ends_with(&format!(":{admitted}"))
+    })
+    .await;
+    let statuses = support::statuses(held_back + 5, || c.get("/").from_ip("192.0.2.11")).await;
+    assert_eq!(statuses, support::expect_statuses(held_back, 200, 5, 429));
+}
+
+#[tokio::test]
+async fn leases_are_given_back_at_shutdown_and_can_be_turned_off() {
+    let up = Upstream::start().await;
+    let prefix = "t-lease-stop:";
+    let rules = rule("stop", "fixed_window", 1_000);
+    let key = format!("{prefix}{{stop|ip=192.0.2.12}}:fw");
+    let count_in_redis = || {
+        let value = server().cli(&["GET", &key]);
+        value.trim().rsplit(':').next().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0)
+    };
+
+    let a = tollgate(&up, prefix, "lease_idle = \"1h\"", &rules).await;
+    for _ in 0..2 {
+        assert_eq!(a.get("/").from_ip("192.0.2.12").send().await.status, 200);
+    }
+    // The second request leased 1% of 1,000 on top of itself.
+    assert_eq!(count_in_redis(), 12);
+    let reply = a.get("/").from_ip("192.0.2.12").send().await;
+    assert_eq!(reply.header("x-ratelimit-remaining"), Some("997"), "988 left in Redis and 9 still held here");
+    a.stop().await;
+    assert_eq!(count_in_redis(), 3, "the unspent 9 went back at shutdown");
+
+    // Turned off: every request is a script call, none is leased.
+    let off = tollgate(&up, prefix, "lease_percent = 0", &rules).await;
+    for _ in 0..30 {
+        assert_eq!(off.get("/").from_ip("192.0.2.12").send().await.status, 200);
+    }
+    assert_eq!(count_in_redis(), 33);
+    assert_eq!(lease_hits(&off).await, 0.0);
+}
