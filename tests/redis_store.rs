@@ -165,6 +165,20 @@ async fn the_over_limit_cache_answers_a_flood_without_asking_redis() {
     assert!(limited.header("retry-after").is_some_and(|s| s.parse::<u64>().is_ok_and(|s| (1..=60).contains(&s))));
 }
 
+#[tokio::test]
+async fn once_the_last_unit_is_admitted_a_concurrent_flood_sends_one_probe_to_redis() {
+    let up = Upstream::start().await;
+    let tg = tollgate(&up, "t-probe:", &rule("probe", "fixed_window", 3, "1m", 3)).await;
+    let statuses = support::statuses(3, || tg.get("/").from_ip("192.0.2.8")).await;
+    assert_eq!(statuses, [200, 200, 200]);
+    // The third admission left nothing: of 100 requests at once, one asks
+    // Redis and the others are answered here, instead of all 100 asking.
+    let replies = burst(100, |_| tg.get("/").from_ip("192.0.2.8")).await;
+    assert_eq!(count(&replies, 429), 100);
+    let hits = metric(&tg.metrics().await, "tollgate_local_cache_hits_total", &[]).unwrap_or(0.0);
+    assert_eq!(hits, 99.0);
+}
+
 fn evalsha_calls() -> u64 {
     let stats = server().cli(&["INFO", "commandstats"]);
     stats

@@ -12,6 +12,15 @@
 //! An entry applies only to requests with the same effective limits (soft or
 //! elastic throttling may lift them) and at least the same cost (a cheaper
 //! request may fit sooner).
+//!
+//! When the retry moment comes, one request (the probe) asks Redis and the
+//! others keep being answered from the entry until its reply: otherwise
+//! every client connection of a flood would reach Redis at once each time a
+//! token came back, only for all but one to be rejected. The price is that
+//! requests arriving during the probe's round trip are rejected even when
+//! Redis could have admitted more than one of them; the probe's admission
+//! clears the entry, its rejection renews it, and a probe that never
+//! reports stops counting after the store timeout.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -38,6 +47,22 @@ struct Entry {
     reset_at: Instant,
     limits: Limits,
     cost: u64,
+    /// A probe is asking Redis until then.
+    probing_until: Option<Instant>,
+}
+
+/// What the cache says about one key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Lookup {
+    /// Rejected: Redis's answer is still promised, or another request is
+    /// asking it again.
+    Rejected(Verdict),
+    /// The retry moment has come and this request is the one to ask Redis;
+    /// report its outcome with [`OverLimitCache::forget`] if admitted (a
+    /// rejection is remembered anew).
+    Probe,
+    /// Nothing known: ask Redis.
+    Unknown,
 }
 
 impl OverLimitCache {
@@ -63,6 +88,7 @@ impl OverLimitCache {
             reset_at: now + Duration::from_nanos(verdict.reset_after),
             limits,
             cost,
+            probing_until: None,
         };
         let mut shard = self.shard(key);
         if shard.len() >= MAX_PER_SHARD && !shard.contains_key(key) {
@@ -74,24 +100,51 @@ impl OverLimitCache {
         shard.insert(key.to_string(), entry);
     }
 
-    /// The rejection Redis would give `key` now, if it is still promised.
-    pub fn rejection(&self, key: &str, limits: &Limits, cost: u64, now: Instant) -> Option<Verdict> {
+    /// Remembers that Redis admitted a request for `key` with nothing left
+    /// for another of the same cost: the next request is a probe, and the
+    /// ones behind it wait for its answer instead of all asking Redis.
+    pub fn exhausted(&self, key: &str, limits: Limits, cost: u64, verdict: &Verdict, now: Instant) {
+        let rejection = Verdict { allowed: false, remaining: 0, retry_after: 0, ..*verdict };
+        self.remember(key, limits, cost, &rejection, now);
+    }
+
+    /// What to do about `key` now (see [`Lookup`]). `probe_for` bounds how
+    /// long a probe may take to report.
+    pub fn lookup(&self, key: &str, limits: &Limits, cost: u64, now: Instant, probe_for: Duration) -> Lookup {
         let mut shard = self.shard(key);
-        let entry = *shard.get(key)?;
-        if entry.retry_at <= now {
-            shard.remove(key);
-            return None;
-        }
+        let Some(entry) = shard.get_mut(key) else { return Lookup::Unknown };
         if entry.limits != *limits || cost < entry.cost {
-            return None;
+            return Lookup::Unknown;
         }
-        Some(Verdict {
-            allowed: false,
-            remaining: 0,
-            reset_after: nanos(entry.reset_at.saturating_duration_since(now)),
-            retry_after: nanos(entry.retry_at - now).max(1),
-            delay: 0,
-        })
+        if entry.retry_at > now {
+            return Lookup::Rejected(Verdict {
+                allowed: false,
+                remaining: 0,
+                reset_after: nanos(entry.reset_at.saturating_duration_since(now)),
+                retry_after: nanos(entry.retry_at - now).max(1),
+                delay: 0,
+            });
+        }
+        match entry.probing_until {
+            Some(until) if until > now => Lookup::Rejected(Verdict {
+                allowed: false,
+                remaining: 0,
+                reset_after: nanos(entry.reset_at.saturating_duration_since(now)),
+                // Try again right away: the probe's answer is on its way.
+                retry_after: 1,
+                delay: 0,
+            }),
+            _ => {
+                entry.probing_until = Some(now + probe_for);
+                Lookup::Probe
+            }
+        }
+    }
+
+    /// The probe for `key` was admitted, or not sent after all: the entry
+    /// no longer holds.
+    pub fn forget(&self, key: &str) {
+        self.shard(key).remove(key);
     }
 
     /// Drops every entry whose moment has passed. Returns how many.
@@ -100,7 +153,7 @@ impl OverLimitCache {
         for shard in self.shards.iter() {
             let mut s = shard.lock().unwrap_or_else(|p| p.into_inner());
             let before = s.len();
-            s.retain(|_, e| e.retry_at > now);
+            s.retain(|_, e| e.retry_at > now || e.probing_until.is_some_and(|t| t > now));
             dropped += before - s.len();
         }
         dropped
@@ -134,17 +187,40 @@ mod tests {
         }
     }
 
+    const PROBE: Duration = Duration::from_millis(20);
+
+    fn lookup(cache: &OverLimitCache, key: &str, limits: &Limits, cost: u64, at: Instant) -> Lookup {
+        cache.lookup(key, limits, cost, at, PROBE)
+    }
+
     #[test]
-    fn a_rejection_is_answered_until_its_retry_moment_and_no_longer() {
+    fn a_rejection_is_answered_until_its_retry_moment_then_one_request_probes() {
         let cache = OverLimitCache::new();
         let t0 = Instant::now();
         cache.remember("k", LIMITS, 1, &rejected(100), t0);
-        let v = cache.rejection("k", &LIMITS, 1, t0 + Duration::from_millis(40)).expect("still rejected");
+        let Lookup::Rejected(v) = lookup(&cache, "k", &LIMITS, 1, t0 + Duration::from_millis(40)) else {
+            panic!("still rejected")
+        };
         assert!(!v.allowed);
         assert_eq!(v.retry_after, 60_000_000);
         assert_eq!(v.reset_after, 160_000_000);
-        assert!(cache.rejection("k", &LIMITS, 1, t0 + Duration::from_millis(100)).is_none());
-        assert_eq!(cache.len(), 0, "an expired entry is dropped when met");
+        let t1 = t0 + Duration::from_millis(100);
+        assert_eq!(lookup(&cache, "k", &LIMITS, 1, t1), Lookup::Probe, "the first request after the moment asks");
+        let Lookup::Rejected(v) = lookup(&cache, "k", &LIMITS, 1, t1) else { panic!("the others wait for it") };
+        assert_eq!(v.retry_after, 1);
+        // A probe that never reports stops holding the others back.
+        assert_eq!(lookup(&cache, "k", &LIMITS, 1, t1 + PROBE), Lookup::Probe);
+        // Its admission clears the entry; a rejection would have renewed it.
+        cache.forget("k");
+        assert_eq!(lookup(&cache, "k", &LIMITS, 1, t1 + PROBE), Lookup::Unknown);
+        // Admitted with nothing left: the next request probes, the rest wait.
+        let last = Verdict { allowed: true, remaining: 0, reset_after: 1_000_000, retry_after: 0, delay: 0 };
+        cache.exhausted("k", LIMITS, 1, &last, t1);
+        assert_eq!(lookup(&cache, "k", &LIMITS, 1, t1), Lookup::Probe);
+        assert!(matches!(lookup(&cache, "k", &LIMITS, 1, t1), Lookup::Rejected(_)));
+        cache.forget("k");
+        assert_eq!(lookup(&cache, "k", &LIMITS, 1, t1 + PROBE), Lookup::Unknown);
+        assert_eq!(cache.len(), 0);
     }
 
     #[test]
@@ -153,10 +229,10 @@ mod tests {
         let t0 = Instant::now();
         cache.remember("k", LIMITS, 3, &rejected(100), t0);
         let lifted = Limits { limit: 10, ..LIMITS };
-        assert!(cache.rejection("k", &lifted, 3, t0).is_none());
-        assert!(cache.rejection("k", &LIMITS, 2, t0).is_none());
-        assert!(cache.rejection("k", &LIMITS, 4, t0).is_some());
-        assert!(cache.rejection("other", &LIMITS, 3, t0).is_none());
+        assert_eq!(lookup(&cache, "k", &lifted, 3, t0), Lookup::Unknown);
+        assert_eq!(lookup(&cache, "k", &LIMITS, 2, t0), Lookup::Unknown);
+        assert!(matches!(lookup(&cache, "k", &LIMITS, 4, t0), Lookup::Rejected(_)));
+        assert_eq!(lookup(&cache, "other", &LIMITS, 3, t0), Lookup::Unknown);
     }
 
     #[test]

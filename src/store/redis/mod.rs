@@ -286,9 +286,15 @@ impl Shared {
         let keys: Vec<String> = checks.iter().map(|c| redis_key(&self.key_prefix, c.key, c.limits.algorithm)).collect();
         let consume = mode == Mode::Consume;
 
-        if consume && let Some(verdicts) = self.answer_from_cache(checks, &keys, started) {
-            self.metrics.local_cache_hits_total.inc();
-            return Ok(verdicts);
+        let mut probes: Vec<usize> = Vec::new();
+        if consume {
+            match self.answer_from_cache(checks, &keys, started) {
+                Ok(verdicts) => {
+                    self.metrics.local_cache_hits_total.inc();
+                    return Ok(verdicts);
+                }
+                Err(p) => probes = p,
+            }
         }
         // Checks that leased quota held here can answer (see `lease`).
         let mut local: Vec<Option<Verdict>> = vec![None; checks.len()];
@@ -357,6 +363,18 @@ impl Shared {
             }
         }
 
+        // A probe Redis admitted clears its key's entry (one it rejected is
+        // remembered anew below).
+        for &i in &probes {
+            let admitted = asked
+                .iter()
+                .position(|&j| j == i)
+                .is_some_and(|at| results[at].as_ref().is_ok_and(|r| r.verdict.allowed));
+            if admitted {
+                self.cache.forget(&keys[i]);
+            }
+        }
+
         if let Some(failure) = results.iter().find_map(|r| r.as_ref().err()) {
             let failure = failure.clone();
             if failure.outage {
@@ -388,10 +406,12 @@ impl Shared {
 
         if consume {
             let mut rejected = false;
-            for ((c, key), v) in checks.iter().zip(&keys).zip(&verdicts) {
+            for (i, ((c, key), v)) in checks.iter().zip(&keys).zip(&verdicts).enumerate() {
                 if c.enforced && !v.allowed {
                     rejected = true;
                     self.cache.remember(key, c.limits, c.cost, v, now);
+                } else if c.enforced && v.remaining < c.cost && local[i].is_none() {
+                    self.cache.exhausted(key, c.limits, c.cost, v, now);
                 }
             }
             if rejected {
@@ -422,27 +442,44 @@ impl Shared {
     /// anyway, and a rejected request counts nowhere): they are reported
     /// with nothing remaining until the rejection's retry moment, which is
     /// all the client can act on.
-    fn answer_from_cache(&self, checks: &[Check<'_>], keys: &[String], now: Instant) -> Option<Vec<Verdict>> {
-        let known: Vec<Option<Verdict>> = checks
-            .iter()
-            .zip(keys)
-            .map(|(c, k)| if c.enforced { self.cache.rejection(k, &c.limits, c.cost, now) } else { None })
-            .collect();
-        let blocker = known.iter().flatten().next().copied()?;
-        Some(
-            known
-                .into_iter()
-                .map(|v| {
-                    v.unwrap_or(Verdict {
-                        allowed: true,
-                        remaining: 0,
-                        reset_after: blocker.retry_after,
-                        retry_after: 0,
-                        delay: 0,
-                    })
+    ///
+    /// Otherwise returns the checks this request is the probe for (see
+    /// [`cache`]), whose outcome the caller reports.
+    fn answer_from_cache(
+        &self,
+        checks: &[Check<'_>],
+        keys: &[String],
+        now: Instant,
+    ) -> Result<Vec<Verdict>, Vec<usize>> {
+        let mut known: Vec<Option<Verdict>> = vec![None; checks.len()];
+        let mut probes = Vec::new();
+        for (i, (c, k)) in checks.iter().zip(keys).enumerate() {
+            if !c.enforced {
+                continue;
+            }
+            match self.cache.lookup(k, &c.limits, c.cost, now, self.timeout) {
+                cache::Lookup::Rejected(v) => known[i] = Some(v),
+                cache::Lookup::Probe => probes.push(i),
+                cache::Lookup::Unknown => {}
+            }
+        }
+        let Some(blocker) = known.iter().flatten().next().copied() else { return Err(probes) };
+        // Rejected anyway: the probes taken are not sent.
+        for &i in &probes {
+            self.cache.forget(&keys[i]);
+        }
+        Ok(known
+            .into_iter()
+            .map(|v| {
+                v.unwrap_or(Verdict {
+                    allowed: true,
+                    remaining: 0,
+                    reset_after: blocker.retry_after,
+                    retry_after: 0,
+                    delay: 0,
                 })
-                .collect(),
-        )
+            })
+            .collect())
     }
 
     /// Gives back, in the background, what the `counted` checks (index and
