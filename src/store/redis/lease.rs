@@ -23,10 +23,13 @@
 //!   can hold back from the others is one lease per key, and only for keys
 //!   it is using: a lease left idle for `lease_idle` is given back (a refund
 //!   script call), and so is every lease on shutdown.
-//! - **Only for keys seen twice.** The first request for a key is decided
-//!   alone; a lease is asked for from its second request on, so one-off
-//!   clients (a scan of IP keys) cost one call each, not a lease and its
-//!   refund. One lease request per key is in flight at a time.
+//! - **From the first request, given back only if used.** A client's
+//!   first request already takes a lease, so its next ones (a page and its
+//!   assets, a retry loop) are answered here. A lease never spent before it
+//!   goes idle is not given back: a scan of one-off clients then costs one
+//!   call per client, as without leases, and what each leaves counted is a
+//!   lease of a key nobody else is using, which refills (token bucket) or
+//!   ends with its window. One lease request per key is in flight at a time.
 //! - **Not for every algorithm.** The leaky bucket decides each request's
 //!   delay from the queue ahead of it, and the sliding log stamps each entry
 //!   with its own time (an entry stamped early would leave the window
@@ -48,7 +51,7 @@ const SHARDS: usize = 64;
 /// it, new keys are simply not leased.
 const MAX_PER_SHARD: usize = 10_000;
 
-/// The leases this instance holds, and the keys it has seen recently.
+/// The leases this instance holds.
 pub(super) struct Leases {
     shards: Box<[Mutex<HashMap<String, Lease>>]>,
     hasher: foldhash::quality::RandomState,
@@ -72,6 +75,8 @@ struct Lease {
     reset_at: Instant,
     /// A lease request for this key is in flight until then.
     asking_until: Option<Instant>,
+    /// Whether a request spent some of it since it was granted.
+    used: bool,
 }
 
 /// Units to give back to Redis: a lease nobody here uses any more.
@@ -126,6 +131,7 @@ impl Leases {
         }
         lease.units -= cost;
         lease.last_used = now;
+        lease.used = true;
         Some(Verdict {
             allowed: true,
             remaining: lease.remaining.saturating_add(lease.units),
@@ -146,44 +152,42 @@ impl Leases {
     }
 
     /// How many units to ask for ahead with the call deciding `key` now: 0
-    /// the first time the key is seen (it is remembered instead), while
-    /// another lease request for it is in flight, or where leasing does not
-    /// apply. Otherwise the caller must report the call's outcome to
-    /// [`granted`](Self::granted) or [`failed`](Self::failed).
+    /// while another lease request for it is in flight, where leasing does
+    /// not apply, or when too many keys are tracked already. Otherwise the
+    /// caller must report the call's outcome to [`granted`](Self::granted)
+    /// or [`failed`](Self::failed).
     pub fn want(&self, key: &str, limits: &Limits, cost: u64, now: Instant, timeout: Duration) -> u64 {
         let size = self.size(limits);
         if size < cost.max(1) {
             return 0;
         }
         let mut shard = self.shard(key);
-        match shard.get_mut(key) {
-            Some(lease) => {
-                if lease.asking_until.is_some_and(|t| t > now) {
-                    return 0;
-                }
-                lease.asking_until = Some(now + timeout);
-                lease.last_used = now;
-                size
+        if let Some(lease) = shard.get_mut(key) {
+            if lease.asking_until.is_some_and(|t| t > now) {
+                return 0;
             }
-            None => {
-                if shard.len() < MAX_PER_SHARD {
-                    shard.insert(
-                        key.to_string(),
-                        Lease {
-                            limits: *limits,
-                            units: 0,
-                            token: 0,
-                            expires_at: None,
-                            last_used: now,
-                            remaining: 0,
-                            reset_at: now,
-                            asking_until: None,
-                        },
-                    );
-                }
-                0
-            }
+            lease.asking_until = Some(now + timeout);
+            lease.last_used = now;
+            return size;
         }
+        if shard.len() >= MAX_PER_SHARD {
+            return 0;
+        }
+        shard.insert(
+            key.to_string(),
+            Lease {
+                limits: *limits,
+                units: 0,
+                token: 0,
+                expires_at: None,
+                last_used: now,
+                remaining: 0,
+                reset_at: now,
+                asking_until: Some(now + timeout),
+                used: false,
+            },
+        );
+        size
     }
 
     /// Records what a call that asked for a lease was granted. `sent` is
@@ -211,6 +215,7 @@ impl Leases {
             Some(Unused { key: key.to_string(), limits: lease.limits, units: lease.units, token: lease.token })
         };
         let units = if same { lease.units + reply.granted } else { reply.granted };
+        let used = same && lease.used;
         *lease = Lease {
             limits: *limits,
             units,
@@ -220,6 +225,7 @@ impl Leases {
             remaining: reply.verdict.remaining,
             reset_at: sent + Duration::from_nanos(reply.verdict.reset_after),
             asking_until: None,
+            used,
         };
         replaced
     }
@@ -232,24 +238,30 @@ impl Leases {
     }
 
     /// Forgets keys idle for `lease_idle` and leases whose window has ended,
-    /// and returns the units among them that Redis should get back.
+    /// and returns the units among them that Redis should get back: those of
+    /// leases that were used (see the module notes).
     pub fn expire(&self, now: Instant) -> Vec<Unused> {
         self.remove_where(now, |lease| {
-            now.saturating_duration_since(lease.last_used) >= self.idle || lease.expires_at.is_some_and(|t| t <= now)
+            let gone = now.saturating_duration_since(lease.last_used) >= self.idle
+                || lease.expires_at.is_some_and(|t| t <= now);
+            (gone, lease.used)
         })
     }
 
     /// Every lease held, for giving back on shutdown.
     pub fn drain(&self, now: Instant) -> Vec<Unused> {
-        self.remove_where(now, |_| true)
+        self.remove_where(now, |_| (true, true))
     }
 
-    fn remove_where(&self, now: Instant, mut gone: impl FnMut(&Lease) -> bool) -> Vec<Unused> {
+    /// Removes the leases `gone` says (first) are gone, returning the units
+    /// of those it says (second) to give back.
+    fn remove_where(&self, now: Instant, mut gone: impl FnMut(&Lease) -> (bool, bool)) -> Vec<Unused> {
         let mut unused = Vec::new();
         for shard in self.shards.iter() {
             let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
             shard.retain(|key, lease| {
-                if !gone(lease) {
+                let (gone, give_back) = gone(lease);
+                if !gone {
                     return true;
                 }
                 // A fixed window's count ends with its window, so units of an
@@ -257,7 +269,7 @@ impl Leases {
                 // weigh on the next window, and a bucket's on its level.
                 let ended =
                     lease.limits.algorithm == Algorithm::FixedWindow && lease.expires_at.is_some_and(|t| t <= now);
-                if lease.units > 0 && !ended {
+                if give_back && lease.units > 0 && !ended {
                     unused.push(Unused {
                         key: key.clone(),
                         limits: lease.limits,
@@ -301,10 +313,9 @@ mod tests {
     }
 
     #[test]
-    fn a_key_is_leased_from_its_second_call_and_then_spent_locally() {
+    fn a_key_is_leased_from_its_first_call_and_then_spent_locally() {
         let leases = Leases::new(1, Duration::from_secs(5));
         let t0 = Instant::now();
-        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 0, "first sighting: decided alone");
         assert!(leases.take("k", &BUCKET, 1, t0).is_none());
         assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 10, "1% of 1,000");
         assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 0, "one lease request in flight per key");
@@ -326,7 +337,6 @@ mod tests {
         let log = Limits { algorithm: Algorithm::SlidingWindowLog, ..BUCKET };
         let leaky = Limits { algorithm: Algorithm::LeakyBucket, ..BUCKET };
         for limits in [small, log, leaky] {
-            leases.want("k", &limits, 1, t0, TIMEOUT);
             assert_eq!(leases.want("k", &limits, 1, t0, TIMEOUT), 0, "{limits:?}");
         }
         assert_eq!(leases.len(), 0);
@@ -339,8 +349,7 @@ mod tests {
         let leases = Leases::new(1, Duration::from_secs(5));
         let t0 = Instant::now();
         let window = Limits { algorithm: Algorithm::FixedWindow, ..BUCKET };
-        leases.want("k", &window, 1, t0, TIMEOUT);
-        leases.want("k", &window, 1, t0, TIMEOUT);
+        assert_eq!(leases.want("k", &window, 1, t0, TIMEOUT), 10);
         leases.granted("k", &window, &reply(10, 980, 7, 100_000_000), t0, t0);
         assert!(leases.take("k", &Limits { limit: 2_000, ..window }, 1, t0).is_none(), "limits lifted");
         assert!(leases.take("k", &window, 1, t0 + Duration::from_millis(99)).is_some());
@@ -351,15 +360,17 @@ mod tests {
     }
 
     #[test]
-    fn idle_leases_are_returned_and_taken_units_can_be_given_back() {
+    fn idle_leases_that_were_used_are_returned_and_taken_units_can_be_given_back() {
         let leases = Leases::new(1, Duration::from_secs(5));
         let t0 = Instant::now();
-        leases.want("k", &BUCKET, 1, t0, TIMEOUT);
-        leases.want("k", &BUCKET, 1, t0, TIMEOUT);
-        leases.granted("k", &BUCKET, &reply(10, 980, 0, 0), t0, t0);
+        for key in ["k", "one-off"] {
+            assert_eq!(leases.want(key, &BUCKET, 1, t0, TIMEOUT), 10);
+            leases.granted(key, &BUCKET, &reply(10, 980, 0, 0), t0, t0);
+        }
         leases.take("k", &BUCKET, 3, t0).expect("served");
         leases.give_back("k", &BUCKET, 3);
         assert!(leases.expire(t0 + Duration::from_secs(4)).is_empty(), "not idle yet");
+        // The one-off key's lease was never spent: not worth a call.
         let back = leases.expire(t0 + Duration::from_secs(5));
         assert_eq!(back.len(), 1);
         assert_eq!((back[0].key.as_str(), back[0].units), ("k", 10));
@@ -370,13 +381,14 @@ mod tests {
     fn a_failed_lease_request_lets_the_next_call_ask_and_replaced_leases_are_returned() {
         let leases = Leases::new(1, Duration::from_secs(5));
         let t0 = Instant::now();
-        leases.want("k", &BUCKET, 1, t0, TIMEOUT);
         assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 10);
+        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 0, "in flight");
         leases.failed("k");
         assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 10);
         leases.granted("k", &BUCKET, &reply(10, 980, 0, 0), t0, t0);
         // An in-flight request that never reports stops blocking after the timeout.
         assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 10);
+        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 0);
         assert_eq!(leases.want("k", &BUCKET, 1, t0 + TIMEOUT, TIMEOUT), 10);
         // A reload changed the limits: the old units go back.
         let lifted = Limits { limit: 2_000, burst: 2_000, ..BUCKET };
