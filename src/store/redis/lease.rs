@@ -47,9 +47,10 @@ use super::scripts::Reply;
 use crate::limiter::{Algorithm, Limits, Verdict};
 
 const SHARDS: usize = 64;
-/// Keys tracked per shard at most (640k in all, about 100 bytes each). Past
-/// it, new keys are simply not leased.
-const MAX_PER_SHARD: usize = 10_000;
+/// Keys tracked per shard at most: 128k in all, at roughly 220 bytes each
+/// (the key, the lease, the table's slack), so under 30 MB. Past it, new
+/// keys are simply not leased until idle ones are dropped.
+const MAX_PER_SHARD: usize = 2_000;
 
 /// The leases this instance holds.
 pub(super) struct Leases {
