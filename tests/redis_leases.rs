@@ -1,7 +1,8 @@
 //! Leases against one real `redis-server`: a busy key is answered from
 //! quota leased to the instance, two instances together never admit past the
 //! limit (exactly the limit when requests keep coming to both), idle leases
-//! and every lease at shutdown go back to Redis, and `lease_percent = 0`
+//! and every lease at shutdown go back to Redis, units taken for a request
+//! another rule rejects are returned, and `lease_percent = 0`
 //! asks Redis for every request.
 //!
 //! One server is shared by the whole file; every test uses its own key
@@ -91,6 +92,25 @@ async fn concurrent_instances_stay_within_the_limit_and_idle_leases_come_back() 
     .await;
     let statuses = support::statuses(held_back + 5, || c.get("/").from_ip("192.0.2.11")).await;
     assert_eq!(statuses, support::expect_statuses(held_back, 200, 5, 429));
+}
+
+#[tokio::test]
+async fn units_taken_from_a_lease_for_a_request_another_rule_rejects_are_given_back() {
+    let up = Upstream::start().await;
+    let prefix = "t-lease-multi:";
+    // Every request matches both: a big leased limit and a small one.
+    let rules = format!("{}{}", rule("big", "fixed_window", 1_000), rule("small", "fixed_window", 2));
+    let tg = tollgate(&up, prefix, "lease_idle = \"1h\"", &rules).await;
+    let statuses = support::statuses(6, || tg.get("/").from_ip("192.0.2.13")).await;
+    assert_eq!(statuses, support::expect_statuses(2, 200, 4, 429));
+    let big = || server().cli(&["GET", &format!("{prefix}{{big|ip=192.0.2.13}}:fw")]).trim().to_string();
+    // One call for the big rule: the first request and its lease of 10.
+    // The second and third took from the lease, and the third gave its
+    // unit back when the small rule rejected it.
+    assert!(big().ends_with(":11"), "{}", big());
+    tg.stop().await;
+    // Only the two admitted requests count once the lease is back.
+    assert!(big().ends_with(":2"), "{}", big());
 }
 
 #[tokio::test]
