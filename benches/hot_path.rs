@@ -228,5 +228,47 @@ fn header_rendering(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, matching, keys, algorithms, header_rendering);
+/// A `user` key from an RS256 JWT: the signature check on a token's first
+/// request, against the remembered identity on the requests that follow.
+fn jwt_identity(c: &mut Criterion) {
+    use jsonwebtoken::{Algorithm as Jwa, EncodingKey, Header};
+    use tollgate::identity::{Identity, JwtConfig, JwtVerifier, KeySource};
+
+    // A key pair made for this benchmark only (benches/fixtures/).
+    let private = include_bytes!("fixtures/bench-rsa-private.pem");
+    let public = include_bytes!("fixtures/bench-rsa-public.pem");
+    let config = JwtConfig {
+        header: http::header::AUTHORIZATION,
+        algorithms: vec![Jwa::RS256],
+        keys: KeySource::Key { path: "bench-rsa-public.pem".into(), bytes: public.to_vec() },
+        issuer: None,
+        audience: None,
+        claim: "sub".into(),
+        leeway: 0,
+    };
+    let claims = serde_json::json!({"sub": "user-42", "exp": jsonwebtoken::get_current_timestamp() + 3_600});
+    let key = EncodingKey::from_rsa_pem(private).expect("the fixture is an RSA private key");
+    let token = jsonwebtoken::encode(&Header::new(Jwa::RS256), &claims, &key).expect("signs");
+    let mut headers = HeaderMap::new();
+    headers.insert(http::header::AUTHORIZATION, HeaderValue::from_str(&format!("Bearer {token}")).expect("ascii"));
+    let expected = Identity::Verified("user-42".into());
+
+    let mut group = c.benchmark_group("jwt identity (RS256)");
+    group.bench_function("first request: signature checked", |b| {
+        b.iter_batched(
+            || JwtVerifier::new(&config).expect("valid config"),
+            |verifier| {
+                assert_eq!(verifier.verify(black_box(&headers)), expected);
+                verifier
+            },
+            criterion::BatchSize::SmallInput,
+        )
+    });
+    let verifier = JwtVerifier::new(&config).expect("valid config");
+    assert_eq!(verifier.verify(&headers), expected);
+    group.bench_function("later requests: remembered", |b| b.iter(|| verifier.verify(black_box(&headers))));
+    group.finish();
+}
+
+criterion_group!(benches, matching, keys, algorithms, header_rendering, jwt_identity);
 criterion_main!(benches);

@@ -10,9 +10,17 @@
 //! only RS*/PS*, a PEM EC key only ES*, anything else is an HMAC secret and
 //! only HS*. Letting a token pick HS256 with an RSA public key as the secret
 //! is the classic algorithm-confusion forgery; it cannot happen here.
+//!
+//! A token that verified is remembered until it expires ([`VerifiedTokens`]):
+//! a client sends the same token on every request, and checking its
+//! signature each time (tens of microseconds for RS256 or ES256) would cost
+//! more than everything else tollgate does for the request.
 
+use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use http::{HeaderMap, HeaderName};
@@ -67,6 +75,7 @@ pub struct JwtVerifier {
     validation: Validation,
     keys: ArcSwap<Keys>,
     jwks_path: Option<PathBuf>,
+    verified: VerifiedTokens,
 }
 
 /// Longest token read: a token is a few hundred bytes to a few KB; anything
@@ -112,6 +121,7 @@ impl JwtVerifier {
             validation,
             keys: ArcSwap::from_pointee(keys),
             jwks_path,
+            verified: VerifiedTokens::new(),
         })
     }
 
@@ -125,6 +135,8 @@ impl JwtVerifier {
     pub fn reload_jwks(&self, bytes: &[u8]) -> Result<(), String> {
         let keys = load_jwks(bytes)?;
         self.keys.store(Arc::new(keys));
+        // A key taken out of the set must stop vouching for its tokens.
+        self.verified.forget_all();
         Ok(())
     }
 
@@ -139,6 +151,11 @@ impl JwtVerifier {
         if token.len() > MAX_TOKEN_BYTES {
             return Identity::Invalid("the token is too long");
         }
+        let now = jsonwebtoken::get_current_timestamp();
+        if let Some(user) = self.verified.get(token, now) {
+            return Identity::Verified(user);
+        }
+        let generation = self.verified.generation();
         let Ok(header) = jsonwebtoken::decode_header(token) else {
             return Identity::Invalid("the token is malformed");
         };
@@ -159,13 +176,101 @@ impl JwtVerifier {
                 last
             }
         };
-        match result {
-            Ok(claims) => match claims.get(&self.claim) {
-                Some(serde_json::Value::String(s)) if !s.is_empty() => Identity::Verified(s.clone()),
-                Some(serde_json::Value::Number(n)) => Identity::Verified(n.to_string()),
-                _ => Identity::Invalid("the token has no identity claim"),
-            },
-            Err(identity) => identity,
+        let claims = match result {
+            Ok(claims) => claims,
+            Err(identity) => return identity,
+        };
+        let user = match claims.get(&self.claim) {
+            Some(serde_json::Value::String(s)) if !s.is_empty() => s.clone(),
+            Some(serde_json::Value::Number(n)) => n.to_string(),
+            _ => return Identity::Invalid("the token has no identity claim"),
+        };
+        // `exp` is a required claim, so a verified token has one.
+        if let Some(exp) = claims.get("exp").and_then(serde_json::Value::as_u64) {
+            self.verified.insert(token, &user, exp.saturating_add(self.validation.leeway), generation);
+        }
+        Identity::Verified(user)
+    }
+}
+
+/// Tokens that verified, with their identity and the last second they are
+/// valid in (`exp` plus the leeway, as `jsonwebtoken` checks it). Keyed by
+/// the whole token, so only the very token that verified is answered here;
+/// failures are never remembered. A JWKS reload forgets everything, and a
+/// verification that started before it is not remembered.
+///
+/// Bounded: tokens longer than [`MAX_CACHED_TOKEN_BYTES`] are not kept, and
+/// a full shard first drops what has expired, then takes nothing new (those
+/// tokens are simply verified every time), so it holds at most about 32 MB.
+struct VerifiedTokens {
+    shards: Box<[Mutex<TokenMap>]>,
+    hasher: foldhash::quality::RandomState,
+    generation: AtomicU64,
+}
+
+type TokenMap = HashMap<Box<str>, VerifiedToken, foldhash::fast::RandomState>;
+
+struct VerifiedToken {
+    user: String,
+    valid_until: u64,
+    generation: u64,
+}
+
+const TOKEN_SHARDS: usize = 16;
+const TOKENS_PER_SHARD: usize = 1_024;
+const MAX_CACHED_TOKEN_BYTES: usize = 2_048;
+
+impl VerifiedTokens {
+    fn new() -> VerifiedTokens {
+        VerifiedTokens {
+            shards: (0..TOKEN_SHARDS)
+                .map(|_| Mutex::new(HashMap::with_hasher(foldhash::fast::RandomState::default())))
+                .collect(),
+            hasher: foldhash::quality::RandomState::default(),
+            generation: AtomicU64::new(0),
+        }
+    }
+
+    fn shard(&self, token: &str) -> std::sync::MutexGuard<'_, TokenMap> {
+        let i = self.hasher.hash_one(token) as usize % TOKEN_SHARDS;
+        // Entries are inserted and removed whole, so a panic elsewhere while
+        // the lock was held cannot have left one half-written.
+        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The identity `token` verified to, if it is still valid at `now`
+    /// (Unix seconds) under the current keys.
+    fn get(&self, token: &str, now: u64) -> Option<String> {
+        let shard = self.shard(token);
+        let entry = shard.get(token)?;
+        (entry.valid_until >= now && entry.generation == self.generation()).then(|| entry.user.clone())
+    }
+
+    fn insert(&self, token: &str, user: &str, valid_until: u64, generation: u64) {
+        if token.len() > MAX_CACHED_TOKEN_BYTES || generation != self.generation() {
+            return;
+        }
+        let now = jsonwebtoken::get_current_timestamp();
+        let mut shard = self.shard(token);
+        if shard.len() >= TOKENS_PER_SHARD {
+            let current = self.generation();
+            shard.retain(|_, e| e.valid_until >= now && e.generation == current);
+            if shard.len() >= TOKENS_PER_SHARD {
+                return;
+            }
+        }
+        shard.insert(token.into(), VerifiedToken { user: user.to_string(), valid_until, generation });
+    }
+
+    /// Called when the keys change.
+    fn forget_all(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        for shard in self.shards.iter() {
+            shard.lock().unwrap_or_else(|p| p.into_inner()).clear();
         }
     }
 }
@@ -314,6 +419,25 @@ mod tests {
     }
 
     #[test]
+    fn verified_tokens_are_remembered_until_they_expire_and_only_they() {
+        let v = hs_verifier();
+        let claims = json!({"sub": "user-9", "exp": now() + 60, "iss": "https://issuer.example", "aud": "tollgate"});
+        let t = token(claims);
+        assert_eq!(v.verify(&headers(&t)), Identity::Verified("user-9".into()));
+        let at = now();
+        assert_eq!(v.verified.get(&t, at).as_deref(), Some("user-9"));
+        assert_eq!(v.verified.get(&t, at + 60).as_deref(), Some("user-9"), "valid through its exp second");
+        assert_eq!(v.verified.get(&t, at + 62), None, "expired: verified again, and refused");
+        // One character changed is another token: verified, and refused.
+        let mut tampered = t.clone().into_bytes();
+        let last = tampered.len() - 2;
+        tampered[last] = if tampered[last] == b'A' { b'B' } else { b'A' };
+        let tampered = String::from_utf8(tampered).expect("ascii");
+        assert_eq!(v.verify(&headers(&tampered)), Identity::Invalid("the token's signature does not verify"));
+        assert_eq!(v.verified.get(&tampered, at), None, "failures are not remembered");
+    }
+
+    #[test]
     fn a_secret_key_allows_only_hmac_algorithms() {
         // RS256 was configured too, but a secret cannot verify it: only
         // HS256 stays, so an RS256 token is refused by algorithm.
@@ -344,6 +468,7 @@ mod tests {
         header.kid = Some("one".into());
         let t = encode(&header, &claims, &EncodingKey::from_secret(SECRET)).expect("encodes");
         assert_eq!(v.verify(&headers(&t)), Identity::Verified("7".into()));
+        assert_eq!(v.verify(&headers(&t)), Identity::Verified("7".into()), "the second time from the cache");
         v.reload_jwks(doc("two").as_bytes()).expect("reloads");
         assert_eq!(v.verify(&headers(&t)), Identity::Invalid("no key matches the token's kid"));
         assert!(v.reload_jwks(b"garbage").is_err());
