@@ -27,6 +27,7 @@ use std::hash::BuildHasher;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::nanos;
 use crate::limiter::{Limits, Verdict};
 
 const SHARDS: usize = 16;
@@ -164,10 +165,6 @@ impl OverLimitCache {
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len()).sum()
     }
-}
-
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

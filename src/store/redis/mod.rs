@@ -383,12 +383,7 @@ impl Shared {
             if consume {
                 // An error decides nothing: give back what the rules that
                 // did answer counted.
-                let counted = asked.iter().zip(&results).filter_map(|(&i, r)| match r {
-                    Ok(reply) if reply.verdict.allowed => Some((i, reply)),
-                    _ => None,
-                });
-                self.refund(checks, &keys, &ids, counted);
-                self.give_back(checks, &keys, &local);
+                self.uncount(checks, &keys, &ids, &asked, &results, &local);
             }
             return Err(failure.error);
         }
@@ -415,15 +410,29 @@ impl Shared {
                 }
             }
             if rejected {
-                let counted = asked.iter().zip(&results).filter_map(|(&i, r)| match r {
-                    Ok(reply) if reply.verdict.allowed => Some((i, reply)),
-                    _ => None,
-                });
-                self.refund(checks, &keys, &ids, counted);
-                self.give_back(checks, &keys, &local);
+                self.uncount(checks, &keys, &ids, &asked, &results, &local);
             }
         }
         Ok(verdicts)
+    }
+
+    /// Undoes everything a request counted, in Redis (`asked` and their
+    /// `results`) and in leases here (`local`): it ended up counting nowhere.
+    fn uncount(
+        self: &Arc<Self>,
+        checks: &[Check<'_>],
+        keys: &[String],
+        ids: &[String],
+        asked: &[usize],
+        results: &[Result<Reply, Failure>],
+        local: &[Option<Verdict>],
+    ) {
+        let counted = asked.iter().zip(results).filter_map(|(&i, r)| match r {
+            Ok(reply) if reply.verdict.allowed => Some((i, reply)),
+            _ => None,
+        });
+        self.refund(checks, keys, ids, counted);
+        self.give_back(checks, keys, local);
     }
 
     /// Returns the units taken from leases here for a request that ended up
@@ -576,6 +585,10 @@ impl Shared {
             }
         }
     }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// The refund calls that give leased units back.
