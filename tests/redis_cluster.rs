@@ -2,7 +2,8 @@
 //! replicas): limits are exact across instances for every algorithm, the
 //! leaky bucket's spacing holds across them, and a request matching rules
 //! whose keys live on different nodes is decided in one go, without
-//! `CROSSSLOT`.
+//! `CROSSSLOT`; keys leased to the instances, on every master, still admit
+//! exactly their limit.
 //!
 //! One cluster is shared by the whole file; every test uses its own rules.
 
@@ -158,4 +159,28 @@ async fn a_request_matching_rules_on_different_nodes_is_decided_without_crossslo
         let errors = metric(&t.metrics().await, "tollgate_store_errors_total", &[("backend", "redis")]);
         assert_eq!(errors.unwrap_or(0.0), 0.0, "no CROSSSLOT or any other store error");
     }
+}
+
+#[tokio::test]
+async fn leased_keys_on_every_master_admit_exactly_their_limit_across_two_instances() {
+    let up = Upstream::start().await;
+    // Big enough to lease (1% of 300 is 3), for clients whose keys land on
+    // different masters; a lease and the refunds of leases are routed to
+    // the master owning each key like any other call.
+    let (a, b) = pair(&up, &rule("leased", "token_bucket", 300, "1d", 300)).await;
+    let ips = ["198.51.100.1", "198.51.100.2", "198.51.100.3", "198.51.100.4"];
+    let masters: std::collections::HashSet<u16> =
+        ips.iter().filter_map(|ip| cluster().master_of(&format!("{{leased|ip={ip}}}"))).collect();
+    assert!(masters.len() >= 2, "the clients' keys spread over the masters: {masters:?}");
+    for ip in ips {
+        let mut admitted = 0;
+        for i in 0..330 {
+            let tg = if i % 2 == 0 { &a } else { &b };
+            admitted += usize::from(tg.get("/").from_ip(ip).send().await.status == 200);
+        }
+        assert_eq!(admitted, 300, "{ip}");
+    }
+    let hits = metric(&a.metrics().await, "tollgate_lease_hits_total", &[]).unwrap_or(0.0)
+        + metric(&b.metrics().await, "tollgate_lease_hits_total", &[]).unwrap_or(0.0);
+    assert!(hits >= 600.0, "only {hits} of 1,320 requests were answered from leases");
 }
