@@ -101,6 +101,9 @@ pub struct StoreConfig {
     /// How long leased quota nobody here uses is kept before it is given
     /// back to Redis.
     pub lease_idle: Duration,
+    /// CA certificates (PEM) trusted for a `rediss://` store instead of the
+    /// system's roots: the file and its contents.
+    pub tls_ca: Option<(PathBuf, Vec<u8>)>,
 }
 
 /// `[client]`: how the client behind a request is identified.
@@ -203,6 +206,20 @@ impl Validator<'_> {
                         value.get_ref()
                     ),
                 );
+                None
+            }
+        }
+    }
+
+    /// Reads a file named in the config, relative to the config file's
+    /// directory unless absolute.
+    fn read_relative(&mut self, p: &Spanned<String>) -> Option<(PathBuf, Vec<u8>)> {
+        let path = PathBuf::from(p.get_ref());
+        let path = if path.is_absolute() { path } else { self.file.parent().unwrap_or(Path::new(".")).join(path) };
+        match std::fs::read(&path) {
+            Ok(bytes) => Some((path, bytes)),
+            Err(e) => {
+                self.error(p.span(), format!("cannot read {}: {e}", path.display()));
                 None
             }
         }
@@ -332,6 +349,25 @@ impl Validator<'_> {
             Some(n) => *n.get_ref() as u8,
             None => 1,
         };
+        let tls_ca = store.tls_ca_file.as_ref().and_then(|f| {
+            let tls_url = store.url.as_ref().is_some_and(|u| {
+                let u = u.get_ref();
+                u.starts_with("rediss") || u.starts_with("valkeys")
+            });
+            if !tls_url {
+                self.error(
+                    f.span(),
+                    "store.tls_ca_file needs a TLS store.url (rediss://, rediss-cluster:// or rediss-sentinel://)",
+                );
+                return None;
+            }
+            let (path, pem) = self.read_relative(f)?;
+            if let Err(e) = crate::store::redis::tls_roots(&pem) {
+                self.error(f.span(), format!("{}: {e}", path.display()));
+                return None;
+            }
+            Some((path, pem))
+        });
         let store = StoreConfig {
             backend,
             url: store.url.map(|u| u.into_inner()),
@@ -341,6 +377,7 @@ impl Validator<'_> {
             key_prefix: store.key_prefix.unwrap_or_else(|| "tollgate:".to_string()),
             lease_percent,
             lease_idle: self.opt_duration(store.lease_idle.as_ref(), "store.lease_idle", Duration::from_secs(5)),
+            tls_ca,
         };
 
         let client = raw.client.unwrap_or_default();
@@ -499,20 +536,9 @@ impl Validator<'_> {
                 }
             }
         }
-        let read = |v: &mut Self, p: &Spanned<String>| -> Option<(PathBuf, Vec<u8>)> {
-            let path = PathBuf::from(p.get_ref());
-            let path = if path.is_absolute() { path } else { v.file.parent().unwrap_or(Path::new(".")).join(path) };
-            match std::fs::read(&path) {
-                Ok(bytes) => Some((path, bytes)),
-                Err(e) => {
-                    v.error(p.span(), format!("cannot read {}: {e}", path.display()));
-                    None
-                }
-            }
-        };
         let keys = match (&j.key_file, &j.jwks_file) {
-            (Some(k), None) => read(self, k).map(|(path, bytes)| KeySource::Key { path, bytes }),
-            (None, Some(k)) => read(self, k).map(|(path, bytes)| KeySource::Jwks { path, bytes }),
+            (Some(k), None) => self.read_relative(k).map(|(path, bytes)| KeySource::Key { path, bytes }),
+            (None, Some(k)) => self.read_relative(k).map(|(path, bytes)| KeySource::Jwks { path, bytes }),
             _ => {
                 self.error(
                     raw.span(),

@@ -275,7 +275,7 @@ fn unknown_key_in_a_table() {
     assert_eq!(
         errors("[store]\nbackend = \"memory\"\n  timout = \"20ms\"\n"),
         [
-            "t.toml:3:3: unknown field `timout`, expected one of `backend`, `url`, `timeout`, `on_error`, `pool_size`, `key_prefix`, `lease_percent`, `lease_idle`"
+            "t.toml:3:3: unknown field `timout`, expected one of `backend`, `url`, `timeout`, `on_error`, `pool_size`, `key_prefix`, `lease_percent`, `lease_idle`, `tls_ca_file`"
         ]
     );
     assert_eq!(
@@ -1203,4 +1203,26 @@ fn lease_settings_default_to_one_percent_and_five_seconds_and_are_bounded() {
             "t.toml:3:14: store.lease_idle must be longer than zero"
         ]
     );
+}
+
+#[test]
+fn a_tls_ca_file_needs_a_tls_url_and_a_pem_certificate() {
+    let url = "[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\ntls_ca_file = \"/nonexistent/ca.crt\"\n";
+    assert_eq!(
+        errors(url),
+        ["t.toml:4:15: store.tls_ca_file needs a TLS store.url (rediss://, rediss-cluster:// or rediss-sentinel://)"]
+    );
+    let missing = "[store]\nbackend = \"redis\"\nurl = \"rediss://h:6379\"\ntls_ca_file = \"/nonexistent/ca.crt\"\n";
+    let e = errors(missing);
+    assert_eq!(e.len(), 1);
+    assert!(e[0].starts_with("t.toml:4:15: cannot read /nonexistent/ca.crt:"), "{e:?}");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("ca.crt"), "not a certificate\n").expect("write");
+    let main = dir.path().join("tollgate.toml");
+    let source = "[store]\nbackend = \"redis\"\nurl = \"rediss://h:6379\"\ntls_ca_file = \"ca.crt\"\n";
+    let Err(e) = Config::parse(&main, source) else { panic!("a file with no certificate was accepted") };
+    let e = e.0;
+    assert_eq!(e.len(), 1);
+    assert!(e[0].to_string().contains("holds no PEM certificate"), "{}", e[0]);
 }

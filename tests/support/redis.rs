@@ -115,6 +115,11 @@ impl Processes {
 
     /// Starts (or restarts) the node on `port` and waits until it answers.
     fn start(&self, port: u16) {
+        self.start_with(port, &[]);
+    }
+
+    /// [`Processes::start`] with `extra` arguments for redis-server.
+    fn start_with(&self, port: u16, extra: &[String]) {
         let dir = self.node_dir(port);
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("node dir: {e}"));
         let mut args: Vec<String> = [
@@ -142,6 +147,7 @@ impl Processes {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        args.extend(extra.iter().cloned());
         if self.cluster {
             for a in [
                 "--cluster-enabled",
@@ -273,6 +279,78 @@ impl RedisServer {
     pub fn cli(&self, args: &[&str]) -> String {
         cli(self.port, args)
     }
+}
+
+/// One standalone `redis-server` that also speaks TLS, with a certificate
+/// for `localhost` and `127.0.0.1` issued by a CA made for the test. The
+/// plain port is only for the test's own `redis-cli`.
+pub struct RedisTlsServer {
+    pub port: u16,
+    pub tls_port: u16,
+    /// The CA certificate (PEM) a client must trust.
+    pub ca_file: PathBuf,
+    _processes: Processes,
+}
+
+impl RedisTlsServer {
+    pub fn start() -> RedisTlsServer {
+        let ports = free_ports(2);
+        let (port, tls_port) = (ports[0], ports[1]);
+        let processes = Processes::new(&[port], false);
+        let pki = processes.dir.join("pki");
+        std::fs::create_dir_all(&pki).unwrap_or_else(|e| panic!("pki dir: {e}"));
+        let (ca, cert, key) = test_pki();
+        let write = |name: &str, text: &str| {
+            let path = pki.join(name);
+            std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {name}: {e}"));
+            path.display().to_string()
+        };
+        let ca_file = write("ca.crt", &ca);
+        let extra: Vec<String> = [
+            "--tls-port",
+            &tls_port.to_string(),
+            "--tls-cert-file",
+            &write("server.crt", &cert),
+            "--tls-key-file",
+            &write("server.key", &key),
+            "--tls-ca-cert-file",
+            &ca_file,
+            "--tls-auth-clients",
+            "no",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        processes.start_with(port, &extra);
+        RedisTlsServer { port, tls_port, ca_file: PathBuf::from(ca_file), _processes: processes }
+    }
+
+    /// `rediss://` to the TLS port, by the certificate's host name.
+    pub fn url(&self) -> String {
+        format!("rediss://localhost:{}", self.tls_port)
+    }
+
+    pub fn cli(&self, args: &[&str]) -> String {
+        cli(self.port, args)
+    }
+}
+
+/// A CA certificate, and a server certificate and key it issued for
+/// `localhost` and `127.0.0.1`, all PEM.
+fn test_pki() -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    let fail = |e: rcgen::Error| -> ! { panic!("test certificates: {e}") };
+    let ca_key = KeyPair::generate().unwrap_or_else(|e| fail(e));
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap_or_else(|e| fail(e));
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(DnType::CommonName, "tollgate test CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap_or_else(|e| fail(e));
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap_or_else(|e| fail(e));
+    let params =
+        CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap_or_else(|e| fail(e));
+    let cert = params.signed_by(&key, &issuer).unwrap_or_else(|e| fail(e));
+    (ca.pem(), cert.pem(), key.serialize_pem())
 }
 
 /// One master behind one Sentinel, which names it `tollgate`.

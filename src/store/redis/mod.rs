@@ -65,7 +65,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fred::clients::{Client, Pool};
-use fred::interfaces::{ClientLike, ClusterInterface};
+use fred::interfaces::{ClientLike, ClusterInterface, EventInterface};
 use fred::types::config::{
     ClusterDiscoveryPolicy, Config as FredConfig, Options, ReconnectPolicy, ServerConfig, UnresponsiveConfig,
 };
@@ -137,6 +137,11 @@ impl RedisStore {
         let url = config.url.as_deref().ok_or("store.backend = \"redis\" needs store.url")?;
         let mut fred_config =
             FredConfig::from_url(url).map_err(|e| format!("store.url {:?}: {}", redact(url), e.details()))?;
+        if let Some((path, pem)) = &config.tls_ca {
+            let roots = tls_roots(pem).map_err(|e| format!("{}: {e}", path.display()))?;
+            let tls = fred::rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();
+            fred_config.tls = Some(tls.into());
+        }
         let clustered = matches!(fred_config.server, ServerConfig::Clustered { .. });
         if let ServerConfig::Clustered { policy, .. } = &mut fred_config.server {
             // Rediscover the topology through any known node, not only the
@@ -160,6 +165,9 @@ impl RedisStore {
             .build_pool(config.pool_size.max(1))
             .map_err(|e| format!("cannot build the redis client: {}", e.details()))?;
 
+        // Subscribed before connecting, so the first failure is seen too.
+        let error_logs: Vec<JoinHandle<()>> =
+            pool.clients().iter().map(|c| tokio::spawn(log_errors(c.error_rx()))).collect();
         let mut tasks: Vec<JoinHandle<()>> = pool
             .connect_pool()
             .into_iter()
@@ -172,6 +180,7 @@ impl RedisStore {
             })
             .collect();
 
+        tasks.extend(error_logs);
         let local = MemoryStore::new(clock);
         let shared = Arc::new(Shared {
             pool,
@@ -600,6 +609,51 @@ fn unused_calls(unused: Vec<lease::Unused>) -> Vec<(Algorithm, String, [Value; s
             (u.limits.algorithm, u.key, args)
         })
         .collect()
+}
+
+/// How often the same connection error is logged again while it lasts.
+const ERROR_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Logs what fred reports about its connections (refused, reset, a TLS
+/// certificate it does not trust...): the store's own errors only say that
+/// Redis did not answer, and this is the why. The same error is repeated
+/// at most every [`ERROR_LOG_EVERY`] while the client keeps reconnecting.
+async fn log_errors(
+    mut errors: tokio::sync::broadcast::Receiver<(fred::error::Error, Option<fred::types::config::Server>)>,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    let mut last: Option<(String, Instant)> = None;
+    loop {
+        match errors.recv().await {
+            Ok((error, server)) => {
+                let message = error.to_string();
+                let repeat = last.as_ref().is_some_and(|(m, at)| *m == message && at.elapsed() < ERROR_LOG_EVERY);
+                if !repeat {
+                    let server = server.map_or_else(|| "-".to_string(), |s| s.to_string());
+                    tracing::warn!(%server, error = %message, "redis connection error");
+                    last = Some((message, Instant::now()));
+                }
+            }
+            Err(RecvError::Lagged(_)) => {}
+            Err(RecvError::Closed) => return,
+        }
+    }
+}
+
+/// The certificates of a PEM file, as the roots a `rediss://` connection
+/// trusts (`[store] tls_ca_file`). Errors are plain sentences.
+pub fn tls_roots(pem: &[u8]) -> Result<fred::rustls::RootCertStore, String> {
+    use fred::rustls::pki_types::CertificateDer;
+    use fred::rustls::pki_types::pem::PemObject;
+    let mut roots = fred::rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(pem) {
+        let cert = cert.map_err(|e| format!("not a PEM certificate file ({e})"))?;
+        roots.add(cert).map_err(|e| format!("a certificate cannot be used as a CA ({e})"))?;
+    }
+    if roots.is_empty() {
+        return Err("holds no PEM certificate (-----BEGIN CERTIFICATE-----)".into());
+    }
+    Ok(roots)
 }
 
 /// The URL without its password, for logs and errors.
