@@ -104,6 +104,18 @@ pub struct StoreConfig {
     /// CA certificates (PEM) trusted for a `rediss://` store instead of the
     /// system's roots: the file and its contents.
     pub tls_ca: Option<(PathBuf, Vec<u8>)>,
+    /// A client certificate chain and its private key (PEM), for a Redis
+    /// that asks for one (`tls-auth-clients yes`).
+    pub tls_client: Option<TlsClientFiles>,
+}
+
+/// `[store] tls_cert_file` and `tls_key_file`, read.
+#[derive(Debug, Clone)]
+pub struct TlsClientFiles {
+    pub cert_path: PathBuf,
+    pub cert: Vec<u8>,
+    pub key_path: PathBuf,
+    pub key: Vec<u8>,
 }
 
 /// `[client]`: how the client behind a request is identified.
@@ -349,18 +361,19 @@ impl Validator<'_> {
             Some(n) => *n.get_ref() as u8,
             None => 1,
         };
-        let tls_ca = store.tls_ca_file.as_ref().and_then(|f| {
-            let tls_url = store.url.as_ref().is_some_and(|u| {
-                let u = u.get_ref();
-                u.starts_with("rediss") || u.starts_with("valkeys")
-            });
+        let tls_url = store.url.as_ref().is_some_and(|u| {
+            let u = u.get_ref();
+            u.starts_with("rediss") || u.starts_with("valkeys")
+        });
+        for key in [&store.tls_ca_file, &store.tls_cert_file, &store.tls_key_file].into_iter().flatten() {
             if !tls_url {
                 self.error(
-                    f.span(),
-                    "store.tls_ca_file needs a TLS store.url (rediss://, rediss-cluster:// or rediss-sentinel://)",
+                    key.span(),
+                    "TLS files need a TLS store.url (rediss://, rediss-cluster:// or rediss-sentinel://)",
                 );
-                return None;
             }
+        }
+        let tls_ca = store.tls_ca_file.as_ref().filter(|_| tls_url).and_then(|f| {
             let (path, pem) = self.read_relative(f)?;
             if let Err(e) = crate::store::redis::tls_roots(&pem) {
                 self.error(f.span(), format!("{}: {e}", path.display()));
@@ -368,6 +381,32 @@ impl Validator<'_> {
             }
             Some((path, pem))
         });
+        let tls_client = match (&store.tls_cert_file, &store.tls_key_file) {
+            (Some(c), Some(k)) if tls_url => {
+                let cert = self.read_relative(c);
+                let key = self.read_relative(k);
+                match (cert, key) {
+                    (Some((cert_path, cert)), Some((key_path, key))) => {
+                        match crate::store::redis::tls_client_identity(&cert, &key) {
+                            Ok(_) => Some(TlsClientFiles { cert_path, cert, key_path, key }),
+                            Err(e) => {
+                                self.error(
+                                    c.span(),
+                                    format!("{} and {}: {e}", cert_path.display(), key_path.display()),
+                                );
+                                None
+                            }
+                        }
+                    }
+                    _ => None,
+                }
+            }
+            (Some(f), None) | (None, Some(f)) => {
+                self.error(f.span(), "store.tls_cert_file and store.tls_key_file go together: give both or neither");
+                None
+            }
+            _ => None,
+        };
         let store = StoreConfig {
             backend,
             url: store.url.map(|u| u.into_inner()),
@@ -378,6 +417,7 @@ impl Validator<'_> {
             lease_percent,
             lease_idle: self.opt_duration(store.lease_idle.as_ref(), "store.lease_idle", Duration::from_secs(5)),
             tls_ca,
+            tls_client,
         };
 
         let client = raw.client.unwrap_or_default();

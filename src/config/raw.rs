@@ -51,6 +51,8 @@ pub struct RawStore {
     pub lease_percent: Option<Spanned<i64>>,
     pub lease_idle: Option<Spanned<String>>,
     pub tls_ca_file: Option<Spanned<String>>,
+    pub tls_cert_file: Option<Spanned<String>>,
+    pub tls_key_file: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]

@@ -275,7 +275,7 @@ fn unknown_key_in_a_table() {
     assert_eq!(
         errors("[store]\nbackend = \"memory\"\n  timout = \"20ms\"\n"),
         [
-            "t.toml:3:3: unknown field `timout`, expected one of `backend`, `url`, `timeout`, `on_error`, `pool_size`, `key_prefix`, `lease_percent`, `lease_idle`, `tls_ca_file`"
+            "t.toml:3:3: unknown field `timout`, expected one of `backend`, `url`, `timeout`, `on_error`, `pool_size`, `key_prefix`, `lease_percent`, `lease_idle`, `tls_ca_file`, `tls_cert_file`, `tls_key_file`"
         ]
     );
     assert_eq!(
@@ -1210,7 +1210,7 @@ fn a_tls_ca_file_needs_a_tls_url_and_a_pem_certificate() {
     let url = "[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\ntls_ca_file = \"/nonexistent/ca.crt\"\n";
     assert_eq!(
         errors(url),
-        ["t.toml:4:15: store.tls_ca_file needs a TLS store.url (rediss://, rediss-cluster:// or rediss-sentinel://)"]
+        ["t.toml:4:15: TLS files need a TLS store.url (rediss://, rediss-cluster:// or rediss-sentinel://)"]
     );
     let missing = "[store]\nbackend = \"redis\"\nurl = \"rediss://h:6379\"\ntls_ca_file = \"/nonexistent/ca.crt\"\n";
     let e = errors(missing);
@@ -1225,4 +1225,39 @@ fn a_tls_ca_file_needs_a_tls_url_and_a_pem_certificate() {
     let e = e.0;
     assert_eq!(e.len(), 1);
     assert!(e[0].to_string().contains("holds no PEM certificate"), "{}", e[0]);
+}
+
+#[test]
+fn a_client_certificate_needs_its_key_and_they_must_match() {
+    let only_cert = "[store]\nbackend = \"redis\"\nurl = \"rediss://h:6379\"\ntls_cert_file = \"c.pem\"\n";
+    assert_eq!(
+        errors(only_cert),
+        ["t.toml:4:17: store.tls_cert_file and store.tls_key_file go together: give both or neither"]
+    );
+
+    let issue = || {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = rcgen::CertificateParams::new(vec!["tollgate".to_string()])
+            .and_then(|p| p.self_signed(&key))
+            .expect("certificate");
+        (cert.pem(), key.serialize_pem())
+    };
+    let (cert, key) = issue();
+    let (_, other_key) = issue();
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, text) in [("c.pem", &cert), ("k.pem", &key), ("other.pem", &other_key)] {
+        std::fs::write(dir.path().join(name), text).expect("write");
+    }
+    let main = dir.path().join("tollgate.toml");
+    let source = |key_file: &str| {
+        format!(
+            "[store]\nbackend = \"redis\"\nurl = \"rediss://h:6379\"\ntls_cert_file = \"c.pem\"\ntls_key_file = \"{key_file}\"\n"
+        )
+    };
+    let config = Config::parse(&main, &source("k.pem")).unwrap_or_else(|e| panic!("a matching pair is accepted: {e}"));
+    assert!(config.store.tls_client.is_some());
+    let Err(e) = Config::parse(&main, &source("other.pem")) else {
+        panic!("a key of another certificate was accepted")
+    };
+    assert!(e.0[0].to_string().contains("the key does not go with the certificate"), "{}", e.0[0]);
 }

@@ -289,40 +289,54 @@ pub struct RedisTlsServer {
     pub tls_port: u16,
     /// The CA certificate (PEM) a client must trust.
     pub ca_file: PathBuf,
+    /// A client certificate and key the same CA issued, for a server that
+    /// asks for one.
+    pub client_cert_file: PathBuf,
+    pub client_key_file: PathBuf,
     _processes: Processes,
 }
 
 impl RedisTlsServer {
-    pub fn start() -> RedisTlsServer {
+    /// `require_client_cert`: Redis's `tls-auth-clients yes`.
+    pub fn start(require_client_cert: bool) -> RedisTlsServer {
         let ports = free_ports(2);
         let (port, tls_port) = (ports[0], ports[1]);
         let processes = Processes::new(&[port], false);
         let pki = processes.dir.join("pki");
         std::fs::create_dir_all(&pki).unwrap_or_else(|e| panic!("pki dir: {e}"));
-        let (ca, cert, key) = test_pki();
+        let pki_files = test_pki();
         let write = |name: &str, text: &str| {
             let path = pki.join(name);
             std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {name}: {e}"));
             path.display().to_string()
         };
-        let ca_file = write("ca.crt", &ca);
+        let ca_file = write("ca.crt", &pki_files.ca);
+        let client_cert_file = PathBuf::from(write("client.crt", &pki_files.client_cert));
+        let client_key_file = PathBuf::from(write("client.key", &pki_files.client_key));
         let extra: Vec<String> = [
             "--tls-port",
             &tls_port.to_string(),
             "--tls-cert-file",
-            &write("server.crt", &cert),
+            &write("server.crt", &pki_files.server_cert),
             "--tls-key-file",
-            &write("server.key", &key),
+            &write("server.key", &pki_files.server_key),
             "--tls-ca-cert-file",
             &ca_file,
             "--tls-auth-clients",
-            "no",
+            if require_client_cert { "yes" } else { "no" },
         ]
         .iter()
         .map(|s| s.to_string())
         .collect();
         processes.start_with(port, &extra);
-        RedisTlsServer { port, tls_port, ca_file: PathBuf::from(ca_file), _processes: processes }
+        RedisTlsServer {
+            port,
+            tls_port,
+            ca_file: PathBuf::from(ca_file),
+            client_cert_file,
+            client_key_file,
+            _processes: processes,
+        }
     }
 
     /// `rediss://` to the TLS port, by the certificate's host name.
@@ -335,9 +349,17 @@ impl RedisTlsServer {
     }
 }
 
-/// A CA certificate, and a server certificate and key it issued for
-/// `localhost` and `127.0.0.1`, all PEM.
-fn test_pki() -> (String, String, String) {
+/// A test CA and what it issued, all PEM.
+struct TestPki {
+    ca: String,
+    /// For `localhost` and `127.0.0.1`.
+    server_cert: String,
+    server_key: String,
+    client_cert: String,
+    client_key: String,
+}
+
+fn test_pki() -> TestPki {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
     let fail = |e: rcgen::Error| -> ! { panic!("test certificates: {e}") };
     let ca_key = KeyPair::generate().unwrap_or_else(|e| fail(e));
@@ -346,11 +368,14 @@ fn test_pki() -> (String, String, String) {
     ca_params.distinguished_name.push(DnType::CommonName, "tollgate test CA");
     let ca = ca_params.self_signed(&ca_key).unwrap_or_else(|e| fail(e));
     let issuer = Issuer::new(ca_params, ca_key);
-    let key = KeyPair::generate().unwrap_or_else(|e| fail(e));
-    let params =
-        CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap_or_else(|e| fail(e));
-    let cert = params.signed_by(&key, &issuer).unwrap_or_else(|e| fail(e));
-    (ca.pem(), cert.pem(), key.serialize_pem())
+    let issue = |names: Vec<String>| {
+        let key = KeyPair::generate().unwrap_or_else(|e| fail(e));
+        let cert = CertificateParams::new(names).and_then(|p| p.signed_by(&key, &issuer)).unwrap_or_else(|e| fail(e));
+        (cert.pem(), key.serialize_pem())
+    };
+    let (server_cert, server_key) = issue(vec!["localhost".to_string(), "127.0.0.1".to_string()]);
+    let (client_cert, client_key) = issue(vec!["tollgate".to_string()]);
+    TestPki { ca: ca.pem(), server_cert, server_key, client_cert, client_key }
 }
 
 /// One master behind one Sentinel, which names it `tollgate`.

@@ -137,10 +137,8 @@ impl RedisStore {
         let url = config.url.as_deref().ok_or("store.backend = \"redis\" needs store.url")?;
         let mut fred_config =
             FredConfig::from_url(url).map_err(|e| format!("store.url {:?}: {}", redact(url), e.details()))?;
-        if let Some((path, pem)) = &config.tls_ca {
-            let roots = tls_roots(pem).map_err(|e| format!("{}: {e}", path.display()))?;
-            let tls = fred::rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();
-            fred_config.tls = Some(tls.into());
+        if config.tls_ca.is_some() || config.tls_client.is_some() {
+            fred_config.tls = Some(tls_config(config)?.into());
         }
         let clustered = matches!(fred_config.server, ServerConfig::Clustered { .. });
         if let ServerConfig::Clustered { policy, .. } = &mut fred_config.server {
@@ -638,6 +636,60 @@ async fn log_errors(
             Err(RecvError::Closed) => return,
         }
     }
+}
+
+/// The TLS settings of `[store]`: the roots (`tls_ca_file`, else the
+/// system's) and the client identity (`tls_cert_file`, `tls_key_file`).
+fn tls_config(config: &StoreConfig) -> Result<fred::rustls::ClientConfig, String> {
+    let roots = match &config.tls_ca {
+        Some((path, pem)) => tls_roots(pem).map_err(|e| format!("{}: {e}", path.display()))?,
+        None => {
+            let mut roots = fred::rustls::RootCertStore::empty();
+            let system = fred::rustls_native_certs::load_native_certs();
+            for cert in system.certs {
+                // A system certificate rustls cannot use is skipped, as
+                // every TLS client does.
+                let _ = roots.add(cert);
+            }
+            roots
+        }
+    };
+    let builder = fred::rustls::ClientConfig::builder().with_root_certificates(roots);
+    match &config.tls_client {
+        Some(files) => {
+            let (chain, key) = tls_client_identity(&files.cert, &files.key)
+                .map_err(|e| format!("{} and {}: {e}", files.cert_path.display(), files.key_path.display()))?;
+            builder.with_client_auth_cert(chain, key).map_err(|e| format!("the client certificate cannot be used: {e}"))
+        }
+        None => Ok(builder.with_no_client_auth()),
+    }
+}
+
+/// A client certificate chain and its private key, from PEM. Errors are
+/// plain sentences.
+pub fn tls_client_identity(
+    cert: &[u8],
+    key: &[u8],
+) -> Result<
+    (Vec<fred::rustls::pki_types::CertificateDer<'static>>, fred::rustls::pki_types::PrivateKeyDer<'static>),
+    String,
+> {
+    use fred::rustls::pki_types::pem::PemObject;
+    use fred::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert)
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("not a PEM certificate file ({e})"))?;
+    if chain.is_empty() {
+        return Err("the certificate file holds no PEM certificate".into());
+    }
+    let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| format!("no PEM private key in the key file ({e})"))?;
+    // Whether the key matches the certificate is checked when the
+    // connection's TLS configuration is built.
+    fred::rustls::ClientConfig::builder()
+        .with_root_certificates(fred::rustls::RootCertStore::empty())
+        .with_client_auth_cert(chain.clone(), key.clone_key())
+        .map_err(|e| format!("the key does not go with the certificate ({e})"))?;
+    Ok((chain, key))
 }
 
 /// The certificates of a PEM file, as the roots a `rediss://` connection
