@@ -99,7 +99,7 @@ fn keys(c: &mut Criterion) {
     let mut buf = String::with_capacity(64);
     g.bench_function("tollgate_reused_buffer", |b| {
         b.iter(|| {
-            rule.key(black_box(&f), &mut buf);
+            let _ = rule.key(black_box(&f), &mut buf);
             black_box(buf.len())
         })
     });
@@ -153,7 +153,13 @@ fn algorithms(c: &mut Criterion) {
         g.bench_function(alg.as_str(), |b| {
             b.iter(|| {
                 i = (i + 1) % keys.len();
-                let check = Check { key: &keys[i], limits: l, cost: 1, enforced: true };
+                let check = Check {
+                    key: &keys[i],
+                    limits: l,
+                    cost: 1,
+                    enforced: true,
+                    on_error: tollgate::config::OnError::Allow,
+                };
                 black_box(store.check_now(std::slice::from_ref(&check), Mode::Consume))
             })
         });

@@ -1,4 +1,12 @@
-//! The admin listener: `/metrics`, `/healthz`, `/readyz`, `/rules`.
+//! The admin listener: `/metrics`, `/healthz`, `/healthz/store`, `/readyz`,
+//! `/rules`.
+//!
+//! `/readyz` says whether this instance should get traffic: it answers 503
+//! on a store outage only when `[store] on_error` is `deny`. With `allow` or
+//! `local` tollgate still serves without its store, and a readiness probe
+//! failing on every replica at once would take them all out of a Kubernetes
+//! Service and stop all traffic. `/healthz/store` reports the store itself,
+//! for dashboards and alerts.
 //!
 //! Keep it on a private address: `/rules` shows the whole rule set.
 
@@ -11,6 +19,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use serde_json::json;
 
+use crate::config::OnError;
 use crate::error::json_response;
 use crate::proxy::Proxy;
 use crate::reload::Reloader;
@@ -42,26 +51,51 @@ impl Admin {
                 resp
             }
             "/healthz" => json_response(StatusCode::OK, &json!({"status": "ok"})),
+            "/healthz/store" => self.store_health().await,
             "/readyz" => self.ready().await,
             "/rules" => self.rules(),
             _ => json_response(
                 StatusCode::NOT_FOUND,
-                &json!({"error": "not_found", "message": "Admin endpoints: /metrics /healthz /readyz /rules."}),
+                &json!({"error": "not_found", "message": "Admin endpoints: /metrics /healthz /healthz/store /readyz /rules."}),
             ),
         }
     }
 
-    async fn ready(&self) -> Response<Full<Bytes>> {
-        let store = &self.proxy.store;
-        match tokio::time::timeout(READY_PING_TIMEOUT, store.ping()).await {
-            Ok(Ok(())) => json_response(StatusCode::OK, &json!({"status": "ready", "store": store.backend()})),
-            Ok(Err(e)) => json_response(
+    /// Pings the store: `Err` carries why it did not answer.
+    async fn ping(&self) -> Result<(), String> {
+        match tokio::time::timeout(READY_PING_TIMEOUT, self.proxy.store.ping()).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("the store did not answer a ping within {READY_PING_TIMEOUT:?}")),
+        }
+    }
+
+    /// `/healthz/store`: 200 while the store answers, 503 when it does not.
+    async fn store_health(&self) -> Response<Full<Bytes>> {
+        let backend = self.proxy.store.backend();
+        match self.ping().await {
+            Ok(()) => json_response(StatusCode::OK, &json!({"status": "up", "store": backend})),
+            Err(reason) => json_response(
                 StatusCode::SERVICE_UNAVAILABLE,
-                &json!({"status": "not_ready", "store": store.backend(), "reason": e.to_string()}),
+                &json!({"status": "down", "store": backend, "reason": reason}),
             ),
-            Err(_) => json_response(
+        }
+    }
+
+    /// `/readyz`: not ready only when the store is down and requests
+    /// would be refused for it (`on_error = "deny"`).
+    async fn ready(&self) -> Response<Full<Bytes>> {
+        let backend = self.proxy.store.backend();
+        let policy = self.proxy.default_on_error();
+        match self.ping().await {
+            Ok(()) => json_response(StatusCode::OK, &json!({"status": "ready", "store": backend})),
+            Err(reason) if policy == OnError::Deny => json_response(
                 StatusCode::SERVICE_UNAVAILABLE,
-                &json!({"status": "not_ready", "store": store.backend(), "reason": format!("the store did not answer a ping within {READY_PING_TIMEOUT:?}")}),
+                &json!({"status": "not_ready", "store": backend, "reason": reason}),
+            ),
+            Err(reason) => json_response(
+                StatusCode::OK,
+                &json!({"status": "ready", "store": backend, "store_down": reason, "on_error": format!("{policy:?}").to_lowercase()}),
             ),
         }
     }

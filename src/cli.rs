@@ -99,7 +99,10 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
         Some((p, q)) => (p, Some(q)),
         None => (args.path.as_str(), None),
     };
-    let host = args.host.as_ref().map(|h| h.to_ascii_lowercase());
+    // Matched as the proxy matches it: by its canonical spelling.
+    let path = crate::normalize::path(path, &config.listen.normalization).map_err(|e| e.reason().to_string())?;
+    let path = path.as_ref();
+    let host = args.host.as_ref().map(|h| crate::config::canonical_host(h));
     let mut routes: Vec<&crate::config::Route> = config.routes.iter().collect();
     routes.sort_by_key(|r| (std::cmp::Reverse(r.path_prefix.len()), r.host.is_none()));
     let route = routes.into_iter().find(|r| {
@@ -145,14 +148,21 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
         .iter()
         .map(|rule| {
             let mut key = String::new();
-            rule.key(&facts, &mut key);
-            (key, rule.cost(&headers).unwrap_or(1))
+            rule.key(&facts, &mut key)?;
+            Ok((key, rule.cost(&headers).unwrap_or(1)))
         })
-        .collect();
+        .collect::<Result<_, String>>()?;
     let checks: Vec<Check<'_>> = matching
         .iter()
         .zip(&buckets)
-        .map(|(rule, (key, cost))| Check { key, limits: rule.nominal, cost: *cost, enforced: rule.enforced() })
+        .map(|(rule, (key, cost))| Check {
+            key,
+            limits: rule.nominal,
+            cost: *cost,
+            enforced: rule.enforced(),
+            // Explain asks Redis only: a rule it cannot answer says so.
+            on_error: crate::config::OnError::Allow,
+        })
         .collect();
     let (peeked, source) = peek(&config, &checks);
     let _ = writeln!(out, "rules:   {} match", matching.len());
@@ -221,8 +231,9 @@ fn peek_redis(config: &Config, checks: &[Check<'_>]) -> Vec<Result<Verdict, Stri
             let store = RedisStore::connect(&store_config, Arc::new(SystemClock), Arc::new(Metrics::new())).await?;
             let mut out = Vec::with_capacity(checks.len());
             for c in checks {
-                let verdict = store.check(std::slice::from_ref(c), Mode::Peek).await;
-                out.push(verdict.map(|v| v[0]).map_err(|e| format!("redis not asked: {e}")));
+                let answer = store.check(std::slice::from_ref(c), Mode::Peek).await.into_iter().next();
+                let answer = answer.unwrap_or_else(|| Err(crate::store::StoreError::Protocol("no answer".into())));
+                out.push(answer.map_err(|e| format!("redis not asked: {e}")));
             }
             Ok(out)
         })

@@ -5,8 +5,12 @@
 //! header's `for=` parameters, or, without either, `X-Real-IP`) consulted,
 //! walked from the right, skipping trusted hops: the right-most untrusted
 //! address is the client, because every hop to its left was written by
-//! someone we do not trust. Garbage in those headers falls back to the socket
-//! address.
+//! someone we do not trust. Hops are split and parsed one by one, so garbage
+//! to the left of the client (a non-ASCII byte, a name) is never read. When
+//! only trusted hops stand to the right of an unparseable one, the left-most
+//! of those is the client; when the right-most hop itself does not parse,
+//! the request is refused ([`BadForwarding`], a 400): a trusted proxy's
+//! request is never keyed on the proxy because its header was garbled.
 //!
 //! IPv6 clients are keyed by their prefix (`ipv6_prefix`, /64 by default):
 //! one host commonly owns a whole /64 and could otherwise rotate addresses
@@ -25,38 +29,67 @@ const X_REAL_IP: &str = "x-real-ip";
 /// treated as garbage.
 const MAX_HOPS: usize = 32;
 
+/// Reads the address of one hop of a forwarding header.
+type HopParser = fn(&[u8]) -> Option<IpAddr>;
+
+/// A trusted peer's forwarding headers name no client: the right-most hop
+/// does not parse, or `X-Real-IP` is garbage or repeated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the forwarding headers from a trusted proxy name no client address")]
+pub struct BadForwarding;
+
+/// Whether a socket peer is one of `trusted_proxies`: the one test for the
+/// limiter's client address and for the forwarding headers sent upstream,
+/// on IPv4 and IPv6 (dual-stack) listeners alike.
+pub fn is_trusted_peer(peer: IpAddr, trusted: &[IpNet]) -> bool {
+    is_trusted(canonical(peer), trusted)
+}
+
 /// The client address of a request from `peer`, not yet reduced to a prefix.
-pub fn client_addr(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+pub fn client_addr(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> Result<IpAddr, BadForwarding> {
     let peer = canonical(peer);
     if !is_trusted(peer, trusted) {
-        return peer;
+        return Ok(peer);
     }
-    let (name, parse): (&str, fn(&str) -> Option<IpAddr>) = if headers.contains_key(X_FORWARDED_FOR) {
+    let (name, parse): (&str, HopParser) = if headers.contains_key(X_FORWARDED_FOR) {
         (X_FORWARDED_FOR, parse_hop)
     } else {
         (FORWARDED, parse_forwarded_element)
     };
     let mut hops = 0;
+    // The left-most trusted hop seen so far: the client if no untrusted
+    // hop stands to its left.
     let mut leftmost = None;
-    for value in headers.get_all(name).iter().rev() {
-        let Ok(value) = value.to_str() else { return peer };
-        for hop in value.rsplit(',') {
+    let mut any = false;
+    'lines: for value in headers.get_all(name).iter().rev() {
+        any = true;
+        for hop in value.as_bytes().rsplit(|&b| b == b',') {
             hops += 1;
-            if hops > MAX_HOPS {
-                return peer;
-            }
-            let Some(ip) = parse(hop) else { return peer };
+            let parsed = if hops > MAX_HOPS { None } else { parse(hop) };
+            let Some(ip) = parsed else {
+                // Garbage, or a chain too long to be real, with only
+                // trusted hops to its right.
+                break 'lines;
+            };
             if !is_trusted(ip, trusted) {
-                return ip;
+                return Ok(ip);
             }
             leftmost = Some(ip);
         }
     }
     if let Some(ip) = leftmost {
-        // Every hop was a trusted proxy: the first of them is the client.
-        return ip;
+        // Every hop read was a trusted proxy: the first of them is the client.
+        return Ok(ip);
     }
-    headers.get(X_REAL_IP).and_then(|v| v.to_str().ok()).and_then(parse_hop).unwrap_or(peer)
+    if any {
+        return Err(BadForwarding);
+    }
+    let mut real = headers.get_all(X_REAL_IP).iter();
+    match (real.next(), real.next()) {
+        (None, _) => Ok(peer),
+        (Some(v), None) => parse_hop(v.as_bytes()).ok_or(BadForwarding),
+        (Some(_), Some(_)) => Err(BadForwarding),
+    }
 }
 
 /// The address a rule keys on: IPv4 as is, IPv6 reduced to `ipv6_prefix` bits.
@@ -77,7 +110,7 @@ fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
 
 /// An IPv4-mapped IPv6 address (`::ffff:1.2.3.4`, what a dual-stack socket
 /// reports) is the IPv4 client it stands for.
-fn canonical(ip: IpAddr) -> IpAddr {
+pub fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         v4 => v4,
@@ -88,19 +121,20 @@ fn canonical(ip: IpAddr) -> IpAddr {
 /// `for=192.0.2.60;proto=http`, `for="[2001:db8::17]:4711"`. An element
 /// without `for=`, or with an obfuscated identifier (`for=unknown`,
 /// `for=_hidden`), names no address: garbage, as far as keying goes.
-fn parse_forwarded_element(element: &str) -> Option<IpAddr> {
+fn parse_forwarded_element(element: &[u8]) -> Option<IpAddr> {
+    let element = std::str::from_utf8(element).ok()?;
     element.split(';').find_map(|pair| {
         let (k, v) = pair.split_once('=')?;
         if !k.trim().eq_ignore_ascii_case("for") {
             return None;
         }
-        parse_hop(v.trim().trim_matches('"'))
+        parse_hop(v.trim().trim_matches('"').as_bytes())
     })
 }
 
 /// One hop: `1.2.3.4`, `1.2.3.4:5678`, `2001:db8::1` or `[2001:db8::1]:443`.
-fn parse_hop(hop: &str) -> Option<IpAddr> {
-    let hop = hop.trim();
+fn parse_hop(hop: &[u8]) -> Option<IpAddr> {
+    let hop = std::str::from_utf8(hop).ok()?.trim();
     if hop.is_empty() || hop.len() > 64 {
         return None;
     }
@@ -119,6 +153,7 @@ fn parse_hop(hop: &str) -> Option<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
 
     fn nets(s: &[&str]) -> Vec<IpNet> {
         s.iter().map(|n| n.parse().expect("test CIDR")).collect()
@@ -139,33 +174,50 @@ mod tests {
     #[test]
     fn untrusted_peers_cannot_spoof() {
         let h = headers(&[("x-forwarded-for", "1.1.1.1"), ("x-real-ip", "2.2.2.2")]);
-        assert_eq!(client_addr(ip("9.9.9.9"), &h, &nets(&["10.0.0.0/8"])), ip("9.9.9.9"));
+        assert_eq!(client_addr(ip("9.9.9.9"), &h, &nets(&["10.0.0.0/8"])), Ok(ip("9.9.9.9")));
     }
 
     #[test]
     fn rightmost_untrusted_hop_is_the_client() {
         let h = headers(&[("x-forwarded-for", "6.6.6.6, 5.5.5.5, 10.0.0.2"), ("x-forwarded-for", "10.0.0.3")]);
-        assert_eq!(client_addr(ip("10.0.0.1"), &h, &nets(&["10.0.0.0/8"])), ip("5.5.5.5"));
+        assert_eq!(client_addr(ip("10.0.0.1"), &h, &nets(&["10.0.0.0/8"])), Ok(ip("5.5.5.5")));
     }
 
     #[test]
-    fn garbage_falls_back_to_the_socket() {
+    fn garbage_is_refused_never_keyed_on_the_proxy() {
+        let t = nets(&["10.0.0.0/8"]);
         for bad in ["not-an-ip", "1.2.3.4, ,", "999.1.1.1", "1.2.3.4:99999"] {
             let h = headers(&[("x-forwarded-for", bad)]);
-            assert_eq!(client_addr(ip("10.0.0.1"), &h, &nets(&["10.0.0.0/8"])), ip("10.0.0.1"), "{bad}");
+            assert_eq!(client_addr(ip("10.0.0.1"), &h, &t), Err(BadForwarding), "{bad}");
+        }
+        // Garbage to the left of the client is never read.
+        let mut h = HeaderMap::new();
+        h.append("x-forwarded-for", HeaderValue::from_bytes(b"\xff\xfe, 5.5.5.5, 10.0.0.2").expect("obs-text"));
+        assert_eq!(client_addr(ip("10.0.0.1"), &h, &t), Ok(ip("5.5.5.5")));
+        // Only trusted hops to the right of garbage: the left-most of them.
+        let h = headers(&[("x-forwarded-for", "junk, 10.0.0.7, 10.0.0.2")]);
+        assert_eq!(client_addr(ip("10.0.0.1"), &h, &t), Ok(ip("10.0.0.7")));
+        // Too many hops, all trusted: the left-most of the ones read.
+        let long = vec!["10.0.0.9"; 40].join(", ");
+        assert_eq!(client_addr(ip("10.0.0.1"), &headers(&[("x-forwarded-for", &long)]), &t), Ok(ip("10.0.0.9")));
+        for real in [&[("x-real-ip", "junk")][..], &[("x-real-ip", "1.1.1.1"), ("x-real-ip", "2.2.2.2")]] {
+            assert_eq!(client_addr(ip("10.0.0.1"), &headers(real), &t), Err(BadForwarding));
         }
     }
 
     #[test]
     fn real_ip_and_ports_and_mapped_addresses() {
         let t = nets(&["127.0.0.1/32"]);
-        assert_eq!(client_addr(ip("127.0.0.1"), &headers(&[("x-real-ip", "7.7.7.7")]), &t), ip("7.7.7.7"));
+        assert_eq!(client_addr(ip("127.0.0.1"), &headers(&[("x-real-ip", "7.7.7.7")]), &t), Ok(ip("7.7.7.7")));
         assert_eq!(
             client_addr(ip("127.0.0.1"), &headers(&[("x-forwarded-for", "[2001:db8::5]:443")]), &t),
-            ip("2001:db8::5")
+            Ok(ip("2001:db8::5"))
         );
-        assert_eq!(client_addr(ip("127.0.0.1"), &headers(&[("x-forwarded-for", "8.8.8.8:1234")]), &t), ip("8.8.8.8"));
-        assert_eq!(client_addr(ip("::ffff:3.3.3.3"), &HeaderMap::new(), &t), ip("3.3.3.3"));
+        assert_eq!(
+            client_addr(ip("127.0.0.1"), &headers(&[("x-forwarded-for", "8.8.8.8:1234")]), &t),
+            Ok(ip("8.8.8.8"))
+        );
+        assert_eq!(client_addr(ip("::ffff:3.3.3.3"), &HeaderMap::new(), &t), Ok(ip("3.3.3.3")));
     }
 
     #[test]
@@ -173,16 +225,29 @@ mod tests {
         let t = nets(&["10.0.0.0/8"]);
         let h =
             headers(&[("forwarded", "for=6.6.6.6, for=\"[2001:db8::17]:4711\";proto=https, for=10.0.0.9;by=10.0.0.1")]);
-        assert_eq!(client_addr(ip("10.0.0.1"), &h, &t), ip("2001:db8::17"));
+        assert_eq!(client_addr(ip("10.0.0.1"), &h, &t), Ok(ip("2001:db8::17")));
         // From an untrusted peer it is ignored.
-        assert_eq!(client_addr(ip("9.9.9.9"), &h, &t), ip("9.9.9.9"));
+        assert_eq!(client_addr(ip("9.9.9.9"), &h, &t), Ok(ip("9.9.9.9")));
         // X-Forwarded-For wins when both are present.
         let both = headers(&[("forwarded", "for=6.6.6.6"), ("x-forwarded-for", "5.5.5.5")]);
-        assert_eq!(client_addr(ip("10.0.0.1"), &both, &t), ip("5.5.5.5"));
-        // Obfuscated or missing `for=`: fall back to the socket.
+        assert_eq!(client_addr(ip("10.0.0.1"), &both, &t), Ok(ip("5.5.5.5")));
+        // Obfuscated or missing `for=`: no client named, refused.
         for bad in ["for=unknown", "for=_hidden", "proto=http", "for=\"[::1\""] {
-            assert_eq!(client_addr(ip("10.0.0.1"), &headers(&[("forwarded", bad)]), &t), ip("10.0.0.1"), "{bad}");
+            assert_eq!(client_addr(ip("10.0.0.1"), &headers(&[("forwarded", bad)]), &t), Err(BadForwarding), "{bad}");
         }
+    }
+
+    #[test]
+    fn trust_is_one_decision_on_ipv4_and_dual_stack_listeners() {
+        // A dual-stack listener reports an IPv4 peer as ::ffff:a.b.c.d: it is
+        // trusted (for the limiter and for the headers sent upstream) exactly
+        // when a.b.c.d is.
+        let t = nets(&["10.0.0.0/8"]);
+        assert!(is_trusted_peer(ip("10.0.0.1"), &t));
+        assert!(is_trusted_peer(ip("::ffff:10.0.0.1"), &t));
+        assert!(!is_trusted_peer(ip("::ffff:11.0.0.1"), &t));
+        let h = headers(&[("x-forwarded-for", "5.5.5.5")]);
+        assert_eq!(client_addr(ip("::ffff:10.0.0.1"), &h, &t), Ok(ip("5.5.5.5")));
     }
 
     #[test]

@@ -29,6 +29,11 @@ pub enum ProxyError {
     BadRequest(String),
     /// The body is larger than the route allows.
     PayloadTooLarge,
+    /// The client stopped sending its body for `listen.body_read_timeout`.
+    RequestTimeout,
+    /// The request's `Transfer-Encoding` names a coding tollgate cannot
+    /// decode (anything but `chunked`).
+    UnsupportedTransferEncoding,
     /// The request target is longer than `listen.max_uri_bytes`.
     UriTooLong,
     /// The header section is larger than `listen.max_header_bytes`.
@@ -50,6 +55,8 @@ impl ProxyError {
             ProxyError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ProxyError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+            ProxyError::UnsupportedTransferEncoding => StatusCode::NOT_IMPLEMENTED,
             ProxyError::UriTooLong => StatusCode::URI_TOO_LONG,
             ProxyError::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProxyError::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -85,6 +92,14 @@ impl ProxyError {
             ProxyError::PayloadTooLarge => {
                 json!({"error": "payload_too_large", "message": "The request body is larger than this route accepts."})
             }
+            ProxyError::RequestTimeout => json!({
+                "error": "request_timeout",
+                "message": "The request body stopped arriving before it was complete."
+            }),
+            ProxyError::UnsupportedTransferEncoding => json!({
+                "error": "unsupported_transfer_encoding",
+                "message": "This proxy only accepts Transfer-Encoding: chunked."
+            }),
             ProxyError::StoreUnavailable { retry_after_seconds } => json!({
                 "error": "rate_limiter_unavailable",
                 "retry_after_seconds": retry_after_seconds,
@@ -120,6 +135,11 @@ impl ProxyError {
         resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         if let Some(secs) = retry {
             headers::write_retry_after(resp.headers_mut(), secs);
+        }
+        if matches!(self, ProxyError::RequestTimeout | ProxyError::UnsupportedTransferEncoding) {
+            // The rest of the body was not read: the connection cannot carry
+            // another request.
+            resp.headers_mut().insert(http::header::CONNECTION, HeaderValue::from_static("close"));
         }
         if matches!(self, ProxyError::Unauthorized(_)) {
             resp.headers_mut()

@@ -1,14 +1,19 @@
 //! Forwarding to upstreams: pooled clients, hop-by-hop headers,
 //! `X-Forwarded-*`, timeouts, and the request body limit.
 //!
-//! Bodies stream both ways: the client's body goes to the upstream as it
-//! arrives (through [`LimitedBody`], which only counts bytes), and the
-//! upstream's response body goes back untouched.
+//! A request body up to the route's `buffer_body` is read whole before a
+//! connection to the upstream is taken, so a slow client never holds one of
+//! the upstream's workers; a larger body is streamed once that much has
+//! arrived. Either way [`RequestBody`] enforces `max_body` and
+//! `listen.body_read_timeout`, and time spent waiting on the client never
+//! counts against the upstream's `timeout`. The upstream's response body goes
+//! back untouched.
 
+use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -16,11 +21,13 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, Version};
+use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use prometheus::IntCounter;
+use tokio::time::{Instant, Sleep};
 
 use crate::config::Upstream;
 use crate::error::ProxyError;
@@ -45,14 +52,23 @@ const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
+/// The upstream connection's read buffer: the most read from the upstream
+/// ahead of a client that is slow to take it (hyper's default grows to
+/// about 400 KiB), and the largest response head accepted from an upstream
+/// (nginx's default is 4 or 8 KiB).
+pub const UPSTREAM_READ_BUFFER: usize = 16 * 1024;
+
 /// One upstream: its pooled client, in-flight count and error counters.
 pub struct UpstreamClient {
     pub config: Upstream,
-    client: Client<HttpConnector, LimitedBody>,
+    client: Client<HttpConnector, RequestBody>,
     inflight: AtomicUsize,
     connect_errors: IntCounter,
     timeouts: IntCounter,
     resets: IntCounter,
+    bad_bodies: IntCounter,
+    body_timeouts: IntCounter,
+    too_large: IntCounter,
 }
 
 /// Keeps an upstream's in-flight count while a request is being forwarded.
@@ -72,8 +88,19 @@ pub struct Downstream<'a> {
     pub trusted: bool,
     /// The host the client asked for, for `X-Forwarded-Host`.
     pub host: Option<&'a str>,
+    /// The `Host` header to send instead of the client's: the host that was
+    /// matched, when it came from the request target or was spelled
+    /// differently (see [`crate::normalize::host`]).
+    pub host_header: Option<HeaderValue>,
+    /// The canonical path, when the client spelled it otherwise: the
+    /// upstream receives the path the rules matched.
+    pub path: Option<String>,
     /// The route's body limit.
     pub max_body: Option<u64>,
+    /// The route's `buffer_body`.
+    pub buffer_body: u64,
+    /// `listen.body_read_timeout`.
+    pub body_read_timeout: Duration,
 }
 
 impl UpstreamClient {
@@ -85,8 +112,10 @@ impl UpstreamClient {
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(1024)
+            .http1_max_buf_size(UPSTREAM_READ_BUFFER)
             .build(connector);
         let err = |kind: &str| metrics.upstream_errors_total.with_label_values(&[config.name.as_str(), kind]);
+        let client_err = |kind: &str| metrics.client_errors_total.with_label_values(&[kind]);
         UpstreamClient {
             config: config.clone(),
             client,
@@ -94,6 +123,9 @@ impl UpstreamClient {
             connect_errors: err("connect"),
             timeouts: err("timeout"),
             resets: err("reset"),
+            bad_bodies: client_err("bad_body"),
+            body_timeouts: client_err("body_read_timeout"),
+            too_large: client_err("body_too_large"),
         }
     }
 
@@ -108,18 +140,23 @@ impl UpstreamClient {
     pub async fn forward(
         &self,
         req: Request<Incoming>,
-        down: Downstream<'_>,
+        mut down: Downstream<'_>,
     ) -> Result<Response<Incoming>, ProxyError> {
         let (mut parts, body) = req.into_parts();
         let invalid = || ProxyError::BadRequest("The request target is not a valid path.".into());
-        let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        let pq = if self.config.base_path.is_empty() {
-            PathAndQuery::try_from(pq)
-        } else {
-            PathAndQuery::try_from(format!("{}{}", self.config.base_path, pq))
+        let pq = match (&down.path, parts.uri.query()) {
+            (Some(path), Some(query)) => PathAndQuery::try_from(format!("{}{path}?{query}", self.config.base_path)),
+            (Some(path), None) => PathAndQuery::try_from(format!("{}{path}", self.config.base_path)),
+            (None, _) => {
+                let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+                if self.config.base_path.is_empty() {
+                    PathAndQuery::try_from(pq)
+                } else {
+                    PathAndQuery::try_from(format!("{}{}", self.config.base_path, pq))
+                }
+            }
         }
         .map_err(|_| invalid())?;
-        let original_authority = parts.uri.authority().cloned();
         let mut uri = http::uri::Parts::default();
         uri.scheme = Some(self.config.scheme.clone());
         uri.authority = Some(self.config.authority.clone());
@@ -127,101 +164,314 @@ impl UpstreamClient {
         parts.uri = Uri::from_parts(uri).map_err(|_| invalid())?;
 
         strip_hop_by_hop(&mut parts.headers);
-        // The Host the client asked for goes to the upstream (virtual hosts
-        // behind the proxy keep working); HTTP/2 clients send it as the
-        // :authority instead.
-        if !parts.headers.contains_key(header::HOST)
-            && let Some(a) = &original_authority
-            && let Ok(v) = HeaderValue::from_str(a.as_str())
-        {
-            parts.headers.insert(header::HOST, v);
+        // The host that was matched goes to the upstream (virtual hosts
+        // behind the proxy keep working): the client's Host, or the
+        // target's authority (absolute form, HTTP/2's :authority).
+        if let Some(h) = down.host_header.take() {
+            parts.headers.insert(header::HOST, h);
         }
         set_forwarded(&mut parts.headers, down.peer, down.trusted, down.host);
         // The pooled client speaks HTTP/1.1 to upstreams whatever the client
         // spoke to us.
         parts.version = Version::HTTP_11;
 
-        let tripped = Arc::new(AtomicBool::new(false));
-        let body = LimitedBody { inner: body, remaining: down.max_body, tripped: tripped.clone() };
+        let watch = Arc::new(BodyWatch::default());
+        let body = RequestBody::new(body, &down, watch.clone());
+        // Read ahead before anything is sent: a body that ends within
+        // `buffer_body` reaches the upstream whole.
+        let body = match body.read_ahead(down.buffer_body).await {
+            Ok(b) => b,
+            Err(e) => return Err(self.client_error(e)),
+        };
         let req = Request::from_parts(parts, body);
         self.inflight.fetch_add(1, Ordering::Relaxed);
         let _guard = InflightGuard(&self.inflight);
-        let result = tokio::time::timeout(self.config.timeout, self.client.request(req)).await;
+        let result = tokio::select! {
+            r = self.client.request(req) => Some(r),
+            () = upstream_deadline(self.config.timeout, &watch) => None,
+        };
         let name = &self.config.name;
         match result {
-            Ok(Ok(mut resp)) => {
+            Some(Ok(mut resp)) => {
                 strip_hop_by_hop(resp.headers_mut());
                 Ok(resp)
             }
-            // The body outgrew the route's limit before the upstream
-            // answered: the client's fault, not the upstream's.
-            Ok(Err(_)) if tripped.load(Ordering::Relaxed) => Err(ProxyError::PayloadTooLarge),
-            Ok(Err(e)) if e.is_connect() && is_timeout(&e) => {
+            // The client's body failed (too large, malformed, too slow)
+            // before the upstream answered: the client's fault, not the
+            // upstream's.
+            Some(Err(_)) if watch.failure().is_some() => {
+                Err(self.client_error(watch.failure().unwrap_or(BodyFailure::Malformed)))
+            }
+            Some(Err(e)) if e.is_connect() && is_timeout(&e) => {
                 self.timeouts.inc();
                 tracing::warn!(upstream = %name, "upstream connect timed out");
                 Err(ProxyError::GatewayTimeout)
             }
-            Ok(Err(e)) if e.is_connect() => {
+            Some(Err(e)) if e.is_connect() => {
                 self.connect_errors.inc();
                 tracing::warn!(upstream = %name, error = %e, "upstream connect failed");
                 Err(ProxyError::BadGateway)
             }
-            Ok(Err(e)) => {
+            Some(Err(e)) => {
                 self.resets.inc();
                 tracing::warn!(upstream = %name, error = %e, "upstream request failed");
                 Err(ProxyError::BadGateway)
             }
-            Err(_) => {
+            None => {
                 self.timeouts.inc();
                 tracing::warn!(upstream = %name, "upstream timed out");
                 Err(ProxyError::GatewayTimeout)
             }
         }
     }
+
+    /// Counts a request whose body failed on the client's side and names
+    /// its answer.
+    fn client_error(&self, failure: BodyFailure) -> ProxyError {
+        match failure {
+            BodyFailure::TooLarge => {
+                self.too_large.inc();
+                ProxyError::PayloadTooLarge
+            }
+            BodyFailure::Malformed => {
+                self.bad_bodies.inc();
+                ProxyError::BadRequest("The request body is malformed or was cut short.".into())
+            }
+            BodyFailure::Timeout => {
+                self.body_timeouts.inc();
+                ProxyError::RequestTimeout
+            }
+        }
+    }
 }
 
-/// The client's request body on its way upstream, cut off with an error once
-/// it exceeds the route's `max_body`. Nothing is buffered.
-pub struct LimitedBody {
-    inner: Incoming,
-    remaining: Option<u64>,
-    tripped: Arc<AtomicBool>,
+/// Completes once the upstream has had `timeout` to answer, not counting
+/// the time spent waiting for the client's body.
+async fn upstream_deadline(timeout: Duration, watch: &BodyWatch) {
+    let started = Instant::now();
+    loop {
+        let now = Instant::now();
+        let deadline = started + timeout + watch.client_wait(now);
+        if deadline <= now {
+            return;
+        }
+        tokio::time::sleep_until(deadline).await;
+    }
 }
 
-/// The error a [`LimitedBody`] ends with.
-#[derive(Debug, thiserror::Error)]
-#[error("request body larger than the route's max_body")]
-pub struct BodyTooLarge;
+/// Why a request body failed on the client's side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyFailure {
+    /// More than the route's `max_body`.
+    TooLarge,
+    /// Bad chunked framing, or the client closed the connection mid-body.
+    Malformed,
+    /// Nothing arrived for `listen.body_read_timeout`.
+    Timeout,
+}
 
-impl Body for LimitedBody {
-    type Data = Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
+/// What the forwarding side learns about a [`RequestBody`] it handed to the
+/// pooled client: how it failed, and how long it waited on the client.
+#[derive(Debug, Default)]
+pub struct BodyWatch {
+    failure: AtomicU8,
+    /// Time spent waiting on the client so far, and since when it has been
+    /// waiting now.
+    waiting: Mutex<(Duration, Option<Instant>)>,
+}
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let frame = match Pin::new(&mut self.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => frame,
-            Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
-            Poll::Ready(None) => return Poll::Ready(None),
-            Poll::Pending => return Poll::Pending,
+impl BodyWatch {
+    fn fail(&self, f: BodyFailure) {
+        let code = match f {
+            BodyFailure::TooLarge => 1,
+            BodyFailure::Malformed => 2,
+            BodyFailure::Timeout => 3,
         };
-        if let (Some(remaining), Some(data)) = (self.remaining, frame.data_ref()) {
-            let len = data.len() as u64;
+        self.failure.store(code, Ordering::Relaxed);
+    }
+
+    fn failure(&self) -> Option<BodyFailure> {
+        match self.failure.load(Ordering::Relaxed) {
+            1 => Some(BodyFailure::TooLarge),
+            2 => Some(BodyFailure::Malformed),
+            3 => Some(BodyFailure::Timeout),
+            _ => None,
+        }
+    }
+
+    fn client_wait(&self, now: Instant) -> Duration {
+        let w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        w.0 + w.1.map_or(Duration::ZERO, |since| now.saturating_duration_since(since))
+    }
+
+    fn start_waiting(&self) {
+        let mut w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        if w.1.is_none() {
+            w.1 = Some(Instant::now());
+        }
+    }
+
+    fn stop_waiting(&self) {
+        let mut w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(since) = w.1.take() {
+            w.0 += since.elapsed();
+        }
+    }
+}
+
+/// The client's request body on its way upstream: frames read ahead
+/// first, then the rest of the client's body as it arrives (if any). Fails
+/// once the body exceeds the route's `max_body`, when its framing is
+/// broken, or when the client sends nothing for `body_read_timeout`;
+/// [`BodyWatch`] tells the forwarding side which.
+pub struct RequestBody {
+    ahead: VecDeque<Frame<Bytes>>,
+    /// `None` once the client's body has ended.
+    rest: Option<Incoming>,
+    remaining: Option<u64>,
+    read_timeout: Duration,
+    /// Armed while waiting for the client.
+    timer: Option<Pin<Box<Sleep>>>,
+    watch: Arc<BodyWatch>,
+}
+
+/// The error a [`RequestBody`] ends with; [`BodyWatch`] says why.
+#[derive(Debug, thiserror::Error)]
+#[error("the client's request body failed: {0:?}")]
+pub struct BodyFailed(BodyFailure);
+
+impl RequestBody {
+    fn new(inner: Incoming, down: &Downstream<'_>, watch: Arc<BodyWatch>) -> RequestBody {
+        let rest = (!inner.is_end_stream()).then_some(inner);
+        RequestBody {
+            ahead: VecDeque::new(),
+            rest,
+            remaining: down.max_body,
+            read_timeout: down.body_read_timeout,
+            timer: None,
+            watch,
+        }
+    }
+
+    /// Reads the body until it ends or more than `limit` bytes have arrived.
+    /// A body that declares a larger length is not read ahead at all.
+    async fn read_ahead(mut self, limit: u64) -> Result<RequestBody, BodyFailure> {
+        let mut total: u64 = 0;
+        while limit > 0 && total <= limit {
+            let Some(rest) = self.rest.as_mut() else { break };
+            if rest.size_hint().lower().saturating_add(total) > limit {
+                break;
+            }
+            match tokio::time::timeout(self.read_timeout, rest.frame()).await {
+                Err(_) => return Err(BodyFailure::Timeout),
+                Ok(None) => self.rest = None,
+                Ok(Some(Err(_))) => return Err(BodyFailure::Malformed),
+                Ok(Some(Ok(frame))) => {
+                    let len = frame.data_ref().map_or(0, |d| d.len() as u64);
+                    self.take(len)?;
+                    total += len;
+                    self.ahead.push_back(frame);
+                    if self.rest.as_ref().is_some_and(Incoming::is_end_stream) {
+                        self.rest = None;
+                    }
+                }
+            }
+        }
+        Ok(self)
+    }
+
+    /// Counts `len` bytes against `max_body`.
+    fn take(&mut self, len: u64) -> Result<(), BodyFailure> {
+        if let Some(remaining) = self.remaining {
             if len > remaining {
-                self.tripped.store(true, Ordering::Relaxed);
-                return Poll::Ready(Some(Err(Box::new(BodyTooLarge))));
+                return Err(BodyFailure::TooLarge);
             }
             self.remaining = Some(remaining - len);
         }
-        Poll::Ready(Some(Ok(frame)))
+        Ok(())
+    }
+
+    fn failed(&mut self, f: BodyFailure) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.watch.stop_waiting();
+        self.watch.fail(f);
+        self.rest = None;
+        self.timer = None;
+        Poll::Ready(Some(Err(Box::new(BodyFailed(f)))))
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Some(frame) = self.ahead.pop_front() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        let Some(rest) = self.rest.as_mut() else { return Poll::Ready(None) };
+        match Pin::new(rest).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                self.watch.stop_waiting();
+                self.timer = None;
+                if let Err(f) = self.take(frame.data_ref().map_or(0, |d| d.len() as u64)) {
+                    return self.failed(f);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(_))) => self.failed(BodyFailure::Malformed),
+            Poll::Ready(None) => {
+                self.watch.stop_waiting();
+                self.rest = None;
+                self.timer = None;
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                self.watch.start_waiting();
+                let timeout = self.read_timeout;
+                let timer = self.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                if timer.as_mut().poll(cx).is_ready() {
+                    return self.failed(BodyFailure::Timeout);
+                }
+                Poll::Pending
+            }
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.ahead.is_empty() && self.rest.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        let ahead: u64 = self.ahead.iter().filter_map(|f| f.data_ref()).map(|d| d.len() as u64).sum();
+        match &self.rest {
+            // Read whole: the upstream gets a Content-Length.
+            None => SizeHint::with_exact(ahead),
+            Some(rest) => {
+                let r = rest.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(r.lower().saturating_add(ahead));
+                if let Some(upper) = r.upper() {
+                    hint.set_upper(upper.saturating_add(ahead));
+                }
+                hint
+            }
+        }
     }
+}
+
+/// Whether the request's `Transfer-Encoding` names a coding other than
+/// `chunked`. hyper decodes only `chunked`, and the header is hop-by-hop:
+/// forwarding such a body would silently drop its other codings (a gzip body
+/// would reach the upstream as if it were plain), so it is refused instead.
+pub fn undecodable_transfer_coding(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .any(|coding| !coding.is_empty() && !coding.eq_ignore_ascii_case(b"chunked"))
 }
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
@@ -239,17 +489,31 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// `X-Forwarded-For` gets the peer appended when the peer is a trusted
-/// proxy, and is replaced by the peer otherwise: an untrusted client's claim
-/// about who it is must not reach the upstream either, so its `Forwarded`
-/// and `X-Real-IP` are dropped too. Likewise for `-Proto` and `-Host`.
+/// proxy (all of its lines, joined in order, as the limiter reads them), and
+/// is replaced by the peer otherwise: an untrusted client's claim about who
+/// it is must not reach the upstream either, so its `Forwarded` and
+/// `X-Real-IP` are dropped too. Likewise for `-Proto` and `-Host`.
 fn set_forwarded(headers: &mut HeaderMap, peer: IpAddr, trusted_peer: bool, host: Option<&str>) {
-    let peer_s = peer.to_string();
-    let xff = match (trusted_peer, headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok())) {
-        (true, Some(prev)) if !prev.trim().is_empty() => format!("{prev}, {peer_s}"),
-        _ => peer_s,
-    };
+    let peer = crate::client::canonical(peer);
+    let mut xff: Vec<u8> = Vec::new();
+    if trusted_peer {
+        for line in headers.get_all(&X_FORWARDED_FOR) {
+            let line = line.as_bytes().trim_ascii();
+            if !line.is_empty() {
+                if !xff.is_empty() {
+                    xff.extend_from_slice(b", ");
+                }
+                xff.extend_from_slice(line);
+            }
+        }
+    }
+    if !xff.is_empty() {
+        xff.extend_from_slice(b", ");
+    }
+    xff.extend_from_slice(peer.to_string().as_bytes());
     headers.remove(&X_FORWARDED_FOR);
-    if let Ok(v) = HeaderValue::from_str(&xff) {
+    // Made of header values and an address: always a valid value.
+    if let Ok(v) = HeaderValue::from_bytes(&xff) {
         headers.insert(X_FORWARDED_FOR, v);
     }
     if !trusted_peer {

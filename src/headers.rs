@@ -46,8 +46,8 @@ fn number(n: u64) -> HeaderValue {
     HeaderValue::from(n)
 }
 
-/// Adds the rate-limit headers for `reports` (the matching rules, in rule
-/// order) to `headers`. `primary` is the index of the rule the `X-RateLimit-*`
+/// Adds the rate-limit headers for `reports` (the matching enforced rules,
+/// in rule order: shadow rules never show) to `headers`. `primary` is the index of the rule the `X-RateLimit-*`
 /// trio describes. Nothing is added when no rule matched.
 pub fn write(headers: &mut HeaderMap, reports: &[RuleReport<'_>], primary: usize) {
     let Some(p) = reports.get(primary) else { return };

@@ -14,7 +14,15 @@
 //! A token that verified is remembered until it expires ([`VerifiedTokens`]):
 //! a client sends the same token on every request, and checking its
 //! signature each time (tens of microseconds for RS256 or ES256) would cost
-//! more than everything else tollgate does for the request.
+//! more than everything else tollgate does for the request. A token that
+//! failed is remembered for [`FAILURE_TTL`] seconds, so resending a forged
+//! token costs a lookup, not a signature check; and one token is checked
+//! against at most [`MAX_KEYS_TRIED`] keys of a JWKS. The proxy verifies only
+//! when the request needs its user (`RuleSet::needs_user`).
+//!
+//! `exp` is always required; `iss` and `aud` are required (and checked)
+//! when `issuer` and `audience` are configured. The configured algorithms
+//! must all be of one family (HMAC, RSA, EC, EdDSA).
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -63,9 +71,16 @@ pub struct JwtConfig {
 /// A loaded key set.
 enum Keys {
     One(DecodingKey),
-    /// `(kid, key)`; a token without `kid` is tried against every key.
+    /// `(kid, key)`; a token without `kid` is tried against the keys of its
+    /// algorithm's family, at most [`MAX_KEYS_TRIED`] of them.
     Set(Vec<(Option<String>, DecodingKey)>),
 }
+
+/// Most keys one token's signature is checked against.
+pub const MAX_KEYS_TRIED: usize = 2;
+
+/// Seconds a token that failed verification is answered from memory.
+pub const FAILURE_TTL: u64 = 10;
 
 /// Verifies tokens. Shared by all requests; the key set can be swapped when
 /// a JWKS file changes.
@@ -76,6 +91,9 @@ pub struct JwtVerifier {
     keys: ArcSwap<Keys>,
     jwks_path: Option<PathBuf>,
     verified: VerifiedTokens,
+    /// Signature checks done (each token's verification may do up to
+    /// [`MAX_KEYS_TRIED`]).
+    checks: AtomicU64,
 }
 
 /// Longest token read: a token is a few hundred bytes to a few KB; anything
@@ -94,6 +112,21 @@ impl JwtVerifier {
                 (load_jwks(bytes).map_err(|e| format!("{}: {e}", path.display()))?, None, Some(path.clone()))
             }
         };
+        let families: Vec<AlgorithmFamily> = config.algorithms.iter().map(|a| a.family()).collect();
+        if families.iter().any(|f| *f != families[0]) {
+            let mut names: Vec<&str> = Vec::new();
+            for f in &families {
+                let name = family_name(*f);
+                if !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+            return Err(format!(
+                "algorithms {:?} mix families ({}): list algorithms of one family",
+                config.algorithms,
+                names.join(" and ")
+            ));
+        }
         let algorithms: Vec<Algorithm> = match family {
             Some(f) => config.algorithms.iter().copied().filter(|a| a.family() == f).collect(),
             None => config.algorithms.clone(),
@@ -108,13 +141,22 @@ impl JwtVerifier {
         validation.algorithms = algorithms;
         validation.leeway = config.leeway;
         validation.validate_nbf = true;
+        validation.validate_exp = true;
+        let mut required = vec!["exp"];
         match &config.audience {
-            Some(aud) => validation.set_audience(&[aud]),
+            Some(aud) => {
+                validation.set_audience(&[aud]);
+                required.push("aud");
+            }
             None => validation.validate_aud = false,
         }
         if let Some(iss) = &config.issuer {
             validation.set_issuer(&[iss]);
+            required.push("iss");
         }
+        // Without this, a token lacking `iss` or `aud` passes the check of
+        // the configured value.
+        validation.set_required_spec_claims(&required);
         Ok(JwtVerifier {
             header: config.header.clone(),
             claim: config.claim.clone(),
@@ -122,6 +164,7 @@ impl JwtVerifier {
             keys: ArcSwap::from_pointee(keys),
             jwks_path,
             verified: VerifiedTokens::new(),
+            checks: AtomicU64::new(0),
         })
     }
 
@@ -140,6 +183,11 @@ impl JwtVerifier {
         Ok(())
     }
 
+    /// Signature checks done so far.
+    pub fn signature_checks(&self) -> u64 {
+        self.checks.load(Ordering::Relaxed)
+    }
+
     /// The identity a request proves.
     pub fn verify(&self, headers: &HeaderMap) -> Identity {
         let Some(raw) = headers.get(&self.header) else { return Identity::Missing };
@@ -152,22 +200,63 @@ impl JwtVerifier {
             return Identity::Invalid("the token is too long");
         }
         let now = jsonwebtoken::get_current_timestamp();
-        if let Some(user) = self.verified.get(token, now) {
-            return Identity::Verified(user);
+        if let Some(known) = self.verified.get(token, now) {
+            return known;
         }
         let generation = self.verified.generation();
-        let Ok(header) = jsonwebtoken::decode_header(token) else {
-            return Identity::Invalid("the token is malformed");
+        let result = self.check(token);
+        let claims = match result {
+            Ok(claims) => claims,
+            Err(identity) => {
+                if let Identity::Invalid(reason) = identity {
+                    self.verified.insert(token, Err(reason), now.saturating_add(FAILURE_TTL), generation);
+                }
+                return identity;
+            }
         };
+        let user = match claims.get(&self.claim) {
+            Some(serde_json::Value::String(s)) if !s.is_empty() => s.clone(),
+            Some(serde_json::Value::Number(n)) => n.to_string(),
+            _ => {
+                let reason = "the token has no identity claim";
+                self.verified.insert(token, Err(reason), now.saturating_add(FAILURE_TTL), generation);
+                return Identity::Invalid(reason);
+            }
+        };
+        // `exp` is a required claim, so a verified token has one.
+        if let Some(exp) = claims.get("exp").and_then(serde_json::Value::as_u64) {
+            self.verified.insert(token, Ok(&user), exp.saturating_add(self.validation.leeway), generation);
+        }
+        Identity::Verified(user)
+    }
+
+    /// Checks the token's signature and claims against at most
+    /// [`MAX_KEYS_TRIED`] keys: those of its `kid`, or without one, those of
+    /// its algorithm's family.
+    fn check(&self, token: &str) -> Result<Claims, Identity> {
+        let Ok(header) = jsonwebtoken::decode_header(token) else {
+            return Err(Identity::Invalid("the token is malformed"));
+        };
+        if !self.validation.algorithms.contains(&header.alg) {
+            return Err(Identity::Invalid("the token's algorithm is not accepted"));
+        }
         let keys = self.keys.load();
-        let result = match &**keys {
-            Keys::One(key) => decode(token, key, &self.validation),
+        match &**keys {
+            Keys::One(key) => {
+                self.checks.fetch_add(1, Ordering::Relaxed);
+                decode(token, key, &self.validation)
+            }
             Keys::Set(set) => {
                 let mut last = Err(Identity::Invalid("no key matches the token's kid"));
-                for (kid, key) in set {
-                    if header.kid.is_some() && kid.as_deref() != header.kid.as_deref() {
-                        continue;
-                    }
+                let candidates = set
+                    .iter()
+                    .filter(|(kid, key)| match &header.kid {
+                        Some(want) => kid.as_deref() == Some(want.as_str()),
+                        None => key.family() == header.alg.family(),
+                    })
+                    .take(MAX_KEYS_TRIED);
+                for (_, key) in candidates {
+                    self.checks.fetch_add(1, Ordering::Relaxed);
                     last = decode(token, key, &self.validation);
                     if last.is_ok() {
                         break;
@@ -175,29 +264,25 @@ impl JwtVerifier {
                 }
                 last
             }
-        };
-        let claims = match result {
-            Ok(claims) => claims,
-            Err(identity) => return identity,
-        };
-        let user = match claims.get(&self.claim) {
-            Some(serde_json::Value::String(s)) if !s.is_empty() => s.clone(),
-            Some(serde_json::Value::Number(n)) => n.to_string(),
-            _ => return Identity::Invalid("the token has no identity claim"),
-        };
-        // `exp` is a required claim, so a verified token has one.
-        if let Some(exp) = claims.get("exp").and_then(serde_json::Value::as_u64) {
-            self.verified.insert(token, &user, exp.saturating_add(self.validation.leeway), generation);
         }
-        Identity::Verified(user)
     }
 }
 
-/// Tokens that verified, with their identity and the last second they are
-/// valid in (`exp` plus the leeway, as `jsonwebtoken` checks it). Keyed by
-/// the whole token, so only the very token that verified is answered here;
-/// failures are never remembered. A JWKS reload forgets everything, and a
-/// verification that started before it is not remembered.
+fn family_name(f: AlgorithmFamily) -> &'static str {
+    match f {
+        AlgorithmFamily::Hmac => "HMAC",
+        AlgorithmFamily::Rsa => "RSA",
+        AlgorithmFamily::Ec => "EC",
+        AlgorithmFamily::Ed => "EdDSA",
+    }
+}
+
+/// Tokens that were verified, with their outcome and the last second it
+/// holds: a verified token's identity until `exp` plus the leeway (as
+/// `jsonwebtoken` checks it), a failure's reason for [`FAILURE_TTL`]. Keyed
+/// by the whole token, so only the very token that was checked is answered
+/// here. A JWKS reload forgets everything, and a verification that started
+/// before it is not remembered.
 ///
 /// Bounded: tokens longer than [`MAX_CACHED_TOKEN_BYTES`] are not kept, and
 /// a full shard first drops what has expired, then takes nothing new (those
@@ -211,7 +296,8 @@ struct VerifiedTokens {
 type TokenMap = HashMap<Box<str>, VerifiedToken, foldhash::fast::RandomState>;
 
 struct VerifiedToken {
-    user: String,
+    /// The identity, or why the token was refused.
+    outcome: Result<String, &'static str>,
     valid_until: u64,
     generation: u64,
 }
@@ -242,28 +328,38 @@ impl VerifiedTokens {
         self.generation.load(Ordering::Acquire)
     }
 
-    /// The identity `token` verified to, if it is still valid at `now`
-    /// (Unix seconds) under the current keys.
-    fn get(&self, token: &str, now: u64) -> Option<String> {
+    /// What `token` was found to be, if that still holds at `now` (Unix
+    /// seconds) under the current keys.
+    fn get(&self, token: &str, now: u64) -> Option<Identity> {
         let shard = self.shard(token);
         let entry = shard.get(token)?;
-        (entry.valid_until >= now && entry.generation == self.generation()).then(|| entry.user.clone())
+        if entry.valid_until < now || entry.generation != self.generation() {
+            return None;
+        }
+        Some(match &entry.outcome {
+            Ok(user) => Identity::Verified(user.clone()),
+            Err(reason) => Identity::Invalid(reason),
+        })
     }
 
-    fn insert(&self, token: &str, user: &str, valid_until: u64, generation: u64) {
+    fn insert(&self, token: &str, outcome: Result<&str, &'static str>, valid_until: u64, generation: u64) {
         if token.len() > MAX_CACHED_TOKEN_BYTES || generation != self.generation() {
             return;
         }
         let now = jsonwebtoken::get_current_timestamp();
+        // Failures take at most half of a shard: a flood of forged tokens
+        // cannot push out the tokens that verified.
+        let room = if outcome.is_ok() { TOKENS_PER_SHARD } else { TOKENS_PER_SHARD / 2 };
         let mut shard = self.shard(token);
-        if shard.len() >= TOKENS_PER_SHARD {
+        if shard.len() >= room {
             let current = self.generation();
             shard.retain(|_, e| e.valid_until >= now && e.generation == current);
-            if shard.len() >= TOKENS_PER_SHARD {
+            if shard.len() >= room {
                 return;
             }
         }
-        shard.insert(token.into(), VerifiedToken { user: user.to_string(), valid_until, generation });
+        let outcome = outcome.map(str::to_string);
+        shard.insert(token.into(), VerifiedToken { outcome, valid_until, generation });
     }
 
     /// Called when the keys change.
@@ -294,7 +390,9 @@ fn decode(token: &str, key: &DecodingKey, validation: &Validation) -> Result<Cla
             ErrorKind::InvalidAudience => "the token's audience is not accepted",
             ErrorKind::InvalidAlgorithm => "the token's algorithm is not accepted",
             ErrorKind::InvalidSignature => "the token's signature does not verify",
-            ErrorKind::MissingRequiredClaim(_) => "the token lacks a required claim (exp)",
+            ErrorKind::MissingRequiredClaim(_) => {
+                "the token lacks a required claim (exp, or the configured iss or aud)"
+            }
             _ => "the token is malformed",
         })
     })
@@ -366,7 +464,7 @@ mod tests {
 
     fn hs_verifier() -> JwtVerifier {
         let keys = KeySource::Key { path: "secret".into(), bytes: [SECRET, b"\n"].concat() };
-        JwtVerifier::new(&config(keys, &[Algorithm::HS256, Algorithm::RS256])).expect("valid config")
+        JwtVerifier::new(&config(keys, &[Algorithm::HS256])).expect("valid config")
     }
 
     fn token(claims: serde_json::Value) -> String {
@@ -419,14 +517,15 @@ mod tests {
     }
 
     #[test]
-    fn verified_tokens_are_remembered_until_they_expire_and_only_they() {
+    fn verified_tokens_are_remembered_until_they_expire() {
         let v = hs_verifier();
         let claims = json!({"sub": "user-9", "exp": now() + 60, "iss": "https://issuer.example", "aud": "tollgate"});
         let t = token(claims);
         assert_eq!(v.verify(&headers(&t)), Identity::Verified("user-9".into()));
         let at = now();
-        assert_eq!(v.verified.get(&t, at).as_deref(), Some("user-9"));
-        assert_eq!(v.verified.get(&t, at + 60).as_deref(), Some("user-9"), "valid through its exp second");
+        let user9 = Some(Identity::Verified("user-9".into()));
+        assert_eq!(v.verified.get(&t, at), user9);
+        assert_eq!(v.verified.get(&t, at + 60), user9, "valid through its exp second");
         assert_eq!(v.verified.get(&t, at + 62), None, "expired: verified again, and refused");
         // One character changed is another token: verified, and refused.
         let mut tampered = t.clone().into_bytes();
@@ -434,18 +533,86 @@ mod tests {
         tampered[last] = if tampered[last] == b'A' { b'B' } else { b'A' };
         let tampered = String::from_utf8(tampered).expect("ascii");
         assert_eq!(v.verify(&headers(&tampered)), Identity::Invalid("the token's signature does not verify"));
-        assert_eq!(v.verified.get(&tampered, at), None, "failures are not remembered");
+        assert_eq!(
+            v.verified.get(&tampered, at),
+            Some(Identity::Invalid("the token's signature does not verify")),
+            "failures are remembered, briefly"
+        );
     }
 
     #[test]
     fn a_secret_key_allows_only_hmac_algorithms() {
-        // RS256 was configured too, but a secret cannot verify it: only
-        // HS256 stays, so an RS256 token is refused by algorithm.
         let v = hs_verifier();
         assert_eq!(v.validation.algorithms, vec![Algorithm::HS256]);
         let keys = KeySource::Key { path: "secret".into(), bytes: SECRET.to_vec() };
         let err = JwtVerifier::new(&config(keys, &[Algorithm::RS256])).err().expect("no usable algorithm");
         assert!(err.contains("none of the algorithms"), "{err}");
+    }
+
+    #[test]
+    fn an_algorithm_list_mixing_families_is_refused() {
+        let keys = KeySource::Key { path: "secret".into(), bytes: SECRET.to_vec() };
+        let err = JwtVerifier::new(&config(keys, &[Algorithm::HS256, Algorithm::RS256])).err().expect("refused");
+        assert_eq!(err, "algorithms [HS256, RS256] mix families (HMAC and RSA): list algorithms of one family");
+        let keys = KeySource::Key { path: "secret".into(), bytes: SECRET.to_vec() };
+        assert!(JwtVerifier::new(&config(keys, &[Algorithm::HS256, Algorithm::HS512])).is_ok());
+    }
+
+    #[test]
+    fn exp_issuer_and_audience_are_required_when_configured() {
+        let v = hs_verifier();
+        let full = json!({"sub": "u", "exp": now() + 60, "iss": "https://issuer.example", "aud": "tollgate"});
+        for (claim, reason) in [
+            ("exp", "the token lacks a required claim (exp, or the configured iss or aud)"),
+            ("iss", "the token lacks a required claim (exp, or the configured iss or aud)"),
+            ("aud", "the token lacks a required claim (exp, or the configured iss or aud)"),
+        ] {
+            let mut c = full.clone();
+            c.as_object_mut().expect("object").remove(claim);
+            assert_eq!(v.verify(&headers(&token(c))), Identity::Invalid(reason), "without {claim}");
+        }
+    }
+
+    #[test]
+    fn failures_are_remembered_briefly() {
+        let v = hs_verifier();
+        let good = json!({"sub": "u", "exp": now() + 60, "iss": "https://issuer.example", "aud": "tollgate"});
+        let forged = encode(
+            &Header::new(Algorithm::HS256),
+            &good,
+            &EncodingKey::from_secret(b"another-secret-another-secret-xx"),
+        )
+        .expect("encodes");
+        for _ in 0..5 {
+            assert_eq!(v.verify(&headers(&forged)), Identity::Invalid("the token's signature does not verify"));
+        }
+        assert_eq!(v.signature_checks(), 1, "one check, then the remembered failure");
+        let at = now();
+        assert!(v.verified.get(&forged, at).is_some());
+        assert!(v.verified.get(&forged, at + FAILURE_TTL + 1).is_none(), "forgotten after FAILURE_TTL");
+    }
+
+    #[test]
+    fn a_token_without_kid_is_tried_against_few_keys() {
+        use base64::Engine as _;
+        // Ten HMAC keys, none of them the token's: a kid-less token is
+        // checked against at most MAX_KEYS_TRIED of them.
+        let keys: Vec<String> = (0..10)
+            .map(|i| {
+                let k = base64::engine::general_purpose::URL_SAFE_NO_PAD
+                    .encode(format!("{i}-secret-secret-secret-secret-secret"));
+                format!(r#"{{"kty":"oct","kid":"k{i}","alg":"HS256","k":"{k}"}}"#)
+            })
+            .collect();
+        let doc = format!(r#"{{"keys":[{}]}}"#, keys.join(","));
+        let v = JwtVerifier::new(&config(
+            KeySource::Jwks { path: "j".into(), bytes: doc.into_bytes() },
+            &[Algorithm::HS256],
+        ))
+        .expect("valid jwks");
+        let t = token(json!({"sub": "u", "exp": now() + 60, "iss": "https://issuer.example", "aud": "tollgate"}));
+        assert!(matches!(v.verify(&headers(&t)), Identity::Invalid(_)));
+        assert!(v.signature_checks() <= MAX_KEYS_TRIED as u64, "{} checks", v.signature_checks());
     }
 
     #[test]

@@ -10,6 +10,12 @@
 //!
 //! A request waiting on a slow upstream moves no bytes but is not idle: the
 //! service holds an [`InflightGuard`] while it works.
+//!
+//! A client that stops reading its response is another matter: writes to it
+//! stay blocked, and everything queued for it stays in memory. When a write
+//! has been blocked for the send timeout without a byte going out, the
+//! write fails with `TimedOut` and hyper closes the connection (and drops
+//! the upstream response it was relaying).
 
 use std::io;
 use std::pin::Pin;
@@ -53,10 +59,15 @@ pub struct IdleIo<T> {
     inflight: Inflight,
     last_activity: Instant,
     timer: Pin<Box<Sleep>>,
+    send_timeout: Duration,
+    /// Armed while a write is blocked.
+    send_timer: Option<Pin<Box<Sleep>>>,
 }
 
 impl<T> IdleIo<T> {
-    pub fn new(inner: T, timeout: Duration, inflight: Inflight) -> Self {
+    /// Wraps `inner`: idle after `timeout` without traffic or a request in
+    /// flight; writes fail after `send_timeout` without progress.
+    pub fn new(inner: T, timeout: Duration, send_timeout: Duration, inflight: Inflight) -> Self {
         let now = Instant::now();
         IdleIo {
             inner,
@@ -64,7 +75,27 @@ impl<T> IdleIo<T> {
             inflight,
             last_activity: now,
             timer: Box::pin(tokio::time::sleep_until(now + timeout)),
+            send_timeout,
+            send_timer: None,
         }
+    }
+
+    /// A write returned `poll`: progress disarms the send timer, a blocked
+    /// write arms it, and a write blocked past the send timeout fails.
+    fn check_send<R>(&mut self, cx: &mut Context<'_>, poll: Poll<io::Result<R>>) -> Poll<io::Result<R>> {
+        if poll.is_ready() {
+            self.send_timer = None;
+            return poll;
+        }
+        let timeout = self.send_timeout;
+        let timer = self.send_timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        if timer.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client read nothing for listen.send_timeout",
+            )));
+        }
+        Poll::Pending
     }
 
     fn touch(&mut self) {
@@ -120,7 +151,8 @@ impl<T: AsyncRead + Unpin> AsyncRead for IdleIo<T> {
 
 impl<T: AsyncWrite + Unpin> AsyncWrite for IdleIo<T> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
-        let n = ready!(Pin::new(&mut self.inner).poll_write(cx, data))?;
+        let polled = Pin::new(&mut self.inner).poll_write(cx, data);
+        let n = ready!(self.check_send(cx, polled))?;
         if n > 0 {
             self.touch();
         }
@@ -132,7 +164,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for IdleIo<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let n = ready!(Pin::new(&mut self.inner).poll_write_vectored(cx, bufs))?;
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        let n = ready!(self.check_send(cx, polled))?;
         if n > 0 {
             self.touch();
         }
@@ -144,7 +177,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for IdleIo<T> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        let polled = Pin::new(&mut self.inner).poll_flush(cx);
+        self.check_send(cx, polled)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -160,7 +194,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_idle_connection_reads_as_closed_after_the_timeout() {
         let (client, server) = tokio::io::duplex(64);
-        let mut io = IdleIo::new(server, Duration::from_secs(5), Inflight::default());
+        let mut io = IdleIo::new(server, Duration::from_secs(5), Duration::from_secs(60), Inflight::default());
         let started = Instant::now();
         let mut buf = [0u8; 8];
         let n = io.read(&mut buf).await.expect("read");
@@ -173,7 +207,7 @@ mod tests {
     async fn activity_and_inflight_requests_keep_it_open() {
         let (mut client, server) = tokio::io::duplex(64);
         let inflight = Inflight::default();
-        let mut io = IdleIo::new(server, Duration::from_secs(5), inflight.clone());
+        let mut io = IdleIo::new(server, Duration::from_secs(5), Duration::from_secs(60), inflight.clone());
         let started = Instant::now();
         let writer = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_secs(4)).await;
@@ -196,5 +230,16 @@ mod tests {
         // activity too).
         let closed = started.elapsed();
         assert!(closed >= Duration::from_secs(24) && closed <= Duration::from_secs(29), "closed at {closed:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_blocked_for_the_send_timeout_fails() {
+        // The peer never reads: the 64-byte pipe fills up.
+        let (_client, server) = tokio::io::duplex(64);
+        let mut io = IdleIo::new(server, Duration::from_secs(60), Duration::from_secs(3), Inflight::default());
+        let started = Instant::now();
+        let err = io.write_all(&[b'x'; 1024]).await.expect_err("a write to a peer that never reads fails");
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(started.elapsed(), Duration::from_secs(3));
     }
 }

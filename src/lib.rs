@@ -12,9 +12,10 @@
 //! | module | responsibility |
 //! |---|---|
 //! | [`server`] | listeners, connection limits, graceful shutdown |
-//! | [`idle`] | closes keep-alive connections idle for `listen.idle_timeout` |
+//! | [`idle`] | closes connections idle for `listen.idle_timeout`, and clients that read nothing for `listen.send_timeout` |
+//! | [`normalize`] | one spelling per request: canonical path, host, method and header names, or 400 |
 //! | [`proxy`] | the request path: route, decide, forward or reject |
-//! | [`forward`] | pooled upstream clients, hop-by-hop and `X-Forwarded-*` headers, body limits |
+//! | [`forward`] | pooled upstream clients, hop-by-hop and `X-Forwarded-*` headers, request bodies (read ahead up to `buffer_body`, `max_body`, `body_read_timeout`) |
 //! | [`client`] | who the client is: trusted proxies, `X-Forwarded-For`, IPv6 prefixes |
 //! | [`identity`] | verified user identity from a JWT (`[client] jwt`) |
 //! | [`rules`] | the compiled rule set: which rules match, the bucket key of each |
@@ -49,6 +50,7 @@ pub mod identity;
 pub mod idle;
 pub mod limiter;
 pub mod metrics;
+pub mod normalize;
 pub mod proxy;
 pub mod reload;
 pub mod rules;

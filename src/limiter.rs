@@ -27,6 +27,16 @@ pub type Nanos = u64;
 /// Nanoseconds in one second.
 pub const NANOS_PER_SEC: u64 = 1_000_000_000;
 
+/// The largest limit or burst a check counts against: a sliding counter's
+/// cell packs its counts in 32 bits each. Soft and elastic headroom is
+/// capped here (see `Rule::effective_limits`), and [`evaluate`] bounds its
+/// inputs to it.
+pub const MAX_LIMIT: u64 = u32::MAX as u64;
+
+/// The longest window: 366 days. `start + 2 * window` and the like stay far
+/// inside `u64` nanoseconds; config validation refuses longer ones.
+pub const MAX_WINDOW: Nanos = 366 * 24 * 3600 * NANOS_PER_SEC;
+
 /// The algorithm a rule counts with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -85,6 +95,17 @@ pub struct Limits {
 }
 
 impl Limits {
+    /// The same limits within what the arithmetic counts exactly: limit and
+    /// burst in `1..=MAX_LIMIT`, window in `1..=MAX_WINDOW`.
+    pub fn bounded(&self) -> Limits {
+        Limits {
+            algorithm: self.algorithm,
+            limit: self.limit.clamp(1, MAX_LIMIT),
+            window: self.window.clamp(1, MAX_WINDOW),
+            burst: self.burst.clamp(1, MAX_LIMIT),
+        }
+    }
+
     /// How many requests the bucket holds when it is untouched: what
     /// `remaining` counts down from.
     pub fn capacity(&self) -> u64 {
@@ -211,6 +232,8 @@ impl FromIterator<(Nanos, u32)> for Log {
 /// `cost` is at least 1; `limits.algorithm` must not be the log (use
 /// [`evaluate_log`]).
 pub fn evaluate(cell: Cell, now: Nanos, limits: &Limits, cost: u64) -> (Verdict, Cell) {
+    let limits = &limits.bounded();
+    let cost = cost.clamp(1, MAX_LIMIT + 1);
     match limits.algorithm {
         Algorithm::TokenBucket => bucket(cell, now, limits, cost, false),
         Algorithm::LeakyBucket => bucket(cell, now, limits, cost, true),
@@ -346,6 +369,8 @@ fn sliding_counter(cell: Cell, now: Nanos, limits: &Limits, cost: u64) -> (Verdi
 /// (pruning never changes a decision); the new entry is appended only when
 /// `commit` is set and the request is admitted.
 pub fn evaluate_log(log: &mut Log, now: Nanos, limits: &Limits, cost: u64, commit: bool) -> Verdict {
+    let limits = &limits.bounded();
+    let cost = cost.clamp(1, MAX_LIMIT + 1);
     let w = limits.window;
     // An entry at exactly `now - window` has left the window.
     while let Some(&(t, _)) = log.front() {

@@ -15,6 +15,7 @@ pub struct Metrics {
     pub rule_decisions_total: IntCounterVec,
     pub request_duration_seconds: Histogram,
     pub upstream_errors_total: IntCounterVec,
+    pub client_errors_total: IntCounterVec,
     pub store_errors_total: IntCounterVec,
     pub store_duration_seconds: Histogram,
     pub rules_reloads_total: IntCounterVec,
@@ -26,6 +27,7 @@ pub struct Metrics {
     pub store_fallback_transitions_total: IntCounterVec,
     pub connections_active: IntGauge,
     pub connections_refused_total: IntCounter,
+    pub store_evictions_total: IntCounter,
 }
 
 /// Per-rule decision counters, resolved once per rule per reload.
@@ -99,6 +101,12 @@ impl Metrics {
                 "Failed upstream calls by upstream and kind (connect, timeout, reset).",
                 &["upstream", "kind"],
             ),
+            client_errors_total: counter_vec(
+                &registry,
+                "tollgate_client_errors_total",
+                "Requests that failed on the client's side while being forwarded, by kind (bad_body, body_read_timeout, body_too_large).",
+                &["kind"],
+            ),
             store_errors_total: counter_vec(
                 &registry,
                 "tollgate_store_errors_total",
@@ -155,6 +163,14 @@ impl Metrics {
                 IntCounter::new(
                     "tollgate_connections_refused_total",
                     "Client connections closed at once because max_connections was reached.",
+                )
+                .expect("valid metric definition"),
+            ),
+            store_evictions_total: reg(
+                &registry,
+                IntCounter::new(
+                    "tollgate_store_evictions_total",
+                    "Keys the memory store (or the Redis store's local state) forgot because [store] max_keys was reached.",
                 )
                 .expect("valid metric definition"),
             ),

@@ -18,15 +18,16 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
 use crate::client;
-use crate::config::{ClientConfig, Config, InvalidToken, KeyPart, OnError, Route};
+use crate::config::{ClientConfig, Config, InvalidToken, KeyPart, Normalization, OnError, Route};
 use crate::error::ProxyError;
 use crate::forward::{Downstream, UpstreamClient};
 use crate::headers::{self, RuleReport};
 use crate::identity::{Identity, JwtVerifier};
 use crate::limiter::{Verdict, ceil_secs};
 use crate::metrics::{Metrics, RouteCounters};
+use crate::normalize;
 use crate::rules::{RequestFacts, Rule, RuleSet};
-use crate::store::{AnyStore, Check, Mode, Store, StoreError};
+use crate::store::{Answer, AnyStore, Check, Mode, Store, StoreError};
 
 /// The body of every response tollgate sends: the upstream's, streamed, or
 /// one tollgate wrote.
@@ -42,6 +43,12 @@ pub struct Proxy {
     store_timeout: Duration,
     max_uri_bytes: usize,
     max_header_bytes: usize,
+    normalization: Normalization,
+    /// Identity headers read whatever the rules: the user and API key
+    /// headers, and `Authorization` with `[client] jwt`. Like the rules'
+    /// own headers, each may come at most once.
+    identity_headers: Vec<http::HeaderName>,
+    body_read_timeout: Duration,
     jwt: Option<JwtVerifier>,
     default_on_error: OnError,
     upstreams: Vec<UpstreamClient>,
@@ -82,6 +89,15 @@ impl Proxy {
             store_timeout: config.store.timeout,
             max_uri_bytes: config.listen.max_uri_bytes,
             max_header_bytes: config.listen.max_header_bytes,
+            normalization: config.listen.normalization,
+            identity_headers: {
+                let mut h = vec![config.client.user_header.clone(), config.client.api_key_header.clone()];
+                if config.client.jwt.is_some() {
+                    h.push(header::AUTHORIZATION);
+                }
+                h
+            },
+            body_read_timeout: config.listen.body_read_timeout,
             jwt: config.client.jwt.as_ref().and_then(|j| match JwtVerifier::new(j) {
                 Ok(v) => Some(v),
                 Err(e) => {
@@ -120,20 +136,53 @@ impl Proxy {
         })
     }
 
-    async fn serve(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
-        let host = request_host(&req);
-        let path = req.uri().path();
-        let route = self.route(host.as_deref(), path);
+    async fn serve(&self, mut req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
+        // One spelling of the request before anything reads it (see
+        // crate::normalize): what is refused here is refused before routing
+        // and counts as a rejection of no route.
+        let bad = |counters: &RouteCounters, why: String| {
+            counters.rejected.inc();
+            ProxyError::BadRequest(why).into_response().map(Either::Right)
+        };
+        if !self.normalization.underscores_in_headers {
+            normalize::drop_underscored(req.headers_mut());
+        }
+        let host = match normalize::method(req.method()).and_then(|()| normalize::host(&req)) {
+            Ok(h) => h,
+            Err(why) => return bad(&self.no_route, why.to_string()),
+        };
+        // Owned only when the client's spelling was not canonical; the
+        // upstream then receives the canonical path.
+        let canonical_path = match normalize::path(req.uri().path(), &self.normalization) {
+            Ok(std::borrow::Cow::Borrowed(_)) => None,
+            Ok(std::borrow::Cow::Owned(p)) => Some(p),
+            Err(e) => return bad(&self.no_route, e.reason().to_string()),
+        };
+        let path = canonical_path.as_deref().unwrap_or(req.uri().path());
+        let host_name = host.as_ref().map(|h| h.name.as_str());
+        let route = self.route(host_name, path);
         let counters = route.map_or(&self.no_route, |i| &self.routes[i].1);
         if let Some(e) = self.oversized(&req, route) {
             counters.rejected.inc();
             return e.into_response().map(Either::Right);
         }
-        let client_ip = client::client_addr(peer.ip(), req.headers(), &self.client.trusted_proxies);
+        let client_ip = match client::client_addr(peer.ip(), req.headers(), &self.client.trusted_proxies) {
+            Ok(ip) => ip,
+            Err(client::BadForwarding) => {
+                return bad(counters, "The forwarding headers from a trusted proxy name no client address.".into());
+            }
+        };
         let rules = self.rules.load();
+        if let Some(name) = normalize::repeated(req.headers(), &self.identity_headers)
+            .or_else(|| normalize::repeated(req.headers(), &rules.read_headers))
+        {
+            return bad(counters, format!("The header {name} must not be given more than once."));
+        }
         // With `[client] jwt`, the user is whoever the token proves, and the
-        // user header is never read.
-        let identity = self.jwt.as_ref().map(|j| j.verify(req.headers()));
+        // user header is never read; the token is verified only if the rules
+        // need the user.
+        let identity =
+            self.jwt.as_ref().map(|j| if rules.needs_user(path) { j.verify(req.headers()) } else { Identity::Missing });
 
         // Decide.
         let mut reports: Vec<RuleReport<'_>> = Vec::new();
@@ -143,7 +192,7 @@ impl Proxy {
                 method: req.method(),
                 path,
                 query: req.uri().query(),
-                host: host.as_deref(),
+                host: host_name,
                 route: route.map(|i| {
                     let r = &self.routes[i].0;
                     (r.name.as_str(), self.upstreams[r.upstream].config.name.as_str())
@@ -181,68 +230,91 @@ impl Proxy {
                     }
                 };
                 let mut key = String::with_capacity(64);
-                rule.key(&facts, &mut key);
+                if let Err(reason) = rule.key(&facts, &mut key) {
+                    counters.rejected.inc();
+                    return ProxyError::BadRequest(reason).into_response().map(Either::Right);
+                }
                 pending.push(Pending { rule, key, check_limits: rule.effective_limits(inflight), cost });
             }
 
             if !pending.is_empty() {
-                match self.decide(&pending).await.or_else(|e| self.decide_locally(e, &pending)) {
-                    Ok(verdicts) => {
-                        let mut rejected: Option<(usize, u64)> = None;
-                        for (i, (p, v)) in pending.iter().zip(&verdicts).enumerate() {
-                            reports.push(RuleReport::new(p.rule, v, p.check_limits.capacity()));
-                            if v.allowed {
-                                p.rule.counters.allowed.inc();
-                                delay = delay.max(v.delay);
-                            } else if p.rule.enforced() {
-                                p.rule.counters.limited.inc();
-                                let secs = ceil_secs(v.retry_after).max(1);
-                                if rejected.is_none_or(|(_, s)| secs > s) {
-                                    rejected = Some((i, secs));
-                                }
-                            } else {
-                                p.rule.counters.shadow_limited.inc();
-                            }
+                let answers = self.decide_locally(self.decide(&pending).await, &pending);
+                // Each rule's own answer: a verdict, or its store error and
+                // its own `on_error`. A rule that answered and rejects
+                // decides (429) whatever the others' errors; then a failed
+                // enforced rule that says `deny` (503); failed `allow` rules
+                // are open and report nothing.
+                let mut rejected: Option<(usize, u64)> = None;
+                let mut denied = false;
+                let mut failed = None;
+                let mut report_of: Vec<Option<usize>> = Vec::with_capacity(pending.len());
+                for (i, (p, answer)) in pending.iter().zip(&answers).enumerate() {
+                    let v = match answer {
+                        Ok(v) => v,
+                        Err(e) => {
+                            failed = Some(e);
+                            denied |= p.rule.enforced() && self.on_error(p) == OnError::Deny;
+                            report_of.push(None);
+                            continue;
                         }
-                        if let Some((i, secs)) = rejected {
-                            // The store counted nothing for a rejected
-                            // request: rules that would have admitted it
-                            // still have its cost left, not what would remain
-                            // after it.
-                            for ((report, p), v) in reports.iter_mut().zip(&pending).zip(&verdicts) {
-                                if v.allowed {
-                                    let unspent = Verdict { remaining: v.remaining + p.cost, ..*v };
-                                    *report = RuleReport::new(p.rule, &unspent, p.check_limits.capacity());
-                                }
-                            }
-                            counters.limited.inc();
-                            tracing::debug!(rule = pending[i].rule.name(), key = %pending[i].key, client = %client_ip, "rate limited");
-                            let rule = pending[i].rule;
-                            let err = ProxyError::Limited {
-                                rule: rule.name().to_string(),
-                                limit: rule.spec.limit,
-                                window_seconds: rule.window_secs,
-                                retry_after_seconds: secs,
-                            };
-                            let mut resp = err.into_response().map(Either::Right);
-                            headers::write(resp.headers_mut(), &reports, i);
-                            return resp;
+                    };
+                    // Shadow rules are invisible to the client: counted
+                    // and measured, but no headers and no shaping delay.
+                    if p.rule.enforced() {
+                        report_of.push(Some(reports.len()));
+                        reports.push(RuleReport::new(p.rule, v, p.check_limits.capacity()));
+                    } else {
+                        report_of.push(None);
+                    }
+                    if v.allowed {
+                        p.rule.counters.allowed.inc();
+                        if p.rule.enforced() {
+                            delay = delay.max(v.delay);
+                        }
+                    } else if p.rule.enforced() {
+                        p.rule.counters.limited.inc();
+                        let secs = ceil_secs(v.retry_after).max(1);
+                        if rejected.is_none_or(|(_, s)| secs > s) {
+                            rejected = Some((i, secs));
+                        }
+                    } else {
+                        p.rule.counters.shadow_limited.inc();
+                    }
+                }
+                if let Some(e) = failed {
+                    // Counted in `tollgate_store_errors_total` by the store
+                    // (or by `decide`'s backstop).
+                    tracing::debug!(error = %e, "store check failed");
+                }
+                if let Some((i, secs)) = rejected {
+                    // The store counted nothing for a rejected request:
+                    // rules that would have admitted it still have its cost
+                    // left, not what would remain after it.
+                    for ((at, p), answer) in report_of.iter().zip(&pending).zip(&answers) {
+                        if let (Some(at), Ok(v)) = (at, answer)
+                            && v.allowed
+                        {
+                            let unspent = Verdict { remaining: v.remaining + p.cost, ..*v };
+                            reports[*at] = RuleReport::new(p.rule, &unspent, p.check_limits.capacity());
                         }
                     }
-                    Err(e) => {
-                        self.metrics.store_errors_total.with_label_values(&[self.store.backend()]).inc();
-                        tracing::debug!(error = %e, "store check failed");
-                        let deny = pending.iter().any(|p| {
-                            p.rule.enforced() && p.rule.spec.on_error.unwrap_or(self.default_on_error) == OnError::Deny
-                        });
-                        if deny {
-                            counters.store_unavailable.inc();
-                            return ProxyError::StoreUnavailable { retry_after_seconds: 1 }
-                                .into_response()
-                                .map(Either::Right);
-                        }
-                        // Fail open: no quota is known, so no headers are sent.
-                    }
+                    counters.limited.inc();
+                    tracing::debug!(rule = pending[i].rule.name(), key = %pending[i].key, client = %client_ip, "rate limited");
+                    let rule = pending[i].rule;
+                    let err = ProxyError::Limited {
+                        rule: rule.name().to_string(),
+                        limit: rule.spec.limit,
+                        window_seconds: rule.window_secs,
+                        retry_after_seconds: secs,
+                    };
+                    let mut resp = err.into_response().map(Either::Right);
+                    let primary = report_of[i].unwrap_or(0);
+                    headers::write(resp.headers_mut(), &reports, primary);
+                    return resp;
+                }
+                if denied {
+                    counters.store_unavailable.inc();
+                    return ProxyError::StoreUnavailable { retry_after_seconds: 1 }.into_response().map(Either::Right);
                 }
             }
         }
@@ -264,9 +336,13 @@ impl Proxy {
         let version = req.version();
         let down = Downstream {
             peer: peer.ip(),
-            trusted: self.client.trusted_proxies.iter().any(|n| n.contains(&peer.ip())),
-            host: host.as_deref(),
+            trusted: client::is_trusted_peer(peer.ip(), &self.client.trusted_proxies),
+            host: host.as_ref().map(|h| h.name.as_str()),
+            host_header: host.as_ref().and_then(|h| h.rewrite.clone()),
+            path: canonical_path,
             max_body: self.routes[route].0.max_body,
+            buffer_body: self.routes[route].0.buffer_body,
+            body_read_timeout: self.body_read_timeout,
         };
         let mut resp = match upstream.forward(req, down).await {
             Ok(mut resp) => {
@@ -281,9 +357,10 @@ impl Proxy {
     }
 
     /// Requests over a size limit are refused before any rule counts them:
-    /// 414 for the target, 431 for the headers, 413 for a declared body
-    /// length (a chunked body is cut off while streaming instead, see
-    /// [`crate::forward::LimitedBody`]).
+    /// 414 for the target, 431 for the headers, 501 for a body in a transfer
+    /// coding tollgate cannot decode, 413 for a declared body
+    /// length (a chunked body is cut off while it is read instead, see
+    /// [`crate::forward::RequestBody`]).
     fn oversized(&self, req: &Request<Incoming>, route: Option<usize>) -> Option<ProxyError> {
         if req.uri().path_and_query().map_or(0, |p| p.as_str().len()) > self.max_uri_bytes {
             return Some(ProxyError::UriTooLong);
@@ -293,22 +370,27 @@ impl Proxy {
         if header_bytes > self.max_header_bytes {
             return Some(ProxyError::HeadersTooLarge);
         }
+        if crate::forward::undecodable_transfer_coding(req.headers()) {
+            return Some(ProxyError::UnsupportedTransferEncoding);
+        }
         let max_body = route.and_then(|i| self.routes[i].0.max_body)?;
         let declared = req.headers().get(header::CONTENT_LENGTH)?.to_str().ok()?.trim().parse::<u64>().ok()?;
         (declared > max_body).then_some(ProxyError::PayloadTooLarge)
     }
 
+    /// The `on_error` policy of a pending rule.
+    fn on_error(&self, p: &Pending<'_>) -> OnError {
+        p.rule.spec.on_error.unwrap_or(self.default_on_error)
+    }
+
     /// One store round trip for all matching rules, bounded by the store
-    /// timeout.
-    async fn decide(&self, pending: &[Pending<'_>]) -> Result<Vec<Verdict>, StoreError> {
-        let checks: Vec<Check<'_>> = pending
-            .iter()
-            .map(|p| Check { key: &p.key, limits: p.check_limits, cost: p.cost, enforced: p.rule.enforced() })
-            .collect();
+    /// timeout. Each rule gets its own answer.
+    async fn decide(&self, pending: &[Pending<'_>]) -> Vec<Answer> {
+        let checks: Vec<Check<'_>> = pending.iter().map(|p| self.check_of(p)).collect();
         let started = Instant::now();
         let result = match &self.store {
             // The memory store answers synchronously: no timer needed.
-            AnyStore::Memory(m) => Ok(m.check_now(&checks, Mode::Consume)),
+            AnyStore::Memory(m) => m.check_now(&checks, Mode::Consume).into_iter().map(Ok).collect(),
             // The Redis store bounds each of its calls by the store timeout
             // itself, with fred's timer, which also keeps a timed-out check
             // from being sent later; this outer bound is only a backstop and
@@ -317,7 +399,10 @@ impl Proxy {
                 let backstop = self.store_timeout + STORE_TIMEOUT_BACKSTOP;
                 match tokio::time::timeout(backstop, other.check(&checks, Mode::Consume)).await {
                     Ok(r) => r,
-                    Err(_) => Err(StoreError::Timeout(self.store_timeout)),
+                    Err(_) => {
+                        self.metrics.store_errors_total.with_label_values(&[self.store.backend()]).inc();
+                        checks.iter().map(|_| Err(StoreError::Timeout(self.store_timeout))).collect()
+                    }
                 }
             }
         };
@@ -325,37 +410,41 @@ impl Proxy {
         result
     }
 
-    /// `on_error = "local"`: when the store fails, the rules whose policy is
-    /// `local` are decided by the store's in-process fallback, with the same
-    /// limits, and the request's other rules fail open (not counted, so they
-    /// report their full quota). Returns `Err(error)` unchanged, for the
-    /// caller's allow/deny handling, when no rule is `local`, an enforced
-    /// rule says `deny` (deny wins), or the store has no fallback.
-    fn decide_locally(&self, error: StoreError, pending: &[Pending<'_>]) -> Result<Vec<Verdict>, StoreError> {
-        let policy = |p: &Pending<'_>| p.rule.spec.on_error.unwrap_or(self.default_on_error);
-        let deny = pending.iter().any(|p| p.rule.enforced() && policy(p) == OnError::Deny);
-        if deny || !pending.iter().any(|p| policy(p) == OnError::Local) {
-            return Err(error);
+    fn check_of<'p>(&self, p: &'p Pending<'_>) -> Check<'p> {
+        Check {
+            key: &p.key,
+            limits: p.check_limits,
+            cost: p.cost,
+            enforced: p.rule.enforced(),
+            on_error: self.on_error(p),
         }
-        let checks: Vec<Check<'_>> = pending
-            .iter()
-            .filter(|p| policy(p) == OnError::Local)
-            .map(|p| Check { key: &p.key, limits: p.check_limits, cost: p.cost, enforced: p.rule.enforced() })
-            .collect();
-        let Some(local) = self.store.check_local(&checks, Mode::Consume) else { return Err(error) };
-        self.metrics.store_errors_total.with_label_values(&[self.store.backend()]).inc();
-        tracing::debug!(error = %error, "store check failed; deciding locally");
-        let open =
-            |p: &Pending<'_>| Verdict { allowed: true, remaining: p.check_limits.capacity(), ..Verdict::default() };
-        let mut local = local.into_iter();
-        Ok(pending
-            .iter()
-            .map(|p| match policy(p) {
-                // One local verdict per local rule, in order.
-                OnError::Local => local.next().unwrap_or_else(|| open(p)),
-                _ => open(p),
-            })
-            .collect())
+    }
+
+    /// `on_error = "local"` when the store gave up on a whole request (the
+    /// backstop timeout): the failed rules whose policy is `local` are
+    /// decided by the store's in-process fallback, with the same limits.
+    /// The store applies the fallback itself to the rules it could not
+    /// decide, so this only acts when every rule failed, and not when an
+    /// enforced rule says `deny` (deny wins) or the store has no fallback.
+    fn decide_locally(&self, mut answers: Vec<Answer>, pending: &[Pending<'_>]) -> Vec<Answer> {
+        let all_failed = answers.iter().all(Result::is_err);
+        let deny = pending.iter().any(|p| p.rule.enforced() && self.on_error(p) == OnError::Deny);
+        let local: Vec<usize> = (0..pending.len()).filter(|&i| self.on_error(&pending[i]) == OnError::Local).collect();
+        if !all_failed || deny || local.is_empty() {
+            return answers;
+        }
+        let checks: Vec<Check<'_>> = local.iter().map(|&i| self.check_of(&pending[i])).collect();
+        let Some(verdicts) = self.store.check_local(&checks, Mode::Consume) else { return answers };
+        for (&i, v) in local.iter().zip(verdicts) {
+            answers[i] = Ok(v);
+        }
+        answers
+    }
+
+    /// `[store] on_error`: what rules without their own policy do when the
+    /// store fails.
+    pub fn default_on_error(&self) -> OnError {
+        self.default_on_error
     }
 
     /// The JWT verifier, when `[client] jwt` is set.
@@ -367,19 +456,4 @@ impl Proxy {
     pub fn upstream_inflight(&self, name: &str) -> Option<usize> {
         self.upstreams.iter().find(|u| u.config.name == name).map(UpstreamClient::inflight)
     }
-}
-
-/// The host the request is for: the URI's authority (HTTP/2, absolute-form)
-/// or the Host header, lower-cased, without a port.
-pub fn request_host<B>(req: &Request<B>) -> Option<String> {
-    let raw = match req.uri().host() {
-        Some(h) => h,
-        None => req.headers().get(header::HOST)?.to_str().ok()?,
-    };
-    let host = if raw.starts_with('[') {
-        raw.split_once(']').map_or(raw, |(h, _)| h).trim_start_matches('[')
-    } else {
-        raw.rsplit_once(':').map_or(raw, |(h, port)| if port.bytes().all(|b| b.is_ascii_digit()) { h } else { raw })
-    };
-    Some(host.to_ascii_lowercase())
 }

@@ -6,12 +6,17 @@
 //! that is atomically replaced) are seen. Bursts of events are debounced.
 //! A watch can silently go stale when the watched directory is replaced, so
 //! the files' fingerprint is also polled every few seconds as a backstop.
+//! The fingerprint is made of the files' metadata (size, modification and
+//! change times, inode), so an unchanged file is never read; and every look
+//! at the files (the poll, a reload) runs on a blocking thread, never on the
+//! runtime that serves requests (on one CPU it has a single thread).
 //!
 //! An invalid rule set never replaces a valid one: the previous rules keep
 //! running, the error is logged with file:line:column, the failure is
 //! counted and shown on `/rules`.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -24,7 +29,8 @@ use crate::rules::RuleSet;
 
 /// How long file events must pause before a reload.
 pub const DEBOUNCE: Duration = Duration::from_millis(200);
-/// How often the files are re-read in case a watch missed a change.
+/// How often the files' metadata is looked at in case a watch missed a
+/// change.
 pub const POLL: Duration = Duration::from_secs(2);
 
 /// The outcome of the most recent reload, for `/rules` and tests.
@@ -47,6 +53,8 @@ pub struct Reloader {
     /// fingerprint. Polled with the rules; a changed key set is swapped in,
     /// an unreadable or invalid one keeps the old keys.
     jwks: Option<(PathBuf, Mutex<u64>)>,
+    /// How many times the contents of a rules or JWKS file were read.
+    content_reads: AtomicU64,
 }
 
 impl Reloader {
@@ -54,7 +62,25 @@ impl Reloader {
         let fingerprint = Mutex::new(fingerprint(&config.rules_path));
         let status = ReloadStatus { last_success: Some(SystemTime::now()), ..Default::default() };
         let jwks = proxy.jwt().and_then(|j| j.jwks_path()).map(|p| (p.clone(), Mutex::new(file_fingerprint(p))));
-        Reloader { config, proxy, status: Mutex::new(status), fingerprint, jwks }
+        Reloader { config, proxy, status: Mutex::new(status), fingerprint, jwks, content_reads: AtomicU64::new(0) }
+    }
+
+    /// How many times the contents of a rules or JWKS file were read (a
+    /// reload, a changed JWKS): an unchanged file is never read.
+    pub fn content_reads(&self) -> u64 {
+        self.content_reads.load(Ordering::Relaxed)
+    }
+
+    /// Reloads the rules if their files changed, and the JWKS if it did.
+    /// Returns whether the rules were reloaded. Blocking (file IO): the
+    /// watcher runs it on a blocking thread.
+    pub fn poll(&self) -> bool {
+        let reloaded = self.changed();
+        if reloaded {
+            let _ = self.reload();
+        }
+        self.reload_jwks_if_changed();
+        reloaded
     }
 
     /// Re-reads the JWKS file if it changed since the last look.
@@ -64,6 +90,7 @@ impl Reloader {
         if now == std::mem::replace(&mut *lock(last), now) {
             return;
         }
+        self.content_reads.fetch_add(1, Ordering::Relaxed);
         match std::fs::read(path).map_err(|e| e.to_string()).and_then(|b| jwt.reload_jwks(&b)) {
             Ok(()) => tracing::info!(path = %path.display(), "JWKS reloaded"),
             Err(e) => tracing::error!(path = %path.display(), "JWKS reload failed, previous keys stay in force: {e}"),
@@ -74,7 +101,12 @@ impl Reloader {
     /// stay.
     pub fn reload(&self) -> Result<(), ConfigErrors> {
         let m = &self.proxy.metrics;
-        *lock(&self.fingerprint) = fingerprint(&self.config.rules_path);
+        let (print, racy) = fingerprint_racy(&self.config.rules_path);
+        // A file modified within the timestamps' resolution of this look
+        // could be written again with the same metadata: look again next
+        // time (at most one extra reload).
+        *lock(&self.fingerprint) = if racy { 0 } else { print };
+        self.content_reads.fetch_add(1, Ordering::Relaxed);
         match load_rules(&self.config.rules_path, &self.config) {
             Ok(loaded) => {
                 let set = RuleSet::from_loaded(loaded, m);
@@ -131,17 +163,18 @@ impl Reloader {
                             Err(_) => break,
                         }
                     }
-                    if self.changed() {
-                        let _ = self.reload();
-                    }
+                    self.poll_off_runtime().await;
                 }
-                _ = poll.tick() => {
-                    if self.changed() {
-                        let _ = self.reload();
-                    }
-                    self.reload_jwks_if_changed();
-                }
+                _ = poll.tick() => self.poll_off_runtime().await,
             }
+        }
+    }
+
+    /// [`Reloader::poll`] on a blocking thread.
+    async fn poll_off_runtime(self: &Arc<Self>) {
+        let me = self.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || me.poll()).await {
+            tracing::error!(error = %e, "the rules poll failed");
         }
     }
 }
@@ -166,29 +199,60 @@ fn watcher(path: &Path, tx: mpsc::UnboundedSender<()>) -> notify::Result<notify:
     Ok(w)
 }
 
-/// A summary of one file's contents (0 when it cannot be read).
+/// A summary of one file's metadata (0 when it cannot be read): follows
+/// symlinks, so a swapped link shows as another inode.
 fn file_fingerprint(path: &Path) -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = foldhash::quality::FixedState::with_seed(2).build_hasher();
-    match std::fs::read(path) {
-        Ok(bytes) => h.write(&bytes),
+    match std::fs::metadata(path) {
+        Ok(meta) => write_metadata(&mut h, &meta),
         Err(_) => return 0,
     }
     h.finish()
 }
 
-/// A cheap summary of the rules files' contents: changes when any file is
-/// added, removed or edited, including through a swapped symlink.
+/// A cheap summary of the rules files: changes when any file is added,
+/// removed or edited, including through a swapped symlink. Reads metadata
+/// only, never contents.
 fn fingerprint(path: &Path) -> u64 {
+    fingerprint_racy(path).0
+}
+
+/// File times are as coarse as the kernel's clock tick (up to 10 ms): a
+/// file modified this recently may change again without its metadata
+/// changing.
+const RACY: Duration = Duration::from_millis(50);
+
+/// [`fingerprint`], and whether any file was modified within [`RACY`] of
+/// now.
+fn fingerprint_racy(path: &Path) -> (u64, bool) {
     use std::hash::{BuildHasher, Hasher};
     let mut h = foldhash::quality::FixedState::with_seed(1).build_hasher();
+    let mut racy = false;
     let files: Vec<PathBuf> = crate::config::rule_files_or_empty(path);
     for f in files {
         h.write(f.as_os_str().as_encoded_bytes());
-        match std::fs::read(&f) {
-            Ok(bytes) => h.write(&bytes),
+        match std::fs::metadata(&f) {
+            Ok(meta) => {
+                write_metadata(&mut h, &meta);
+                racy |= meta.modified().is_ok_and(|m| m.elapsed().is_ok_and(|age| age < RACY));
+            }
             Err(_) => h.write_u8(0),
         }
     }
-    h.finish()
+    (h.finish(), racy)
+}
+
+/// Size, modification and change times (to the nanosecond) and identity: an
+/// edit changes the times, a rename over the file or a swapped symlink the
+/// inode.
+fn write_metadata(h: &mut impl std::hash::Hasher, meta: &std::fs::Metadata) {
+    use std::os::unix::fs::MetadataExt;
+    h.write_u64(meta.len());
+    h.write_i64(meta.mtime());
+    h.write_i64(meta.mtime_nsec());
+    h.write_i64(meta.ctime());
+    h.write_i64(meta.ctime_nsec());
+    h.write_u64(meta.ino());
+    h.write_u64(meta.dev());
 }

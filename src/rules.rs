@@ -23,8 +23,18 @@ pub struct RuleSet {
     pub rules: Vec<Rule>,
     /// `[[deny]]` entries: answered 403 before any rule counts.
     pub denies: Vec<DenySpec>,
-    /// Whether any rule keys on `user` (only then is a JWT verified).
+    /// Whether any rule keys on `user`.
     pub keys_on_user: bool,
+    /// Every header some rule reads (`match.header`, `header:` key parts,
+    /// `cost_header`): a request carrying one of them twice is refused,
+    /// since the upstream may read another of its values than tollgate.
+    pub read_headers: Vec<http::HeaderName>,
+    /// Whether the user matters to any rule or `[[deny]]` entry (a rule
+    /// keys on it, or a deny or `exempt` list names users); see
+    /// [`RuleSet::needs_user`].
+    pub any_needs_user: bool,
+    /// Whether a `[[deny]]` entry names users.
+    denies_name_users: bool,
     /// The files they were read from.
     pub files: Vec<PathBuf>,
     pub loaded_at: SystemTime,
@@ -58,6 +68,7 @@ pub struct Rule {
 /// What the matcher needs to know about a request.
 pub struct RequestFacts<'a> {
     pub method: &'a Method,
+    /// The canonical path ([`crate::normalize::path`]).
     pub path: &'a str,
     pub query: Option<&'a str>,
     /// Lower-cased, without a port.
@@ -91,6 +102,23 @@ impl RuleSet {
             .max()
             .unwrap_or(0);
         let keys_on_user = rules.iter().any(|r| r.spec.key.contains(&KeyPart::User));
+        let mut read_headers: Vec<http::HeaderName> = Vec::new();
+        for r in &rules {
+            let keyed = r.spec.key.iter().filter_map(|k| match k {
+                KeyPart::Header(h) => Some(h),
+                _ => None,
+            });
+            let cost = match &r.spec.cost {
+                Cost::Header(h) => Some(h),
+                Cost::Fixed(_) => None,
+            };
+            for h in keyed.chain(cost).chain(r.spec.matcher.header.as_ref().map(|(h, _)| h)) {
+                if !read_headers.contains(h) {
+                    read_headers.push(h.clone());
+                }
+            }
+        }
+        let any_needs_user = rules.iter().any(Rule::needs_user);
         let mut by_path: std::collections::HashMap<String, Vec<usize>, foldhash::fast::RandomState> =
             Default::default();
         let mut unindexed = Vec::new();
@@ -104,6 +132,9 @@ impl RuleSet {
             rules,
             denies: Vec::new(),
             keys_on_user,
+            read_headers,
+            any_needs_user,
+            denies_name_users: false,
             files,
             loaded_at: SystemTime::now(),
             idle_horizon,
@@ -116,6 +147,8 @@ impl RuleSet {
     pub fn from_loaded(loaded: LoadedRules, metrics: &Metrics) -> RuleSet {
         let mut set = RuleSet::build(loaded.rules, loaded.files, metrics);
         set.denies = loaded.denies;
+        set.denies_name_users = set.denies.iter().any(|d| !d.clients.users.is_empty());
+        set.any_needs_user |= set.denies_name_users;
         set
     }
 
@@ -124,13 +157,31 @@ impl RuleSet {
         self.denies.iter().find(|d| d.clients.contains(facts.client_ip, facts.user, facts.api_key))
     }
 
+    /// Whether a request to `path` needs its user identity: a `[[deny]]`
+    /// entry names users, or a rule that may match the path keys on the user
+    /// or names users in `exempt`. Only then is its JWT verified, so rules
+    /// keyed on other things never pay for a signature check.
+    pub fn needs_user(&self, path: &str) -> bool {
+        if !self.any_needs_user {
+            return false;
+        }
+        if self.denies_name_users {
+            return true;
+        }
+        let exact = self.by_path.get(crate::normalize::match_path(path)).map_or(&[][..], Vec::as_slice);
+        exact.iter().chain(&self.unindexed).any(|&i| {
+            let r = &self.rules[i];
+            r.needs_user() && path_fits(r.spec.matcher.path.as_ref(), path)
+        })
+    }
+
     /// The rules that apply to a request, in file order.
     ///
     /// Only the rules of the request's exact path and the rules without an
     /// exact path are examined (merged back into file order), so a thousand
     /// per-endpoint rules cost a hash lookup, not a thousand comparisons.
     pub fn matching<'s: 'f, 'f>(&'s self, facts: &'f RequestFacts<'_>) -> impl Iterator<Item = &'s Rule> + 'f {
-        let exact = self.by_path.get(facts.path).map_or(&[][..], Vec::as_slice);
+        let exact = self.by_path.get(crate::normalize::match_path(facts.path)).map_or(&[][..], Vec::as_slice);
         MergeSorted { a: exact, b: &self.unindexed }.map(|i| &self.rules[i]).filter(move |r| r.matches(facts))
     }
 }
@@ -173,6 +224,12 @@ impl Rule {
         Rule { spec, nominal, policy, policy_value, quoted_name, window_secs, key_prefix, counters }
     }
 
+    /// Whether the rule reads the user: it keys on it, or `exempt` names
+    /// users.
+    fn needs_user(&self) -> bool {
+        self.spec.key.contains(&KeyPart::User) || !self.spec.exempt.users.is_empty()
+    }
+
     pub fn name(&self) -> &str {
         &self.spec.name
     }
@@ -190,10 +247,8 @@ impl Rule {
         if !m.methods.is_empty() && !m.methods.iter().any(|x| x == f.method) {
             return false;
         }
-        match &m.path {
-            Some(PathPattern::Exact(p)) if p != f.path => return false,
-            Some(PathPattern::Prefix(p)) if !f.path.starts_with(p.as_str()) => return false,
-            _ => {}
+        if !path_fits(m.path.as_ref(), f.path) {
+            return false;
         }
         if let Some(h) = &m.host
             && f.host != Some(h.as_str())
@@ -230,18 +285,24 @@ impl Rule {
         if percent == 0 {
             return self.nominal;
         }
-        let scale = |n: u64| n + n * percent as u64 / 100;
+        // Headroom is rounded up: 10 % of 5 is one more request, not none.
+        // Capped where every store still counts exactly.
+        let scale = |n: u64| {
+            let extra = n.saturating_mul(u64::from(percent)).div_ceil(100);
+            n.saturating_add(extra).min(crate::limiter::MAX_LIMIT)
+        };
         Limits { limit: scale(self.nominal.limit), burst: scale(self.nominal.burst), ..self.nominal }
     }
 
     /// The cost of a request: the fixed cost, or the `cost_header` value
-    /// (absent: 1). `Err` carries the sentence for the 400 answer.
+    /// (absent: 1, at most `max_cost`). `Err` carries the sentence for the
+    /// 400 answer.
     pub fn cost(&self, headers: &HeaderMap) -> Result<u64, String> {
         match &self.spec.cost {
             Cost::Fixed(n) => Ok(*n),
             Cost::Header(name) => {
                 let Some(raw) = headers.get(name) else { return Ok(1) };
-                let capacity = self.nominal.capacity();
+                let capacity = self.spec.max_cost;
                 let parsed = raw.to_str().ok().map(str::trim).and_then(|s| {
                     // Digits only: no sign, no exponent, no wrap-around.
                     if s.is_empty() || s.len() > 12 || !s.bytes().all(|b| b.is_ascii_digit()) {
@@ -266,25 +327,41 @@ impl Rule {
     /// key by shifting text between parts (user "a|b" vs user "a" + path
     /// "b"). A part the request lacks (no user header for `user`) falls back
     /// to the client IP under the tag `ip`, so leaving a header out never
-    /// escapes a limit and never shares a bucket with a real user id.
-    pub fn key(&self, f: &RequestFacts<'_>, out: &mut String) {
+    /// escapes a limit and never shares a bucket with a real user id. An
+    /// API key is a secret and appears as its SHA-256 in hex.
+    ///
+    /// `Err` (the sentence for a 400 answer) when a query parameter the key
+    /// reads comes more than once: which of its values the upstream reads
+    /// is not ours to guess.
+    pub fn key(&self, f: &RequestFacts<'_>, out: &mut String) -> Result<(), String> {
         out.clear();
         out.push_str(&self.key_prefix);
         for (i, part) in self.spec.key.iter().enumerate() {
             if i > 0 {
                 out.push('|');
             }
+            let query;
             let value: Option<&[u8]> = match part {
                 KeyPart::Ip => None,
                 KeyPart::User => f.user,
                 KeyPart::ApiKey => f.api_key,
                 KeyPart::Route => Some(f.route.map_or("", |r| r.0).as_bytes()),
                 KeyPart::Method => Some(f.method.as_str().as_bytes()),
-                KeyPart::Path => Some(f.path.as_bytes()),
+                KeyPart::Path => Some(crate::normalize::match_path(f.path).as_bytes()),
                 KeyPart::Header(h) => f.headers.get(h).map(|v| v.as_bytes()),
-                KeyPart::Query(q) => query_param(f.query, q),
+                KeyPart::Query(q) => {
+                    query = query_param(f.query, q)
+                        .map_err(|()| format!("query parameter {q:?} must not be given more than once"))?;
+                    query.as_deref()
+                }
             };
             match value.filter(|v| !v.is_empty() || matches!(part, KeyPart::Route)) {
+                Some(v) if matches!(part, KeyPart::ApiKey) => {
+                    // A secret: keys end up in Redis key names and debug
+                    // logs, so they carry its SHA-256, never the key itself.
+                    out.push_str("api_key=");
+                    push_sha256_hex(out, v);
+                }
                 Some(v) => {
                     out.push_str(tag(part));
                     out.push('=');
@@ -296,6 +373,18 @@ impl Rule {
                 }
             }
         }
+        Ok(())
+    }
+}
+
+/// Whether a canonical request path fits a rule's `match.path`: an exact
+/// path ignores one trailing `/`, and `"/api/*"` covers `/api` too, as most
+/// routers treat them.
+fn path_fits(pattern: Option<&PathPattern>, path: &str) -> bool {
+    match pattern {
+        None => true,
+        Some(PathPattern::Exact(p)) => p == crate::normalize::match_path(path),
+        Some(PathPattern::Prefix(p)) => path.starts_with(p.as_str()) || p.strip_suffix('/') == Some(path),
     }
 }
 
@@ -309,6 +398,14 @@ fn tag(part: &KeyPart) -> &'static str {
         KeyPart::Path => "path",
         KeyPart::Header(_) => "h",
         KeyPart::Query(_) => "q",
+    }
+}
+
+/// Appends the SHA-256 of `value` as 64 lower-case hex digits.
+fn push_sha256_hex(out: &mut String, value: &[u8]) {
+    use sha2::Digest as _;
+    for b in sha2::Sha256::digest(value) {
+        let _ = write!(out, "{b:02x}");
     }
 }
 
@@ -336,12 +433,45 @@ fn encode(out: &mut String, value: &[u8]) {
     }
 }
 
-/// The first value of query parameter `name`, undecoded.
-fn query_param<'q>(query: Option<&'q str>, name: &str) -> Option<&'q [u8]> {
-    query?.split('&').find_map(|pair| {
+/// The value of query parameter `name`, decoded as upstream frameworks
+/// decode form-encoded queries (`%XX`, and `+` for a space), so that
+/// `?user=%62ob` and `?user=bob` are one key. `Err` when the parameter
+/// comes more than once (under any spelling of its name).
+fn query_param(query: Option<&str>, name: &str) -> Result<Option<Vec<u8>>, ()> {
+    let Some(query) = query else { return Ok(None) };
+    let mut found = None;
+    for pair in query.split('&') {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        (k == name).then_some(v.as_bytes())
-    })
+        if form_decode(k) == name.as_bytes() {
+            if found.is_some() {
+                return Err(());
+            }
+            found = Some(form_decode(v));
+        }
+    }
+    Ok(found)
+}
+
+/// `application/x-www-form-urlencoded` decoding; an invalid `%` escape is
+/// kept as it is, as common frameworks do.
+fn form_decode(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |k: usize| b.get(k).and_then(|c| (*c as char).to_digit(16));
+        match (b[i], hex(i + 1), hex(i + 2)) {
+            (b'%', Some(hi), Some(lo)) => {
+                out.push((hi * 16 + lo) as u8);
+                i += 3;
+                continue;
+            }
+            (b'+', _, _) => out.push(b' '),
+            (c, _, _) => out.push(c),
+        }
+        i += 1;
+    }
+    out
 }
 
 /// Window length in nanoseconds as whole seconds, at least 1.

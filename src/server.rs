@@ -60,7 +60,9 @@ impl Server {
         let metrics = Arc::new(Metrics::new());
         let rules = RuleSet::from_loaded(load_rules(&config.rules_path, &config)?, &metrics);
         let store = match config.store.backend {
-            Backend::Memory => AnyStore::Memory(MemoryStore::new(clock)),
+            Backend::Memory => AnyStore::Memory(
+                MemoryStore::new(clock).bounded(config.store.max_keys, Some(metrics.store_evictions_total.clone())),
+            ),
             Backend::Redis => AnyStore::Redis(
                 RedisStore::connect(&config.store, clock, metrics.clone()).await.map_err(StartError::Store)?,
             ),
@@ -122,6 +124,10 @@ impl Server {
     }
 }
 
+/// The most an HTTP/2 stream's response holds waiting for the client's
+/// flow-control window.
+const H2_SEND_BUFFER: usize = 64 * 1024;
+
 fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -133,7 +139,13 @@ fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
         // 431 only catches what does not fit at all.
         .max_buf_size((config.listen.max_header_bytes + config.listen.max_uri_bytes + 1024).max(8192))
         .keep_alive(true);
-    builder.http2().timer(TokioTimer::new()).max_concurrent_streams(256);
+    // What waits for a slow reader is bounded: HTTP/1.1 queues a response
+    // body for the client only while less than `max_buf_size` is queued
+    // (plus one chunk of at most the upstream client's buffer, see
+    // `forward::UPSTREAM_READ_BUFFER`); HTTP/2 holds at most
+    // `H2_SEND_BUFFER` per stream beyond what the client's flow-control
+    // window lets out.
+    builder.http2().timer(TokioTimer::new()).max_concurrent_streams(256).max_send_buf_size(H2_SEND_BUFFER);
     builder
 }
 
@@ -165,7 +177,7 @@ async fn serve_proxy(listener: TcpListener, proxy: Arc<Proxy>, config: &Config, 
         let _ = stream.set_nodelay(true);
         let proxy = proxy.clone();
         let inflight = Inflight::default();
-        let io = IdleIo::new(stream, config.listen.idle_timeout, inflight.clone());
+        let io = IdleIo::new(stream, config.listen.idle_timeout, config.listen.send_timeout, inflight.clone());
         let svc = service_fn(move |req| {
             let proxy = proxy.clone();
             let busy = inflight.start();

@@ -67,12 +67,16 @@ fn token(sub: &str, exp_offset: i64, secret: &[u8]) -> String {
 }
 
 async fn jwt_tollgate(upstream: &Upstream, on_invalid: &str) -> Tollgate {
-    let dir = tempfile::tempdir().expect("temp dir");
-    std::fs::write(dir.path().join("jwt.secret"), SECRET).expect("write secret");
-    std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
     let rules = format!(
         "[[rule]]\nname = \"per-user\"\nkey = [\"user\"]\nalgorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1m\"\non_invalid_token = \"{on_invalid}\"\n"
     );
+    jwt_tollgate_with(upstream, &rules).await
+}
+
+async fn jwt_tollgate_with(upstream: &Upstream, rules: &str) -> Tollgate {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("jwt.secret"), SECRET).expect("write secret");
+    std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
     std::fs::write(dir.path().join("rules/r.toml"), rules).expect("write rules");
     let cfg = config(upstream.addr).replace(
         "[client]\n",
@@ -118,6 +122,28 @@ async fn invalid_tokens_get_401_or_fall_back_to_the_ip() {
     assert_eq!(statuses(3, call).await, [200, 200, 429]);
     // ...and that bucket is the IP's: a tokenless request from it is out too.
     assert_eq!(statuses(1, || lenient.get("/").from_ip("203.0.113.70")).await, [429]);
+}
+
+#[tokio::test]
+async fn tokens_are_verified_only_for_rules_that_need_the_user_and_failures_once() {
+    let upstream = Upstream::start().await;
+    let forged = format!("Bearer {}", token("alice", 300, b"another-secret-that-is-long-enough-xx"));
+    // Keyed on the IP: the token is never checked.
+    let by_ip = jwt_tollgate_with(&upstream, "[[rule]]\nname = \"ip\"\nlimit = 100\nwindow = \"1m\"\n").await;
+    assert_eq!(statuses(3, || by_ip.get("/").header("authorization", &forged)).await, [200, 200, 200]);
+    let checks = |tg: &Tollgate| tg.proxy.jwt().expect("jwt configured").signature_checks();
+    assert_eq!(checks(&by_ip), 0);
+    // A rule keyed on the user for /api only: other paths never check.
+    let rules = "[[rule]]\nname = \"api\"\nmatch = { path = \"/api\" }\nkey = [\"user\"]\nlimit = 100\nwindow = \"1m\"\non_invalid_token = \"ip\"\n[[rule]]\nname = \"ip\"\nlimit = 100\nwindow = \"1m\"\n";
+    let mixed = jwt_tollgate_with(&upstream, rules).await;
+    assert_eq!(statuses(2, || mixed.get("/other").header("authorization", &forged)).await, [200, 200]);
+    assert_eq!(checks(&mixed), 0);
+    assert_eq!(statuses(2, || mixed.get("/api").header("authorization", &forged)).await, [200, 200]);
+    assert_eq!(checks(&mixed), 1);
+    // Keyed on the user: checked once, then the failure is remembered.
+    let by_user = jwt_tollgate(&upstream, "reject").await;
+    assert_eq!(statuses(3, || by_user.get("/").header("authorization", &forged)).await, [401, 401, 401]);
+    assert_eq!(checks(&by_user), 1);
 }
 
 #[tokio::test]

@@ -53,6 +53,7 @@ async fn metrics_name_everything_and_pass_promtool() {
         ("tollgate_request_duration_seconds", "histogram"),
         ("tollgate_upstream_errors_total", "counter"),
         ("tollgate_store_errors_total", "counter"),
+        ("tollgate_store_evictions_total", "counter"),
         ("tollgate_store_duration_seconds", "histogram"),
         ("tollgate_rules_reloads_total", "counter"),
         ("tollgate_rules_active", "gauge"),
@@ -175,6 +176,7 @@ async fn readyz_and_healthz_answer_with_no_rules_at_all() {
     let tg = Tollgate::with(&config(upstream.addr), &[]).await;
     assert_eq!(tg.admin("/healthz").await.status, 200);
     assert_eq!(tg.admin("/readyz").await.status, 200);
+    assert_eq!(tg.admin("/healthz/store").await.status, 200, "the memory store is always up");
     let rules = tg.rules().await;
     assert_eq!(rules["rules"], json!([]));
     assert_eq!(rules["files"], json!([]));

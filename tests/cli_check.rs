@@ -201,3 +201,35 @@ fn missing_files_are_problems_too() {
         ]
     );
 }
+
+#[test]
+fn a_jwt_algorithm_list_mixing_families_is_refused() {
+    let config =
+        format!("{CONFIG}\n[client]\njwt = {{ key_file = \"jwt.secret\", algorithms = [\"HS256\", \"RS256\"] }}\n");
+    let dir = setup(&config, &[("a.toml", "[[rule]]\nname = \"a\"\nlimit = 5\nwindow = \"1m\"\n")]);
+    std::fs::write(dir.path().join("jwt.secret"), "0123456789abcdef0123456789abcdef-secret").expect("secret");
+    let out = check(dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    let lines = stderr_lines(&out);
+    assert!(
+        lines.iter().any(|l| l.contains("tollgate.toml:")
+            && l.contains("algorithms [HS256, RS256] mix families (HMAC and RSA): list algorithms of one family")),
+        "{lines:#?}"
+    );
+}
+
+#[test]
+fn explain_shows_an_api_key_as_its_sha256() {
+    let rules = "[[rule]]\nname = \"per-key\"\nkey = [\"api_key\"]\nlimit = 5\nwindow = \"1m\"\n";
+    let dir = setup(CONFIG, &[("a.toml", rules)]);
+    let out = tollgate(
+        &["explain", "--path", "/orders/1", "--header", "x-api-key: sk-live-secret", "--ip", "203.0.113.7"],
+        &dir.path().join("tollgate.toml"),
+    );
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{report}{}", String::from_utf8_lossy(&out.stderr));
+    // sha256("sk-live-secret"): the same bucket the proxy uses.
+    let hashed = "per-key|api_key=a03d43d254a4ccb8f1921be6b2037423b14cd1d0bd460164980730e0fd1948f8";
+    assert!(report.contains(hashed), "{report}");
+    assert!(!report.contains("sk-live-secret"), "{report}");
+}

@@ -174,13 +174,14 @@ async fn forwarded_headers_and_garbage_from_a_trusted_peer() {
     let fwd = || tg.get("/").header("forwarded", "for=198.51.100.20;proto=https, for=127.0.0.1");
     assert_eq!(statuses(3, fwd).await, [200, 200, 429]);
     assert_eq!(statuses(1, || tg.get("/").from_ip("198.51.100.20")).await, [429], "the same client either way");
-    // Garbage falls back to the socket address (127.0.0.1), never to a fresh
-    // bucket per garbage value.
-    for garbage in ["not-an-ip", "999.1.1.1", "1.2.3.4, , 5.6.7.8", "for=unknown"] {
+    // Garbage names no client: refused with 400, never keyed on the socket
+    // address (the trusted proxy, 127.0.0.1) nor on a fresh bucket per
+    // garbage value, and nothing is counted.
+    for garbage in ["not-an-ip", "999.1.1.1", "1.2.3.4, 5.6.7.8, ", "for=unknown"] {
         let name = if garbage.starts_with("for=") { "forwarded" } else { "x-forwarded-for" };
-        let _ = tg.get("/").header(name, garbage).send().await;
+        assert_eq!(tg.get("/").header(name, garbage).send().await.status, 400, "{garbage}");
     }
-    assert_eq!(statuses(1, || tg.get("/")).await, [429], "four garbage requests and this one share 127.0.0.1's bucket");
+    assert_eq!(statuses(3, || tg.get("/")).await, [200, 200, 429], "127.0.0.1's own bucket is untouched");
 }
 
 #[tokio::test]

@@ -7,6 +7,7 @@ mod support;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use support::{Call, Upstream, config};
@@ -29,6 +30,11 @@ impl Drop for Process {
 /// Starts the binary with the test config in front of `upstream` and reads
 /// its listening addresses from its JSON log line.
 fn spawn(upstream: &Upstream, rules: &str) -> Process {
+    spawn_logging(upstream, rules, "info").0
+}
+
+/// [`spawn`] with `RUST_LOG` set to `level`, keeping every log line.
+fn spawn_logging(upstream: &Upstream, rules: &str, level: &str) -> (Process, Arc<Mutex<Vec<String>>>) {
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
     std::fs::write(dir.path().join("rules/r.toml"), rules).expect("rules");
@@ -39,7 +45,7 @@ fn spawn(upstream: &Upstream, rules: &str) -> Process {
         .arg("--config")
         .arg(dir.path().join("tollgate.toml"))
         .args(["--log-format", "json"])
-        .env("RUST_LOG", "info")
+        .env("RUST_LOG", level)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -47,9 +53,11 @@ fn spawn(upstream: &Upstream, rules: &str) -> Process {
     let stderr = child.stderr.take().expect("stderr");
     let mut lines = BufReader::new(stderr).lines();
     let deadline = Instant::now() + Duration::from_secs(20);
+    let log = Arc::new(Mutex::new(Vec::new()));
     let (proxy, admin) = loop {
         assert!(Instant::now() < deadline, "no listening line from tollgate");
         let line = lines.next().expect("tollgate exited before listening").expect("log line");
+        log.lock().expect("log").push(line.clone());
         let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
         if v["fields"]["message"] == "tollgate listening" {
             let addr = |k: &str| v["fields"][k].as_str().and_then(|s| s.parse().ok()).expect("address in log");
@@ -57,8 +65,13 @@ fn spawn(upstream: &Upstream, rules: &str) -> Process {
         }
     };
     // Keep draining the log so the process never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    Process { child, proxy, admin, _dir: dir }
+    let sink = log.clone();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            sink.lock().expect("log").push(line);
+        }
+    });
+    (Process { child, proxy, admin, _dir: dir }, log)
 }
 
 fn signal(child: &Child, name: &str) {
@@ -92,6 +105,27 @@ async fn sigterm_finishes_in_flight_requests_then_exits_0() {
     assert!(status.success(), "exit status {status}");
     // ...and no longer accepts connections.
     assert!(tokio::net::TcpStream::connect(p.proxy).await.is_err());
+}
+
+#[tokio::test]
+async fn api_keys_never_appear_in_debug_logs() {
+    let upstream = Upstream::start().await;
+    let rules =
+        "[[rule]]\nname = \"per-key\"\nkey = [\"api_key\"]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\n";
+    let (p, log) = spawn_logging(&upstream, rules, "debug");
+    let secret = "sk-live-7f3a9c1e5b";
+    for expected in [200, 429, 429] {
+        let r = Call::new("GET", p.proxy, "/").header("x-api-key", secret).send().await;
+        assert_eq!(r.status, expected);
+    }
+    // The rejections are logged at debug level with their bucket key.
+    support::eventually("the rate-limited lines", || async {
+        log.lock().expect("log").iter().filter(|l| l.contains("rate limited")).count() >= 2
+    })
+    .await;
+    let lines = log.lock().expect("log").clone();
+    let leaked: Vec<&String> = lines.iter().filter(|l| l.contains(secret)).collect();
+    assert!(leaked.is_empty(), "the API key is in the log:\n{leaked:#?}");
 }
 
 fn rss_kib(pid: u32) -> u64 {

@@ -94,7 +94,8 @@ async fn x_forwarded_headers_are_set() {
     let tg = Tollgate::start(&upstream, NO_RULES).await;
     let r = tg.get("/").header("host", "API.Example.com:8443").send().await;
     let e = r.echo();
-    assert_eq!(e.header("host"), Some("API.Example.com:8443"));
+    // The host as matched: lower-cased, its port kept.
+    assert_eq!(e.header("host"), Some("api.example.com:8443"));
     assert_eq!(e.header("x-forwarded-for"), Some("127.0.0.1"));
     assert_eq!(e.header("x-forwarded-proto"), Some("http"));
     assert_eq!(e.header("x-forwarded-host"), Some("api.example.com"));
@@ -159,12 +160,14 @@ async fn h2c_clients_work_and_are_answered_in_http2() {
     assert_eq!(r.header("retry-after"), Some("60"));
 }
 
-/// Bodies stream both ways: the upstream echoes each chunk back as it
-/// arrives, and the client sends the next chunk only after the previous one
-/// came back. A proxy that buffered either body would never finish.
+/// Bodies stream both ways on a route with `buffer_body = 0`: the upstream
+/// echoes each chunk back as it arrives, and the client sends the next chunk
+/// only after the previous one came back. A proxy that buffered either body
+/// would never finish.
 async fn bodies_stream(h2: bool) {
     let upstream = Upstream::start().await;
-    let tg = Tollgate::start(&upstream, NO_RULES).await;
+    let cfg = config(upstream.addr).replace("upstream = \"svc\"\n", "upstream = \"svc\"\nbuffer_body = 0\n");
+    let tg = Tollgate::with(&cfg, &[]).await;
     let mut call = tg.call("POST", "/stream").header("x-echo-stream", "1");
     if h2 {
         call = call.h2();

@@ -144,3 +144,100 @@ async fn leases_are_given_back_at_shutdown_and_can_be_turned_off() {
     assert_eq!(count_in_redis(), 32);
     assert_eq!(lease_hits(&off).await, 0.0);
 }
+
+/// The server's clock (`TIME`), in microseconds.
+fn server_time_us() -> u64 {
+    let out = server().cli(&["TIME"]);
+    let mut parts = out.split_whitespace().map(|p| p.parse::<u64>().expect("TIME answers two integers"));
+    let (secs, micros) = (parts.next().expect("seconds"), parts.next().expect("microseconds"));
+    secs * 1_000_000 + micros
+}
+
+#[tokio::test]
+async fn a_token_bucket_lease_does_not_outlive_the_units_it_holds() {
+    let up = Upstream::start().await;
+    let prefix = "t-lease-refill:";
+    // 200 per second into a bucket of 1,000: a lease is 10% of it, 100 units.
+    let rules = "[[rule]]\nname = \"refill\"\nkey = [\"ip\"]\nalgorithm = \"token_bucket\"\nlimit = 200\n\
+                 window = \"1s\"\nburst = 1000\n";
+    let store = "lease_idle = \"1h\"\nlease_percent = 10";
+    let a = tollgate(&up, prefix, store, rules).await;
+    let b = tollgate(&up, prefix, store, rules).await;
+    let ip = "192.0.2.14";
+    // Each instance takes a lease (1 unit spent, 99 held), and the bucket
+    // then refills completely (202 units at 200/s) while they are held.
+    for tg in [&a, &b] {
+        assert_eq!(tg.get("/").from_ip(ip).send().await.status, 200);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+
+    // Both instances under concurrent load for a few seconds: whatever they
+    // admit in that time, the bucket allows at most its burst plus what
+    // refills meanwhile, by the server's clock.
+    let started = server_time_us();
+    let mut admitted = 0;
+    let mut sent = 0;
+    while server_time_us() - started < 3_000_000 {
+        let replies = burst(40, |i| (if i % 2 == 0 { &a } else { &b }).get("/").from_ip(ip)).await;
+        admitted += count(&replies, 200);
+        sent += replies.len();
+    }
+    let elapsed_us = server_time_us() - started;
+    let allowed = 1_000 + 200 * elapsed_us / 1_000_000;
+    assert!(
+        admitted as u64 <= allowed,
+        "admitted {admitted} of {sent} in {elapsed_us} us; the bucket allows {allowed}"
+    );
+    assert!(sent > admitted, "the load must exceed the bucket to test it");
+}
+
+/// A Redis of its own, which a test stops (saving its data) and restarts.
+fn own_server() -> RedisServer {
+    RedisServer::start()
+}
+
+/// Stops `redis` with its data saved to disk; [`RedisServer::restart`]
+/// loads it again.
+fn stop_saving(redis: &RedisServer) {
+    redis.cli(&["SHUTDOWN", "SAVE"]);
+    support::redis::wait_until("redis is down", || redis.cli(&["PING"]).trim() != "PONG");
+}
+
+#[tokio::test]
+async fn leases_idle_or_drained_at_shutdown_while_redis_is_down_are_given_back_when_it_returns() {
+    let up = Upstream::start().await;
+    let redis = own_server();
+    let rules = rule("back", "fixed_window", 1_000);
+    let config = |idle: &str| {
+        let store = format!("on_error = \"allow\"\nlease_idle = \"{idle}\"");
+        tollgate_config(up.addr, &redis.url(), &store)
+    };
+    let count_of = |ip: &str| {
+        let value = redis.cli(&["GET", &format!("tollgate:{{back|ip={ip}}}:fw")]);
+        value.trim().rsplit(':').next().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0)
+    };
+
+    // An idle lease expires while Redis is down.
+    let idle = Tollgate::with(&config("300ms"), &[("rules.toml", &rules)]).await;
+    // And one is held at shutdown.
+    let stopping = Tollgate::with(&config("1h"), &[("rules.toml", &rules)]).await;
+    for (tg, ip) in [(&idle, "192.0.2.20"), (&stopping, "192.0.2.21")] {
+        for _ in 0..2 {
+            assert_eq!(tg.get("/").from_ip(ip).send().await.status, 200);
+        }
+        assert_eq!(count_of(ip), 11, "one request and a lease of 10, one of them spent");
+    }
+
+    stop_saving(&redis);
+    // Long enough for the idle lease to be swept.
+    tokio::time::sleep(std::time::Duration::from_millis(1_000)).await;
+    let stopped = tokio::spawn(stopping.stop());
+    // Longer than the store timeout (500 ms): a give-back tried once is lost.
+    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    redis.restart();
+    assert_eq!(count_of("192.0.2.20"), 11, "the saved count is back");
+    stopped.await.expect("tollgate stops");
+    assert_eq!(count_of("192.0.2.21"), 2, "the 9 units held at shutdown went back once Redis returned");
+    eventually("the idle lease's 9 units come back", || async { count_of("192.0.2.20") == 2 }).await;
+    drop(idle);
+}

@@ -1,5 +1,6 @@
 //! Redis down from the start, and Redis going away and coming back, for
-//! each `on_error` policy: what clients get, `/readyz`, and the store
+//! each `on_error` policy: what clients get, `/readyz` (not ready only when
+//! the policy is `deny`), `/healthz/store` (the store itself), and the store
 //! metrics. Each test runs its own `redis-server`, killed with `kill -9`.
 
 mod support;
@@ -30,6 +31,18 @@ async fn ready(tg: &Tollgate) -> u16 {
     tg.admin("/readyz").await.status.as_u16()
 }
 
+async fn store_health(tg: &Tollgate) -> u16 {
+    tg.admin("/healthz/store").await.status.as_u16()
+}
+
+/// `/readyz` while Redis is unreachable: only a tollgate that refuses
+/// requests without its store (`deny`) leaves the load balancer; with
+/// `allow` or `local` it still serves, and every replica leaving a
+/// Kubernetes Service at once would stop all traffic.
+fn ready_while_down(policy: &str) -> u16 {
+    if policy == "deny" { 503 } else { 200 }
+}
+
 async fn gauge(tg: &Tollgate, name: &str, labels: &[(&str, &str)]) -> f64 {
     metric(&tg.metrics().await, name, labels).unwrap_or(0.0)
 }
@@ -55,7 +68,8 @@ async fn redis_down_from_the_start(policy: &str) {
     let port = RedisServer::unused_port();
     let tg = tollgate(&up, &format!("redis://127.0.0.1:{port}"), policy).await;
 
-    assert_eq!(ready(&tg).await, 503, "not ready while redis is down");
+    assert_eq!(ready(&tg).await, ready_while_down(policy), "readiness while redis is down");
+    assert_eq!(store_health(&tg).await, 503, "the store is down");
     assert_eq!(statuses(&tg, "203.0.113.1", 4).await, while_down(policy));
     assert!(store_errors(&tg).await >= 4.0, "every failed check is counted");
     assert_eq!(gauge(&tg, "tollgate_store_degraded", &[]).await, 1.0);
@@ -66,8 +80,9 @@ async fn redis_down_from_the_start(policy: &str) {
 
     // Redis comes up: tollgate finds it by itself and counts there again.
     let server = RedisServer::start_on(port);
-    eventually("ready once redis is up", || async { ready(&tg).await == 200 }).await;
-    assert_eq!(gauge(&tg, "tollgate_store_degraded", &[]).await, 0.0);
+    eventually("the store healthy once redis is up", || async { store_health(&tg).await == 200 }).await;
+    assert_eq!(ready(&tg).await, 200);
+    eventually("back to the store", || async { gauge(&tg, "tollgate_store_degraded", &[]).await == 0.0 }).await;
     assert_eq!(gauge(&tg, "tollgate_store_fallback_transitions_total", &[("direction", "to_store")]).await, 1.0);
     let errors = store_errors(&tg).await;
     assert_eq!(statuses(&tg, "203.0.113.2", 3).await, [200, 200, 429], "counted in redis");
@@ -81,11 +96,13 @@ async fn redis_going_away_and_coming_back(policy: &str) {
     let server = RedisServer::start();
     let tg = tollgate(&up, &server.url(), policy).await;
     assert_eq!(ready(&tg).await, 200);
+    assert_eq!(store_health(&tg).await, 200);
     assert_eq!(statuses(&tg, "203.0.113.3", 1).await, [200]);
 
     server.kill();
     assert_eq!(statuses(&tg, "203.0.113.4", 4).await, while_down(policy));
-    assert_eq!(ready(&tg).await, 503);
+    assert_eq!(ready(&tg).await, ready_while_down(policy));
+    assert_eq!(store_health(&tg).await, 503);
     assert!(store_errors(&tg).await >= 3.0);
     let to_local = ("direction", "to_local");
     assert_eq!(gauge(&tg, "tollgate_store_fallback_transitions_total", &[to_local]).await, 1.0);
@@ -93,8 +110,9 @@ async fn redis_going_away_and_coming_back(policy: &str) {
 
     // Back, empty (nothing is persisted): counting resumes in redis.
     server.restart();
-    eventually("ready once redis is back", || async { ready(&tg).await == 200 }).await;
-    assert_eq!(gauge(&tg, "tollgate_store_degraded", &[]).await, 0.0);
+    eventually("the store healthy once redis is back", || async { store_health(&tg).await == 200 }).await;
+    assert_eq!(ready(&tg).await, 200);
+    eventually("back to the store", || async { gauge(&tg, "tollgate_store_degraded", &[]).await == 0.0 }).await;
     assert_eq!(statuses(&tg, "203.0.113.5", 3).await, [200, 200, 429]);
     let key = format!("t-outage-{policy}:{{outage|ip=203.0.113.5}}:fw");
     assert!(server.cli(&["GET", &key]).trim().ends_with(":2"), "the count is in redis");

@@ -218,7 +218,7 @@ async fn every_key_expires_once_it_is_equivalent_to_a_fresh_one() {
         // Until the window ends.
         ("fixed_window", "fw", 10_000),
         // Until the request leaves the window.
-        ("sliding_window_log", "swl", 10_000),
+        ("sliding_window_log", "swlw", 10_000),
         // Until both windows holding it have slid out.
         ("sliding_window_counter", "swc", 20_000),
     ] {
@@ -284,7 +284,7 @@ async fn per_key_memory_stays_small() {
         println!("MEMORY USAGE {alg:<24} {bytes:>6} B  ({key}, {} B of key name)", key.len());
         assert!((50..=200).contains(&bytes), "{key}: {bytes} B");
     }
-    let log_key = format!("tollgate:{{mem-sliding_window_log|ip={ip}}}:swl");
+    let log_key = format!("tollgate:{{mem-sliding_window_log|ip={ip}}}:swlw");
     let mut sent = 2;
     for n in [2usize, 100, 1_000] {
         let more = n - sent;
@@ -311,4 +311,37 @@ async fn the_master_is_found_through_sentinel() {
     assert_eq!(statuses, [200, 200, 429]);
     let key = "tollgate:{sentinel|ip=192.0.2.11}:fw";
     assert!(support::redis::cli(sentinel.master, &["GET", key]).trim().ends_with(":2"), "counted on the master");
+}
+
+#[tokio::test]
+async fn a_costly_request_is_one_log_entry_and_the_limit_still_holds() {
+    let up = Upstream::start().await;
+    let rules = format!("{}cost_header = \"x-cost\"\n", rule("swl-cost", "sliding_window_log", 100, "1m", 100));
+    let tg = tollgate(&up, "t-swl-cost:", &rules).await;
+    let send = |cost: &str| tg.get("/").from_ip("192.0.2.12").header("x-cost", cost).send();
+    assert_eq!(send("60").await.status, 200);
+    // Entries are scored by time (>= 0); a cost of 60 is one of them.
+    let key = "t-swl-cost:{swl-cost|ip=192.0.2.12}:swlw";
+    let entries = || server().cli(&["ZCOUNT", key, "0", "+inf"]).trim().to_string();
+    assert_eq!(entries(), "1", "one member for a request of cost 60");
+    assert_eq!(send("40").await.status, 200);
+    let limited = send("1").await;
+    assert_eq!(limited.status, 429, "60 + 40 used all 100");
+    assert_eq!(entries(), "2");
+}
+
+#[tokio::test]
+async fn api_keys_never_appear_in_redis_key_names() {
+    let up = Upstream::start().await;
+    let rules =
+        "[[rule]]\nname = \"per-key\"\nkey = [\"api_key\"]\nalgorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1m\"\n";
+    let tg = tollgate(&up, "t-secret:", rules).await;
+    let secret = "sk-live-2b8e4d6f0a";
+    let statuses = support::statuses(3, || tg.get("/").header("x-api-key", secret)).await;
+    assert_eq!(statuses, [200, 200, 429], "still one bucket per key");
+    let keys = server().cli(&["--scan", "--pattern", "t-secret:*"]);
+    assert!(!keys.trim().is_empty(), "the bucket exists");
+    assert!(!keys.contains(secret), "the API key is in a Redis key name: {keys}");
+    // Another key is another bucket.
+    assert_eq!(tg.get("/").header("x-api-key", "sk-live-other").send().await.status, 200);
 }

@@ -222,3 +222,45 @@ async fn a_burst_of_writes_is_one_reload() {
     let reloads = rules["reloads"].as_u64().expect("reloads");
     assert!((1..=2).contains(&reloads), "{reloads} reloads for one burst of writes");
 }
+
+#[tokio::test]
+async fn an_unchanged_file_is_not_read_again_and_a_changed_one_is_reloaded() {
+    let upstream = Upstream::start().await;
+    let tg = Tollgate::start(&upstream, &rule("r", 5)).await;
+    let file = tg.rules_dir().join("rules.toml");
+    let reloader = tg.reloader.clone();
+    let poll = || {
+        let r = reloader.clone();
+        async move { tokio::task::spawn_blocking(move || r.poll()).await.expect("poll ran") }
+    };
+    let reads = tg.reloader.content_reads();
+    for _ in 0..3 {
+        assert!(!poll().await, "nothing changed");
+    }
+    assert_eq!(tg.reloader.content_reads(), reads, "an unchanged file is not read");
+
+    write_atomic(&file, &rule("r", 10));
+    wait_rules(&tg, "limit 10 in force", |r| active(r) == named(&[("r", 10)])).await;
+    let reads = tg.reloader.content_reads();
+    for _ in 0..3 {
+        assert!(!poll().await, "nothing changed since the reload");
+    }
+    assert_eq!(tg.reloader.content_reads(), reads);
+    let m = tg.metrics().await;
+    assert_eq!(metric(&m, "tollgate_rules_reloads_total", &[("result", "success")]), Some(1.0));
+}
+
+#[tokio::test]
+async fn a_rule_whose_algorithm_changes_starts_from_a_fresh_bucket() {
+    let upstream = Upstream::start().await;
+    let with =
+        |algorithm: &str| format!("[[rule]]\nname = \"r\"\nalgorithm = \"{algorithm}\"\nlimit = 3\nwindow = \"1m\"\n");
+    let tg = Tollgate::start(&upstream, &with("token_bucket")).await;
+    let file = tg.rules_dir().join("rules.toml");
+    assert_eq!(statuses(4, || tg.get("/")).await, [200, 200, 200, 429]);
+    // The token bucket's state (a level, as float bits) must not be read as
+    // a fixed window's count.
+    write_atomic(&file, &with("fixed_window"));
+    wait_rules(&tg, "the fixed window in force", |r| r["rules"][0]["algorithm"] == "fixed_window").await;
+    assert_eq!(statuses(4, || tg.get("/")).await, [200, 200, 200, 429]);
+}

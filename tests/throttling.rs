@@ -17,15 +17,12 @@ limit = 2
 window = "1m"
 "#;
     let tg = Tollgate::start(&upstream, rules).await;
-    let mut remaining = Vec::new();
     for _ in 0..5 {
         let r = tg.get("/").send().await;
         assert_eq!(r.status, 200);
-        assert_eq!(r.header("retry-after"), None);
-        remaining.push(r.header("x-ratelimit-remaining").map(str::to_string));
+        // Invisible to the client: no rate-limit headers at all.
+        assert_eq!(r.ratelimit_headers(), Vec::<(String, String)>::new());
     }
-    // Headers as usual: the client sees it would have been limited.
-    assert_eq!(remaining, ["1", "0", "0", "0", "0"].map(|s| Some(s.to_string())));
     assert_eq!(upstream.hits(), 5);
     let m = tg.metrics().await;
     assert_eq!(decisions(&m, "trial", "allowed"), 2.0);
@@ -59,6 +56,40 @@ window = "1m"
     assert_eq!(decisions(&m, "real", "limited"), 2.0);
     assert_eq!(decisions(&m, "trial", "allowed"), 1.0);
     assert_eq!(decisions(&m, "trial", "shadow_limited"), 4.0);
+}
+
+#[tokio::test]
+async fn a_shadow_rule_never_delays_nor_shows_in_the_headers() {
+    let upstream = Upstream::start().await;
+    // Shaping one request per hour: a delayed request would wait an hour.
+    let rules = r#"
+[[rule]]
+name = "trial"
+mode = "shadow"
+algorithm = "leaky_bucket"
+limit = 1
+window = "1h"
+burst = 5
+
+[[rule]]
+name = "real"
+algorithm = "fixed_window"
+limit = 100
+window = "1m"
+"#;
+    let tg = Tollgate::start(&upstream, rules).await;
+    // A request held for the hour fails `send`'s deadline.
+    let mut replies = Vec::new();
+    for _ in 0..3 {
+        replies.push(tg.get("/").send().await);
+    }
+    for r in replies {
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("x-ratelimit-limit"), Some("100"), "the enforced rule's headers only");
+        let state = r.header("ratelimit").unwrap_or_default();
+        assert!(!state.contains("trial"), "the shadow rule is not shown: {state}");
+    }
+    assert_eq!(decisions(&tg.metrics().await, "trial", "allowed"), 3.0, "still counted");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,6 +10,7 @@
 //! every reload.
 
 mod error;
+mod machine;
 mod raw;
 mod rules_file;
 
@@ -22,6 +23,8 @@ use http::uri::{Authority, Scheme};
 use ipnet::IpNet;
 use serde::Deserialize;
 use toml::Spanned;
+
+pub use crate::normalize::{EncodedSlashes, Normalization};
 
 pub use error::{ConfigError, ConfigErrors, line_col};
 pub use rules_file::{
@@ -84,6 +87,13 @@ pub struct Listen {
     pub max_header_bytes: usize,
     /// Longest request target (path and query) accepted (414 above it).
     pub max_uri_bytes: usize,
+    /// Path, header-name and host normalisation.
+    pub normalization: Normalization,
+    /// Longest wait for the next piece of a request body (408 after it).
+    pub body_read_timeout: Duration,
+    /// A client that takes none of the response's bytes for this long is
+    /// disconnected.
+    pub send_timeout: Duration,
 }
 
 /// `[store]`
@@ -107,6 +117,9 @@ pub struct StoreConfig {
     /// A client certificate chain and its private key (PEM), for a Redis
     /// that asks for one (`tls-auth-clients yes`).
     pub tls_client: Option<TlsClientFiles>,
+    /// The most keys the memory store (or the Redis store's local state)
+    /// tracks; beyond it, the keys nearest to their full quota are forgotten.
+    pub max_keys: usize,
 }
 
 /// `[store] tls_cert_file` and `tls_key_file`, read.
@@ -154,6 +167,15 @@ pub struct Route {
     pub upstream: usize,
     /// Largest request body forwarded (413 above it); `None`: unlimited.
     pub max_body: Option<u64>,
+    /// Bodies up to this size are read whole before the upstream is
+    /// contacted; larger ones stream (0: every body streams).
+    pub buffer_body: u64,
+}
+
+/// A configured host, written as requests' hosts are compared
+/// ([`crate::normalize::canonical_host`]).
+pub fn canonical_host(host: &str) -> String {
+    crate::normalize::canonical_host(host.trim())
 }
 
 impl Config {
@@ -232,6 +254,18 @@ impl Validator<'_> {
             Ok(bytes) => Some((path, bytes)),
             Err(e) => {
                 self.error(p.span(), format!("cannot read {}: {e}", path.display()));
+                None
+            }
+        }
+    }
+
+    /// A configured path in the canonical form requests are matched in
+    /// (see [`crate::normalize::path`]).
+    pub fn canonical_path(&mut self, value: &Spanned<String>, what: &str, n: &Normalization) -> Option<String> {
+        match crate::normalize::path(value.get_ref(), n) {
+            Ok(p) => Some(p.into_owned()),
+            Err(e) => {
+                self.error(value.span(), format!("{what} {:?}: {}", value.get_ref(), e.reason()));
                 None
             }
         }
@@ -321,6 +355,21 @@ impl Validator<'_> {
                 Duration::from_secs(30),
             ),
             max_header_bytes,
+            normalization: Normalization {
+                merge_slashes: listen.merge_slashes.unwrap_or(true),
+                encoded_slashes: listen.encoded_slashes.unwrap_or_default(),
+                underscores_in_headers: listen.underscores_in_headers.unwrap_or(false),
+            },
+            body_read_timeout: self.opt_duration(
+                listen.body_read_timeout.as_ref(),
+                "listen.body_read_timeout",
+                Duration::from_secs(60),
+            ),
+            send_timeout: self.opt_duration(
+                listen.send_timeout.as_ref(),
+                "listen.send_timeout",
+                Duration::from_secs(60),
+            ),
         };
 
         let rules = raw.rules.unwrap_or_default();
@@ -352,6 +401,14 @@ impl Validator<'_> {
             }
             Some(n) => *n.get_ref() as usize,
             None => 1,
+        };
+        let max_keys = match &store.max_keys {
+            Some(n) if !(1024..=1_000_000_000).contains(n.get_ref()) => {
+                self.error(n.span(), "store.max_keys must be between 1024 and 1000000000");
+                machine::default_max_keys()
+            }
+            Some(n) => *n.get_ref() as usize,
+            None => machine::default_max_keys(),
         };
         let lease_percent = match &store.lease_percent {
             Some(n) if !(0..=25).contains(n.get_ref()) => {
@@ -418,6 +475,7 @@ impl Validator<'_> {
             lease_idle: self.opt_duration(store.lease_idle.as_ref(), "store.lease_idle", Duration::from_secs(5)),
             tls_ca,
             tls_client,
+            max_keys,
         };
 
         let client = raw.client.unwrap_or_default();
@@ -528,6 +586,11 @@ impl Validator<'_> {
                 self.error(r.path_prefix.span(), format!("route path_prefix {prefix:?} must start with '/'"));
                 continue;
             }
+            // Requests are routed by their canonical path, so prefixes are
+            // written in that form too.
+            let Some(prefix) = self.canonical_path(&r.path_prefix, "route path_prefix", &listen.normalization) else {
+                continue;
+            };
             let max_body = r.max_body.as_ref().and_then(|s| match parse_size(s.get_ref()) {
                 Some(n) => Some(n),
                 None => {
@@ -535,11 +598,20 @@ impl Validator<'_> {
                     None
                 }
             });
+            let buffer_body = match r.buffer_body.as_ref().map(|s| (s, parse_size(s.get_ref()))) {
+                None => DEFAULT_BUFFER_BODY,
+                Some((_, Some(n))) if n <= MAX_BUFFER_BODY => n,
+                Some((s, _)) => {
+                    self.error(s.span(), "route buffer_body must be a size from 0 to 64MiB: a whole number of bytes, or a string such as \"256KiB\", \"1MiB\"");
+                    DEFAULT_BUFFER_BODY
+                }
+            };
             routes.push(Route {
                 max_body,
+                buffer_body,
                 name: r.name.unwrap_or_else(|| upstreams[upstream].name.clone()),
-                path_prefix: prefix.clone(),
-                host: r.host.map(|h| h.to_ascii_lowercase()),
+                path_prefix: prefix,
+                host: r.host.map(|h| canonical_host(&h)),
                 upstream,
             });
         }
@@ -614,6 +686,11 @@ impl Validator<'_> {
         Some(config)
     }
 }
+
+/// `buffer_body` when a route does not set it.
+const DEFAULT_BUFFER_BODY: u64 = 1024 * 1024;
+/// The largest `buffer_body`: each request in flight may hold this much.
+const MAX_BUFFER_BODY: u64 = 64 * 1024 * 1024;
 
 /// Parses "250ms", "1s", "90s", "5m", "1h", "1d" and combinations such as
 /// "1h30m".

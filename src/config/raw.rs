@@ -5,7 +5,7 @@
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::{Backend, OnError};
+use super::{Backend, EncodedSlashes, OnError};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -31,6 +31,11 @@ pub struct RawListen {
     pub drain_timeout: Option<Spanned<String>>,
     pub max_header_bytes: Option<Spanned<i64>>,
     pub max_uri_bytes: Option<Spanned<i64>>,
+    pub merge_slashes: Option<bool>,
+    pub encoded_slashes: Option<EncodedSlashes>,
+    pub underscores_in_headers: Option<bool>,
+    pub body_read_timeout: Option<Spanned<String>>,
+    pub send_timeout: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -53,6 +58,7 @@ pub struct RawStore {
     pub tls_ca_file: Option<Spanned<String>>,
     pub tls_cert_file: Option<Spanned<String>>,
     pub tls_key_file: Option<Spanned<String>>,
+    pub max_keys: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -82,6 +88,7 @@ pub struct RawRoute {
     pub host: Option<String>,
     pub upstream: Spanned<String>,
     pub max_body: Option<Spanned<RawSize>>,
+    pub buffer_body: Option<Spanned<RawSize>>,
 }
 
 /// A size in bytes: a number, or a string such as "10MiB".
@@ -139,6 +146,7 @@ pub struct RawRule {
     pub elastic_when_inflight_below: Option<Spanned<i64>>,
     pub cost: Option<Spanned<i64>>,
     pub cost_header: Option<Spanned<String>>,
+    pub max_cost: Option<Spanned<i64>>,
     pub on_error: Option<OnError>,
     pub exempt: Option<Spanned<RawClients>>,
     pub on_invalid_token: Option<super::InvalidToken>,

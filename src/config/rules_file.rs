@@ -157,6 +157,11 @@ pub struct RulesFile {
 }
 
 /// A validated rule.
+/// The default `max_cost` of a `cost_header` rule (or its bucket, if
+/// smaller): enough for weighted requests, not enough for one request to be
+/// a denial of service on its own.
+pub const DEFAULT_MAX_COST: u64 = 1000;
+
 #[derive(Debug, Clone)]
 pub struct RuleSpec {
     pub name: String,
@@ -172,6 +177,10 @@ pub struct RuleSpec {
     pub mode: RuleMode,
     pub throttle: Throttle,
     pub cost: Cost,
+    /// The largest cost one request may claim through `cost_header` (the
+    /// fixed cost itself otherwise): a client cannot make one request cost
+    /// the store more than this.
+    pub max_cost: u64,
     pub on_error: Option<OnError>,
     /// Clients this rule never applies to.
     pub exempt: ClientSet,
@@ -373,6 +382,11 @@ impl Validator<'_> {
         {
             self.error(r.window.span(), "window must be at least 1ms");
         }
+        if let Some(w) = window
+            && w > Duration::from_nanos(crate::limiter::MAX_WINDOW)
+        {
+            self.error(r.window.span(), "window must be at most 366d");
+        }
         let burst = match &r.burst {
             Some(b) => self.count(b, "burst"),
             None => limit,
@@ -426,6 +440,26 @@ impl Validator<'_> {
             }
             (None, None) => Cost::Fixed(1),
         };
+        let max_cost = match (&cost, &r.max_cost) {
+            (Cost::Fixed(n), None) => *n,
+            (Cost::Fixed(_), Some(m)) => {
+                self.error(m.span(), "max_cost bounds cost_header: set cost_header too, or leave max_cost out");
+                1
+            }
+            (Cost::Header(_), Some(m)) => {
+                let n = self.count(m, "max_cost").unwrap_or(1);
+                if let Some(cap) = capacity
+                    && n > cap
+                {
+                    self.error(
+                        m.span(),
+                        format!("max_cost {n} is larger than the bucket ({cap}): no request could ever pass"),
+                    );
+                }
+                n
+            }
+            (Cost::Header(_), None) => capacity.unwrap_or(1).min(DEFAULT_MAX_COST),
+        };
         if self.errors.len() > errors_before {
             return None;
         }
@@ -442,6 +476,7 @@ impl Validator<'_> {
             mode: r.mode.unwrap_or_default(),
             throttle,
             cost,
+            max_cost,
             on_error: r.on_error,
             exempt,
             on_invalid_token: r.on_invalid_token.unwrap_or_default(),
@@ -465,16 +500,22 @@ impl Validator<'_> {
                     Some(prefix) => (prefix, true),
                     None => (s.as_str(), false),
                 };
+                // Requests are matched by their canonical path (see
+                // crate::normalize), so rule paths are written in it too;
+                // an exact path ignores a trailing '/', as requests' do.
+                let canonical = toml::Spanned::new(p.span(), text.to_string());
                 if text.contains('*') {
                     self.error(p.span(), format!("match.path {s:?}: '*' is allowed only at the end (a prefix match)"));
-                } else if prefix {
-                    spec.path = Some(PathPattern::Prefix(text.to_string()));
-                } else {
-                    spec.path = Some(PathPattern::Exact(text.to_string()));
+                } else if let Some(c) = self.canonical_path(&canonical, "match.path", &config.listen.normalization) {
+                    spec.path = Some(if prefix {
+                        PathPattern::Prefix(c)
+                    } else {
+                        PathPattern::Exact(crate::normalize::match_path(&c).to_string())
+                    });
                 }
             }
         }
-        spec.host = m.host.map(|h| h.to_ascii_lowercase());
+        spec.host = m.host.map(|h| super::canonical_host(&h));
         if let Some(route) = &m.route {
             if config.upstream_index(route.get_ref()).is_none()
                 && !config.routes.iter().any(|r| r.name == *route.get_ref())

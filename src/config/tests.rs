@@ -275,14 +275,17 @@ fn unknown_key_in_a_table() {
     assert_eq!(
         errors("[store]\nbackend = \"memory\"\n  timout = \"20ms\"\n"),
         [
-            "t.toml:3:3: unknown field `timout`, expected one of `backend`, `url`, `timeout`, `on_error`, `pool_size`, `key_prefix`, `lease_percent`, `lease_idle`, `tls_ca_file`, `tls_cert_file`, `tls_key_file`"
+            "t.toml:3:3: unknown field `timout`, expected one of `backend`, `url`, `timeout`, `on_error`, `pool_size`, `key_prefix`, `lease_percent`, `lease_idle`, `tls_ca_file`, `tls_cert_file`, `tls_key_file`, `max_keys`"
         ]
     );
-    assert_eq!(
-        errors("[listen]\nport = 8080\n"),
-        [
-            "t.toml:2:1: unknown field `port`, expected one of `proxy`, `admin`, `header_read_timeout`, `idle_timeout`, `max_connections`, `drain_timeout`, `max_header_bytes`, `max_uri_bytes`"
-        ]
+    // [listen] and [[route]] grow keys too: the place and the start only.
+    let listen = errors("[listen]\nport = 8080\n");
+    assert_eq!(listen.len(), 1);
+    assert!(
+        listen[0].starts_with("t.toml:2:1: unknown field `port`, expected one of `proxy`, `admin`, ")
+            && listen[0].contains("`merge_slashes`, `encoded_slashes`, `underscores_in_headers`")
+            && listen[0].contains("`body_read_timeout`, `send_timeout`"),
+        "{listen:?}"
     );
     // [client] is growing keys (jwt): check the place and the start only.
     let client = errors("[client]\ntrusted_proxy = []\n");
@@ -296,9 +299,12 @@ fn unknown_key_in_a_table() {
         errors("[[upstream]]\nname = \"a\"\nurl = \"http://a\"\nretries = 3\n"),
         ["t.toml:4:1: unknown field `retries`, expected one of `name`, `url`, `connect_timeout`, `timeout`"]
     );
-    assert_eq!(
-        errors("[[route]]\npath = \"/\"\nupstream = \"a\"\n"),
-        ["t.toml:2:1: unknown field `path`, expected one of `name`, `path_prefix`, `host`, `upstream`, `max_body`"]
+    let route = errors("[[route]]\npath = \"/\"\nupstream = \"a\"\n");
+    assert_eq!(route.len(), 1);
+    assert!(
+        route[0].starts_with("t.toml:2:1: unknown field `path`, expected one of `name`, `path_prefix`, ")
+            && route[0].contains("`max_body`, `buffer_body`"),
+        "{route:?}"
     );
     assert_eq!(errors("[rules]\ndir = \"r\"\n"), ["t.toml:2:1: unknown field `dir`, expected `path`"]);
 }
@@ -480,6 +486,33 @@ fn redis_needs_a_url_and_the_error_points_at_the_backend() {
         [
             "t.toml:5:11: store.backend = \"redis\" needs store.url, e.g. \"redis://127.0.0.1:6379\" or \"redis-cluster://10.0.0.1:6379?node=10.0.0.2:6379\""
         ]
+    );
+}
+
+#[test]
+fn store_max_keys_is_bounded_and_defaults_from_memory() {
+    assert_eq!(errors("[store]\nmax_keys = 10\n"), ["t.toml:2:12: store.max_keys must be between 1024 and 1000000000"]);
+    assert_eq!(parse("[store]\nmax_keys = 5000\n").store.max_keys, 5000);
+    let default = parse("").store.max_keys;
+    assert!((100_000..=50_000_000).contains(&default), "{default}");
+}
+
+#[test]
+fn max_cost_goes_with_cost_header_and_fits_the_bucket() {
+    let base = "[[rule]]\nname = \"r\"\nlimit = 10\nwindow = \"1s\"\n";
+    assert_eq!(rule(&format!("{base}cost_header = \"x-cost\"\n")).max_cost, 10);
+    assert_eq!(rule(&format!("{base}cost_header = \"x-cost\"\nmax_cost = 4\n")).max_cost, 4);
+    assert_eq!(
+        rule_errors(&format!("{base}cost_header = \"x-cost\"\nmax_cost = 11\n")),
+        ["r.toml:6:12: max_cost 11 is larger than the bucket (10): no request could ever pass"]
+    );
+    assert_eq!(
+        rule_errors(&format!("{base}max_cost = 4\n")),
+        ["r.toml:5:12: max_cost bounds cost_header: set cost_header too, or leave max_cost out"]
+    );
+    assert_eq!(
+        rule_errors(&format!("{base}cost_header = \"x-cost\"\nmax_cost = 0\n")),
+        ["r.toml:6:12: max_cost must be at least 1, not 0"]
     );
 }
 
@@ -807,6 +840,10 @@ fn the_window_must_be_a_positive_duration() {
         ["r.toml:4:10: window must be at least 1ms"]
     );
     assert_eq!(
+        rule_errors("[[rule]]\nname = \"r\"\nlimit = 5\nwindow = \"367d\"\n"),
+        ["r.toml:4:10: window must be at most 366d"]
+    );
+    assert_eq!(
         rule_errors("[[rule]]\nname = \"r\"\nlimit = 5\nwindow = \"minute\"\n"),
         [
             "r.toml:4:10: window \"minute\" is not a duration (expected number at 0); write e.g. \"250ms\", \"1s\", \"5m\", \"1h\", \"1d\""
@@ -957,7 +994,7 @@ fn unknown_keys_in_a_rule_and_in_match() {
     assert_eq!(
         rule_errors(&with("  burts = 10\n")),
         [
-            "r.toml:5:3: unknown field `burts`, expected one of `name`, `match`, `key`, `algorithm`, `limit`, `window`, `burst`, `mode`, `throttle`, `soft_percent`, `elastic_percent`, `elastic_when_inflight_below`, `cost`, `cost_header`, `on_error`, `exempt`, `on_invalid_token`"
+            "r.toml:5:3: unknown field `burts`, expected one of `name`, `match`, `key`, `algorithm`, `limit`, `window`, `burst`, `mode`, `throttle`, `soft_percent`, `elastic_percent`, `elastic_when_inflight_below`, `cost`, `cost_header`, `max_cost`, `on_error`, `exempt`, `on_invalid_token`"
         ]
     );
     assert_eq!(
@@ -1260,4 +1297,30 @@ fn a_client_certificate_needs_its_key_and_they_must_match() {
         panic!("a key of another certificate was accepted")
     };
     assert!(e.0[0].to_string().contains("the key does not go with the certificate"), "{}", e.0[0]);
+}
+
+#[test]
+fn body_and_send_timeouts_and_buffer_body() {
+    let c = parse("");
+    assert_eq!((c.listen.body_read_timeout, c.listen.send_timeout), (60 * SEC, 60 * SEC));
+    let c = parse(
+        "[listen]\nbody_read_timeout = \"5s\"\nsend_timeout = \"250ms\"\n[[upstream]]\nname = \"a\"\nurl = \"http://a\"\n\
+         [[route]]\npath_prefix = \"/\"\nupstream = \"a\"\n[[route]]\npath_prefix = \"/up\"\nupstream = \"a\"\nbuffer_body = \"64KiB\"\n\
+         [[route]]\npath_prefix = \"/s\"\nupstream = \"a\"\nbuffer_body = 0\n",
+    );
+    assert_eq!((c.listen.body_read_timeout, c.listen.send_timeout), (5 * SEC, 250 * MS));
+    let buffers: Vec<u64> = c.routes.iter().map(|r| r.buffer_body).collect();
+    assert_eq!(buffers, [1024 * 1024, 64 * 1024, 0]);
+    assert_eq!(
+        errors(
+            "[[upstream]]\nname = \"a\"\nurl = \"http://a\"\n[[route]]\npath_prefix = \"/\"\nupstream = \"a\"\nbuffer_body = \"65MiB\"\n"
+        ),
+        [
+            "t.toml:7:15: route buffer_body must be a size from 0 to 64MiB: a whole number of bytes, or a string such as \"256KiB\", \"1MiB\""
+        ]
+    );
+    assert_eq!(
+        errors("[listen]\nsend_timeout = \"0s\"\n"),
+        ["t.toml:2:16: listen.send_timeout must be longer than zero"]
+    );
 }

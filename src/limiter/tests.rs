@@ -1182,3 +1182,32 @@ fn property_sliding_window_log() {
         assert!(admitted.len() > 100);
     }
 }
+
+#[test]
+fn a_limit_past_what_a_cell_counts_is_bounded_not_lifted() {
+    // Ten billion per window: the sliding counter's packed count would
+    // saturate at u32::MAX and let every later request through.
+    let huge = swc(10_000_000_000, 60_000);
+    let mut cell = Cell::default();
+    let admitted: u64 = (0..10).filter(|_| hit(&mut cell, T0, &huge, 3_000_000_000).allowed).count() as u64;
+    assert!(admitted * 3_000_000_000 <= huge.limit, "admitted {admitted} requests of 3e9");
+    assert!(admitted * 3_000_000_000 <= MAX_LIMIT, "counted against the bounded limit");
+}
+
+#[test]
+fn windows_past_the_bound_do_not_overflow() {
+    for algorithm in
+        [Algorithm::TokenBucket, Algorithm::LeakyBucket, Algorithm::FixedWindow, Algorithm::SlidingWindowCounter]
+    {
+        let limits = Limits { algorithm, limit: 5, window: u64::MAX, burst: 5 };
+        let mut cell = Cell::default();
+        for _ in 0..6 {
+            hit(&mut cell, T0, &limits, 1);
+        }
+        assert!(!hit(&mut cell, T0, &limits, 1).allowed, "{algorithm:?}");
+    }
+    let mut log = Log::new();
+    let limits = Limits { algorithm: Algorithm::SlidingWindowLog, limit: 5, window: u64::MAX, burst: 5 };
+    let admitted = (0..6).filter(|_| evaluate_log(&mut log, T0, &limits, 1, true).allowed).count();
+    assert_eq!(admitted, 5);
+}

@@ -125,7 +125,7 @@ fn matched(set: &RuleSet, r: &Req) -> Vec<String> {
 fn key(set: &RuleSet, r: &Req) -> String {
     assert_eq!(set.rules.len(), 1);
     let mut out = String::from("left over from the previous request");
-    set.rules[0].key(&r.facts(), &mut out);
+    set.rules[0].key(&r.facts(), &mut out).expect("key");
     out
 }
 
@@ -156,8 +156,10 @@ fn methods() {
 #[test]
 fn exact_paths() {
     let s = one("match = { path = \"/api/login\" }\n");
+    // Facts carry the canonical path; a trailing slash is the same path.
     assert_eq!(matched(&s, &get("/api/login")), ["r"]);
-    for other in ["/api/login/", "/api/login/x", "/api/log", "/API/login", "/api"] {
+    assert_eq!(matched(&s, &get("/api/login/")), ["r"]);
+    for other in ["/api/login/x", "/api/log", "/API/login", "/api"] {
         assert!(matched(&s, &get(other)).is_empty(), "{other}");
     }
 }
@@ -165,10 +167,10 @@ fn exact_paths() {
 #[test]
 fn prefix_paths() {
     let s = one("match = { path = \"/api/*\" }\n");
-    for hit in ["/api/", "/api/login", "/api/v1/orders/7"] {
+    for hit in ["/api/", "/api", "/api/login", "/api/v1/orders/7"] {
         assert_eq!(matched(&s, &get(hit)), ["r"], "{hit}");
     }
-    for miss in ["/api", "/apix", "/", "/v1/api/"] {
+    for miss in ["/apix", "/", "/v1/api/"] {
         assert!(matched(&s, &get(miss)).is_empty(), "{miss}");
     }
     // Without a slash before the star, the prefix is plain text.
@@ -286,7 +288,7 @@ fn a_thousand_rules_compile_and_match() {
         assert_eq!(matched(&s, &r), [format!("svc-{i}")]);
         let rule = s.matching(&r.facts()).next().expect("one rule");
         let mut k = String::new();
-        rule.key(&r.facts(), &mut k);
+        rule.key(&r.facts(), &mut k).expect("key");
         assert_eq!(k, format!("svc-{i}|user=u"));
     }
 }
@@ -299,7 +301,7 @@ fn a_thousand_rules_compile_and_match() {
 fn each_key_part() {
     let r = || {
         req(Method::POST, "/api/login")
-            .query("a=1&page=2&page=3")
+            .query("a=1&page=%32&b=3")
             .route("orders-api", "orders")
             .user("alice")
             .header("x-api-key", b"k-123")
@@ -308,15 +310,31 @@ fn each_key_part() {
     assert_eq!(key(&keyed("[\"ip\"]"), &r()), "r|ip=1.2.3.4");
     assert_eq!(key(&keyed("[\"ip\"]"), &r().client("2001:db8:1:2::")), "r|ip=2001:db8:1:2::");
     assert_eq!(key(&keyed("[\"user\"]"), &r()), "r|user=alice");
-    assert_eq!(key(&keyed("[\"api_key\"]"), &r()), "r|api_key=k-123");
+    // An API key is a secret: its SHA-256, never the key.
+    assert_eq!(
+        key(&keyed("[\"api_key\"]"), &r()),
+        "r|api_key=3605a9e4358da4302f8acea41f0f52cef85d0e3f727c7b020fc7305aec8d56b4"
+    );
     assert_eq!(key(&keyed("[\"route\"]"), &r()), "r|route=orders-api");
     assert_eq!(key(&keyed("[\"method\"]"), &r()), "r|method=POST");
     assert_eq!(key(&keyed("[\"path\"]"), &r()), "r|path=/api/login");
     assert_eq!(key(&keyed("[\"header:X-Tenant\"]"), &r()), "r|h=acme");
-    assert_eq!(key(&keyed("[\"query:page\"]"), &r()), "r|q=2", "the first value");
+    assert_eq!(key(&keyed("[\"query:page\"]"), &r()), "r|q=2", "decoded, as upstreams read it");
     assert_eq!(key(&keyed("[\"query:a\"]"), &r()), "r|q=1");
     // The default key is the client address.
     assert_eq!(key(&one(""), &r()), "r|ip=1.2.3.4");
+}
+
+#[test]
+fn a_query_parameter_given_twice_is_refused() {
+    let s = keyed("[\"query:page\"]");
+    let mut out = String::new();
+    for q in ["page=2&page=3", "page=2&%70age=3", "p%61ge=1&page=1"] {
+        let r = get("/").query(q);
+        assert!(s.rules[0].key(&r.facts(), &mut out).is_err(), "{q}");
+    }
+    // Other parameters may repeat; `+` is a space, as in forms.
+    assert_eq!(key(&s, &get("/").query("a=1&a=2&page=x+y")), "r|q=x%20y");
 }
 
 #[test]
@@ -325,7 +343,8 @@ fn identity_headers_are_the_configured_ones() {
     let mut r = get("/").header("x-auth", b"bob").header("authorization", b"secret");
     r.user_header = HeaderName::from_static("x-auth");
     r.api_key_header = HeaderName::from_static("authorization");
-    assert_eq!(key(&s, &r), "r|user=bob|api_key=secret");
+    assert_eq!(key(&s, &r), "r|user=bob|api_key=2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b");
+    assert!(!key(&s, &r).contains("secret"));
 }
 
 #[test]
@@ -353,7 +372,10 @@ fn a_missing_identity_falls_back_to_the_client_ip() {
     assert_eq!(key(&keyed("[\"query:page\"]"), &r().query("pages=1&xpage=2")), "r|ip=5.6.7.8");
     assert_eq!(key(&keyed("[\"query:page\"]"), &r().query("page")), "r|ip=5.6.7.8", "no value");
     assert_eq!(key(&keyed("[\"query:page\"]"), &r().query("page=")), "r|ip=5.6.7.8");
-    assert_eq!(key(&keyed("[\"user\", \"api_key\"]"), &r().header("x-api-key", b"k")), "r|ip=5.6.7.8|api_key=k");
+    assert_eq!(
+        key(&keyed("[\"user\", \"api_key\"]"), &r().header("x-api-key", b"k")),
+        "r|ip=5.6.7.8|api_key=8254c329a92850f6d539dd376f4816ee2764517da5e0235514af433164480d7a"
+    );
     assert_eq!(key(&keyed("[\"user\"]"), &r().client("2001:db8::")), "r|ip=2001:db8::");
     // A request outside any route keys `route` on the empty name, not the IP.
     assert_eq!(key(&keyed("[\"route\"]"), &r()), "r|route=");
@@ -445,8 +467,8 @@ fn rule_names_with_special_characters() {
         "[[rule]]\nname = \"x\"\nkey = [\"user\"]\nlimit = 5\nwindow = \"1s\"\n\n[[rule]]\nname = \"x|user=y\"\nkey = [\"user\"]\nlimit = 5\nwindow = \"1s\"\n",
     );
     let (mut k1, mut k2) = (String::new(), String::new());
-    s.rules[0].key(&get("/").user("y|user=z").facts(), &mut k1);
-    s.rules[1].key(&get("/").user("z").facts(), &mut k2);
+    s.rules[0].key(&get("/").user("y|user=z").facts(), &mut k1).expect("key");
+    s.rules[1].key(&get("/").user("z").facts(), &mut k2).expect("key");
     assert_eq!(k1, "x|user=y%7Cuser%3Dz");
     assert_eq!(k2, "x%7Cuser%3Dy|user=z");
 }
@@ -527,7 +549,7 @@ fn soft_limits_always_add_the_percentage() {
     let s = one("burst = 20\nthrottle = \"soft\"\nsoft_percent = 25\n");
     let r = &s.rules[0];
     let l = r.effective_limits(0);
-    assert_eq!(limits(&l), (12, 25), "10 + 2.5 rounds down; 20 + 5");
+    assert_eq!(limits(&l), (13, 25), "10 + 2.5 rounds up; 20 + 5");
     assert_eq!((l.algorithm, l.window), (Algorithm::TokenBucket, SEC));
     assert_eq!(r.effective_limits(usize::MAX), l, "soft ignores load");
     // The default 10 %.
@@ -536,6 +558,21 @@ fn soft_limits_always_add_the_percentage() {
     assert_eq!(limits(&one("throttle = \"soft\"\nsoft_percent = 0\n").rules[0].effective_limits(0)), (10, 10));
     // 1000 % is eleven times the limit.
     assert_eq!(limits(&one("throttle = \"soft\"\nsoft_percent = 1000\n").rules[0].effective_limits(0)), (110, 110));
+}
+
+#[test]
+fn soft_and_elastic_headroom_is_never_rounded_away_and_never_unbounded() {
+    // 10 % of 5 is half a request: rounded up, not down to nothing.
+    let soft = set("[[rule]]\nname = \"r\"\nlimit = 5\nwindow = \"1s\"\nthrottle = \"soft\"\n");
+    assert_eq!(limits(&soft.rules[0].effective_limits(0)), (6, 6));
+    let elastic =
+        set("[[rule]]\nname = \"r\"\nlimit = 3\nwindow = \"1s\"\nthrottle = \"elastic\"\nelastic_percent = 1\n");
+    assert_eq!(limits(&elastic.rules[0].effective_limits(0)), (4, 4));
+    // The largest limit at 1000 %: capped where every store counts exactly.
+    let huge =
+        set("[[rule]]\nname = \"r\"\nlimit = 1000000000\nwindow = \"1s\"\nthrottle = \"soft\"\nsoft_percent = 1000\n");
+    let l = huge.rules[0].effective_limits(0);
+    assert_eq!(limits(&l), (crate::limiter::MAX_LIMIT, crate::limiter::MAX_LIMIT));
 }
 
 #[test]
@@ -598,6 +635,20 @@ fn the_cost_bound_is_the_nominal_bucket() {
     let s = one("burst = 1000\ncost_header = \"x-cost\"\n");
     assert_eq!(cost(&s, Some(b"1000")), Ok(1000));
     assert_eq!(cost(&s, Some(b"1001")), Err("header x-cost must be a whole number from 1 to 1000".to_string()));
+}
+
+#[test]
+fn max_cost_caps_the_header_and_defaults_to_1000() {
+    // A bucket of 100 000: the header may claim at most 1000 by default...
+    let s = one("burst = 100000\ncost_header = \"x-cost\"\n");
+    assert_eq!(cost(&s, Some(b"1000")), Ok(1000));
+    assert_eq!(cost(&s, Some(b"1001")), Err("header x-cost must be a whole number from 1 to 1000".to_string()));
+    // ...or what max_cost says.
+    let s = one("burst = 100000\ncost_header = \"x-cost\"\nmax_cost = 50000\n");
+    assert_eq!(cost(&s, Some(b"50000")), Ok(50000));
+    assert_eq!(cost(&s, Some(b"50001")), Err("header x-cost must be a whole number from 1 to 50000".to_string()));
+    let s = cost_rule("max_cost = 3\n");
+    assert_eq!(cost(&s, Some(b"4")), Err("header x-cost must be a whole number from 1 to 3".to_string()));
 }
 
 #[test]
@@ -823,4 +874,16 @@ fn the_path_index_keeps_file_order_across_exact_prefix_and_pathless_rules() {
     assert_eq!(matched(&s, &get("/b")), ["any", "exact-b"]);
     assert_eq!(matched(&s, &get("/ab")), ["prefix-a", "any"]);
     assert_eq!(matched(&s, &req(Method::POST, "/a")), ["exact-a", "prefix-a", "any", "exact-a-post"]);
+}
+
+#[test]
+fn the_user_is_needed_under_every_spelling_of_a_rules_path() {
+    let exact = one("match = { path = \"/api/login\" }\nkey = [\"user\"]\n");
+    assert!(exact.needs_user("/api/login"));
+    assert!(exact.needs_user("/api/login/"), "the trailing slash is the same path");
+    assert!(!exact.needs_user("/api/other"));
+    let prefix = one("match = { path = \"/api/*\" }\nkey = [\"user\"]\n");
+    assert!(prefix.needs_user("/api"));
+    assert!(prefix.needs_user("/api/x"));
+    assert!(!prefix.needs_user("/apix"));
 }

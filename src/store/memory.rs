@@ -1,9 +1,11 @@
 //! The in-memory store: this process's counters, sharded, no global lock.
 //!
-//! Keys are hashed once (SipHash-quality foldhash with a per-process random
-//! seed, so a client cannot craft colliding keys) and the 64-bit hash is the
+//! Keys are hashed once, together with the rule's algorithm and window
+//! (SipHash-quality foldhash with a per-process random seed, so a client
+//! cannot craft colliding keys) and the 64-bit hash is the
 //! map key: a tracked key costs its 8-byte hash plus a 16-byte [`Cell`] plus
-//! the hash table's control byte and slack, about 25-50 bytes, instead of a
+//! 8 bytes of eviction facts ([`Meta`], padded) plus the hash table's
+//! control byte and slack, about 33-66 bytes, instead of a
 //! heap-allocated string. Two distinct keys share a bucket only if their
 //! 64-bit hashes collide: about one chance in 10^7 among a million keys.
 //!
@@ -17,15 +19,26 @@
 //! Idle keys are dropped by [`MemoryStore::sweep`], which the server calls
 //! periodically: a key untouched for longer than the longest
 //! [`Limits::idle_horizon`] of the active rules is equivalent to a fresh one.
+//!
+//! Keys are chosen by clients (a user header, a path, a query parameter), so
+//! the store is also bounded in size: `[store] max_keys`, split evenly over
+//! the shards. A shard that is full when a new key arrives forgets its keys
+//! nearest to their full quota first (see [`Meta`]): a key that is already
+//! fresh costs nothing to forget, a key that used one unit of a hundred gives
+//! its client one unit back, and the key of a client at its limit is the
+//! last to go. The shard frees a quarter of its room at once, so the scan
+//! that ranks its keys is paid once per that many new keys, not per request.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
+use prometheus::IntCounter;
+
 use crate::clock::SharedClock;
 use crate::limiter::{self, Cell, Limits, Log, Nanos, Verdict};
-use crate::store::{Check, Mode, Store, StoreError};
+use crate::store::{Answer, Check, Mode, Store, StoreError};
 
 const SHARDS: usize = 64;
 
@@ -35,12 +48,55 @@ pub struct MemoryStore {
     hasher: foldhash::quality::RandomState,
     clock: SharedClock,
     idle_horizon: AtomicU64,
+    /// The most keys one shard holds (`max_keys / SHARDS`, at least 1).
+    shard_capacity: usize,
+    /// Where [`Meta::fresh_at`] counts its seconds from.
+    epoch: Nanos,
+    /// `tollgate_store_evictions_total`, when the store reports to metrics.
+    evictions: Option<IntCounter>,
 }
 
 #[derive(Default)]
 struct Shard {
-    cells: HashMap<u64, Cell, BuildHasherDefault<IdentityHasher>>,
-    logs: HashMap<u64, Log, BuildHasherDefault<IdentityHasher>>,
+    cells: HashMap<u64, (Cell, Meta), BuildHasherDefault<IdentityHasher>>,
+    logs: HashMap<u64, (Log, Meta), BuildHasherDefault<IdentityHasher>>,
+}
+
+impl Shard {
+    fn len(&self) -> usize {
+        self.cells.len() + self.logs.len()
+    }
+}
+
+/// What eviction needs to know about a key, written with its state: 6 bytes
+/// (8 with padding), so a cell's map entry is 32 bytes instead of 24.
+#[derive(Debug, Clone, Copy, Default)]
+struct Meta {
+    /// When the key's state becomes equivalent to a fresh one, in whole
+    /// seconds (rounded up) since the store's epoch.
+    fresh_at: u32,
+    /// The share of the key's capacity in use after its last admitted
+    /// request, in 1/65535ths.
+    used: u16,
+}
+
+impl Meta {
+    /// Eviction order, lowest first: keys already fresh, then the least used
+    /// share of their capacity, then the nearest to becoming fresh.
+    fn rank(self, now_secs: u32) -> u64 {
+        if self.fresh_at <= now_secs {
+            return 0;
+        }
+        ((self.used as u64 + 1) << 32) | (self.fresh_at - now_secs) as u64
+    }
+}
+
+/// The store's context for one decision: the time, and how full a shard may
+/// get.
+struct Ctx<'a> {
+    now: Nanos,
+    now_secs: u32,
+    store: &'a MemoryStore,
 }
 
 /// The map keys are already hashes: hashing them again would only cost time.
@@ -64,14 +120,39 @@ impl Hasher for IdentityHasher {
 
 impl MemoryStore {
     /// An empty store reading time from `clock`.
+    ///
+    /// Unbounded until [`MemoryStore::bounded`] says otherwise.
     pub fn new(clock: SharedClock) -> Self {
         let shards = (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect();
+        let epoch = clock.now();
         MemoryStore {
             shards,
             hasher: foldhash::quality::RandomState::default(),
             clock,
             idle_horizon: AtomicU64::new(0),
+            shard_capacity: usize::MAX,
+            epoch,
+            evictions: None,
         }
+    }
+
+    /// Holds at most `max_keys` keys (rounded down to a multiple of the
+    /// shard count, at least one per shard), counting what it forgets in
+    /// `evictions`.
+    pub fn bounded(mut self, max_keys: usize, evictions: Option<IntCounter>) -> Self {
+        self.shard_capacity = (max_keys / SHARDS).max(1);
+        self.evictions = evictions;
+        self
+    }
+
+    /// The most keys the store holds.
+    pub fn max_keys(&self) -> usize {
+        self.shard_capacity.saturating_mul(SHARDS)
+    }
+
+    fn ctx(&self) -> Ctx<'_> {
+        let now = self.clock.now();
+        Ctx { now, now_secs: secs_since(self.epoch, now), store: self }
     }
 
     /// The number of keys tracked right now.
@@ -80,7 +161,7 @@ impl MemoryStore {
             .iter()
             .map(|s| {
                 let s = lock(s);
-                s.cells.len() + s.logs.len()
+                s.len()
             })
             .sum()
     }
@@ -98,12 +179,20 @@ impl MemoryStore {
         let mut dropped = 0;
         for shard in self.shards.iter() {
             let mut s = lock(shard);
-            let before = s.cells.len() + s.logs.len();
-            s.cells.retain(|_, c| c.t.saturating_add(horizon) > now);
-            s.logs.retain(|_, l| l.back().is_some_and(|&(t, _)| t.saturating_add(horizon) > now));
-            dropped += before - (s.cells.len() + s.logs.len());
+            let before = s.len();
+            s.cells.retain(|_, (c, _)| c.t.saturating_add(horizon) > now);
+            s.logs.retain(|_, (l, _)| l.back().is_some_and(|&(t, _)| t.saturating_add(horizon) > now));
+            dropped += before - s.len();
         }
         dropped
+    }
+
+    /// The map key of a check's state: its bucket key, algorithm and
+    /// window. A rule whose algorithm or window changes on reload starts
+    /// from a fresh state instead of reading the old one with the new
+    /// arithmetic (a token bucket's level is no fixed window's count).
+    fn hash_of(&self, check: &Check<'_>) -> u64 {
+        self.hasher.hash_one((check.key, check.limits.algorithm, check.limits.window))
     }
 
     fn shard_of(hash: u64) -> usize {
@@ -114,16 +203,16 @@ impl MemoryStore {
 
     /// Decides `checks` synchronously; the `Store` impl wraps this.
     pub fn check_now(&self, checks: &[Check<'_>], mode: Mode) -> Vec<Verdict> {
-        let now = self.clock.now();
+        let ctx = self.ctx();
         if let [one] = checks {
             // The common case: one rule, one lock, no bookkeeping.
-            let hash = self.hasher.hash_one(one.key);
+            let hash = self.hash_of(one);
             let mut shard = lock(&self.shards[Self::shard_of(hash)]);
             let commit = mode == Mode::Consume;
-            return vec![decide(&mut shard, hash, one, now, commit)];
+            return vec![decide(&mut shard, hash, one, &ctx, commit)];
         }
 
-        let hashes: Vec<u64> = checks.iter().map(|c| self.hasher.hash_one(c.key)).collect();
+        let hashes: Vec<u64> = checks.iter().map(|c| self.hash_of(c)).collect();
         let mut order: Vec<usize> = hashes.iter().map(|&h| Self::shard_of(h)).collect();
         order.sort_unstable();
         order.dedup();
@@ -142,14 +231,14 @@ impl MemoryStore {
             .iter()
             .zip(&hashes)
             .zip(&slots)
-            .map(|((c, &h), &g)| decide(&mut guards[g].1, h, c, now, false))
+            .map(|((c, &h), &g)| decide(&mut guards[g].1, h, c, &ctx, false))
             .collect();
         let admitted = checks.iter().zip(&verdicts).all(|(c, v)| v.allowed || !c.enforced);
         if mode == Mode::Consume && admitted {
             // Second pass, same locks still held: write what was admitted.
             for ((c, &h), (&g, v)) in checks.iter().zip(&hashes).zip(slots.iter().zip(&verdicts)) {
                 if v.allowed {
-                    decide(&mut guards[g].1, h, c, now, true);
+                    decide(&mut guards[g].1, h, c, &ctx, true);
                 }
             }
         }
@@ -159,28 +248,93 @@ impl MemoryStore {
 
 /// Evaluates one check against its shard; writes the new state when
 /// `commit` is set and the check is admitted.
-fn decide(shard: &mut Shard, hash: u64, check: &Check<'_>, now: Nanos, commit: bool) -> Verdict {
+fn decide(shard: &mut Shard, hash: u64, check: &Check<'_>, ctx: &Ctx<'_>, commit: bool) -> Verdict {
     let limits: &Limits = &check.limits;
+    let now = ctx.now;
     if limits.algorithm.uses_log() {
         if commit {
-            let log = shard.logs.entry(hash).or_default();
+            if !shard.logs.contains_key(&hash) {
+                make_room(shard, ctx);
+            }
+            let (log, meta) = shard.logs.entry(hash).or_default();
             let v = limiter::evaluate_log(log, now, limits, check.cost, true);
             if log.is_empty() {
                 shard.logs.remove(&hash);
+            } else if v.allowed {
+                *meta = Meta::after(&v, limits, ctx);
             }
             return v;
         }
         return match shard.logs.get_mut(&hash) {
-            Some(log) => limiter::evaluate_log(log, now, limits, check.cost, false),
+            Some((log, _)) => limiter::evaluate_log(log, now, limits, check.cost, false),
             None => limiter::evaluate_log(&mut Log::new(), now, limits, check.cost, false),
         };
     }
-    let cell = shard.cells.get(&hash).copied().unwrap_or_default();
-    let (verdict, next) = limiter::evaluate(cell, now, limits, check.cost);
+    if let Some(entry) = shard.cells.get_mut(&hash) {
+        let (verdict, next) = limiter::evaluate(entry.0, now, limits, check.cost);
+        if commit && verdict.allowed {
+            *entry = (next, Meta::after(&verdict, limits, ctx));
+        }
+        return verdict;
+    }
+    let (verdict, next) = limiter::evaluate(Cell::default(), now, limits, check.cost);
     if commit && verdict.allowed {
-        shard.cells.insert(hash, next);
+        make_room(shard, ctx);
+        shard.cells.insert(hash, (next, Meta::after(&verdict, limits, ctx)));
     }
     verdict
+}
+
+impl Meta {
+    /// The eviction facts of a key just admitted with `verdict`.
+    fn after(verdict: &Verdict, limits: &Limits, ctx: &Ctx<'_>) -> Meta {
+        let capacity = limits.capacity().max(1) as u128;
+        let used = capacity.saturating_sub(verdict.remaining as u128) * u16::MAX as u128 / capacity;
+        let fresh_at = secs_since(ctx.store.epoch, ctx.now.saturating_add(verdict.reset_after)).saturating_add(1);
+        Meta { fresh_at, used: used.min(u16::MAX as u128) as u16 }
+    }
+}
+
+/// Whole seconds from `epoch` to `t` (0 before it), saturating.
+fn secs_since(epoch: Nanos, t: Nanos) -> u32 {
+    u32::try_from(t.saturating_sub(epoch) / limiter::NANOS_PER_SEC).unwrap_or(u32::MAX)
+}
+
+/// Makes room for one new key in a full shard: forgets a quarter of the
+/// shard's capacity (at least one key), lowest [`Meta::rank`] first. One
+/// pass ranks every key of the shard, so the cost per new key is about
+/// four rank computations, whatever the shard's size.
+fn make_room(shard: &mut Shard, ctx: &Ctx<'_>) {
+    let capacity = ctx.store.shard_capacity;
+    let len = shard.len();
+    if len < capacity {
+        return;
+    }
+    let keep = (capacity - 1).saturating_sub(capacity / 4);
+    let evict = len - keep;
+    let now = ctx.now_secs;
+    let mut ranks: Vec<u64> = shard.cells.values().map(|e| e.1.rank(now)).collect();
+    ranks.extend(shard.logs.values().map(|e| e.1.rank(now)));
+    // `evict` is at least 1 and at most `len`, the length of `ranks`.
+    let (_, &mut threshold, _) = ranks.select_nth_unstable(evict - 1);
+    let below = ranks.iter().filter(|&&r| r < threshold).count();
+    let mut ties = evict - below;
+    let mut forget = |meta: &Meta| {
+        let r = meta.rank(now);
+        if r < threshold {
+            return true;
+        }
+        if r == threshold && ties > 0 {
+            ties -= 1;
+            return true;
+        }
+        false
+    };
+    shard.cells.retain(|_, e| !forget(&e.1));
+    shard.logs.retain(|_, e| !forget(&e.1));
+    if let Some(counter) = &ctx.store.evictions {
+        counter.inc_by((len - shard.len()) as u64);
+    }
 }
 
 /// Locks a shard. A panic while the lock was held cannot leave a cell
@@ -191,8 +345,8 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 }
 
 impl Store for MemoryStore {
-    async fn check(&self, checks: &[Check<'_>], mode: Mode) -> Result<Vec<Verdict>, StoreError> {
-        Ok(self.check_now(checks, mode))
+    async fn check(&self, checks: &[Check<'_>], mode: Mode) -> Vec<Answer> {
+        self.check_now(checks, mode).into_iter().map(Ok).collect()
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -222,7 +376,7 @@ mod tests {
     }
 
     fn check(key: &str, algorithm: Algorithm, limit: u64, enforced: bool) -> Check<'_> {
-        Check { key, limits: limits(algorithm, limit), cost: 1, enforced }
+        Check { key, limits: limits(algorithm, limit), cost: 1, enforced, on_error: crate::config::OnError::Allow }
     }
 
     fn store() -> (MemoryStore, ManualClock) {
@@ -285,6 +439,104 @@ mod tests {
         clock.advance(Duration::from_millis(1000));
         assert_eq!(s.sweep(), 2);
         assert_eq!(s.len(), 1);
+    }
+
+    const ALGORITHMS: [Algorithm; 5] = [
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowLog,
+        Algorithm::SlidingWindowCounter,
+    ];
+
+    /// How many of `n` requests at one instant `c` admits.
+    fn admitted(s: &MemoryStore, c: &Check<'_>, n: usize) -> usize {
+        (0..n).filter(|_| s.check_now(std::slice::from_ref(c), Mode::Consume)[0].allowed).count()
+    }
+
+    #[test]
+    fn a_rule_that_changes_algorithm_starts_from_a_fresh_state() {
+        // Every ordered pair: the old algorithm leaves the key part used,
+        // the reloaded rule (same key) counts with another and must neither
+        // misread the old state nor admit more than its own limit.
+        for from in ALGORITHMS {
+            for to in ALGORITHMS.into_iter().filter(|&a| a != from) {
+                let (s, clock) = store();
+                // Mid-window, so that a window start is not `now`.
+                clock.advance(Duration::from_millis(300));
+                assert_eq!(admitted(&s, &check("k", from, 7, true), 5), 5, "{from:?}");
+                let after = check("k", to, 4, true);
+                assert_eq!(admitted(&s, &after, 10), 4, "{from:?} -> {to:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_rule_that_changes_window_starts_from_a_fresh_state() {
+        let (s, clock) = store();
+        clock.advance(Duration::from_millis(300));
+        let short = check("k", Algorithm::FixedWindow, 3, true);
+        assert_eq!(admitted(&s, &short, 3), 3);
+        let long = Check { limits: Limits { window: 60 * NANOS_PER_SEC, ..short.limits }, ..short.clone() };
+        assert_eq!(admitted(&s, &long, 5), 3);
+    }
+
+    #[test]
+    fn five_million_distinct_keys_stay_under_max_keys() {
+        use std::fmt::Write as _;
+        let (s, clock) = store();
+        let evictions = IntCounter::new("evictions", "test").expect("valid counter");
+        let s = s.bounded(16 * 1024, Some(evictions.clone()));
+        // A client at its limit before the flood of one-request keys.
+        let heavy = check("heavy", Algorithm::FixedWindow, 100, true);
+        assert_eq!(admitted(&s, &heavy, 100), 100);
+        let mut key = String::new();
+        let mut peak = 0;
+        for i in 0..5_000_000u32 {
+            key.clear();
+            let _ = write!(key, "u{i}");
+            let c = Check {
+                key: &key,
+                limits: limits(Algorithm::FixedWindow, 100),
+                cost: 1,
+                enforced: true,
+                on_error: crate::config::OnError::Allow,
+            };
+            assert!(s.check_now(std::slice::from_ref(&c), Mode::Consume)[0].allowed);
+            if i % 100_000 == 0 {
+                peak = peak.max(s.len());
+                // A little time passes: the window stays the same.
+                clock.advance(Duration::from_micros(1));
+            }
+        }
+        let len = s.len();
+        assert!(peak.max(len) <= s.max_keys(), "{} keys, bound {}", peak.max(len), s.max_keys());
+        assert!(len > s.max_keys() / 2, "eviction frees a slice, not everything: {len}");
+        assert_eq!(evictions.get() as usize, 5_000_001 - len);
+        // The key nearest to its full quota went first: the client at its
+        // limit is still refused.
+        assert_eq!(admitted(&s, &heavy, 1), 0);
+    }
+
+    #[test]
+    fn eviction_forgets_the_least_used_keys_first() {
+        let (s, _) = store();
+        // 64 keys per shard; 256 busy keys take about 4 of each shard's 64.
+        let s = s.bounded(SHARDS * 64, None);
+        let busy: Vec<String> = (0..256).map(|i| format!("busy{i}")).collect();
+        for k in &busy {
+            assert_eq!(admitted(&s, &check(k, Algorithm::TokenBucket, 10, true), 9), 9);
+        }
+        // Five times the bound in newcomers, one request each.
+        for i in 0..SHARDS * 64 * 5 {
+            let k = format!("new{i}");
+            assert_eq!(admitted(&s, &check(&k, Algorithm::SlidingWindowLog, 10, true), 1), 1);
+            assert!(s.len() <= s.max_keys());
+        }
+        // No busy key was forgotten: each has one request left, not ten.
+        for k in &busy {
+            assert_eq!(admitted(&s, &check(k, Algorithm::TokenBucket, 10, true), 3), 1, "{k} was forgotten");
+        }
     }
 
     #[test]

@@ -6,6 +6,10 @@
 //! [`memory`], in one Lua script per key in the Redis store). A request that
 //! any enforced rule rejects consumes no quota from any rule.
 //!
+//! Each rule gets its own answer: when the store cannot decide one rule (a
+//! Redis node down), the others' answers still stand, and the failed rule's
+//! own `on_error` applies to it alone (see [`Store::check`]).
+//!
 //! The backend is chosen at start-up from `[store] backend`; [`AnyStore`]
 //! dispatches to it without boxing a future per request.
 
@@ -14,6 +18,7 @@ pub mod redis;
 
 use std::future::Future;
 
+use crate::config::OnError;
 use crate::limiter::{Limits, Verdict};
 
 pub use memory::MemoryStore;
@@ -32,7 +37,12 @@ pub struct Check<'a> {
     /// Shadow rules are counted but cannot reject: their refusal does not
     /// stop the other rules from committing.
     pub enforced: bool,
+    /// What to do when the store cannot decide this check.
+    pub on_error: OnError,
 }
+
+/// One check's answer: the verdict, or why the store could not decide it.
+pub type Answer = Result<Verdict, StoreError>;
 
 /// Whether a check may change the counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,11 +67,16 @@ pub enum StoreError {
 
 /// A backend that keeps rate-limit counters.
 pub trait Store: Send + Sync + 'static {
-    /// Decides every check of one request at once, in the order given.
+    /// Decides every check of one request at once, answering each in the
+    /// order given.
     ///
-    /// With [`Mode::Consume`], admitted checks are counted only if every
-    /// enforced check is admitted; otherwise nothing is counted.
-    fn check(&self, checks: &[Check<'_>], mode: Mode) -> impl Future<Output = Result<Vec<Verdict>, StoreError>> + Send;
+    /// A check the store could not decide is answered with its error, after
+    /// its own `on_error`: `local` ones are decided by the store's
+    /// in-process fallback instead, where it has one. With
+    /// [`Mode::Consume`], the request is counted (in the shared store and
+    /// the fallback alike) only if no enforced check rejected it and no
+    /// enforced check that failed says `deny`; otherwise nothing is counted.
+    fn check(&self, checks: &[Check<'_>], mode: Mode) -> impl Future<Output = Vec<Answer>> + Send;
 
     /// Whether the store answers right now (for `/readyz`).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -116,7 +131,7 @@ impl AnyStore {
 }
 
 impl Store for AnyStore {
-    async fn check(&self, checks: &[Check<'_>], mode: Mode) -> Result<Vec<Verdict>, StoreError> {
+    async fn check(&self, checks: &[Check<'_>], mode: Mode) -> Vec<Answer> {
         match self {
             AnyStore::Memory(s) => s.check(checks, mode).await,
             AnyStore::Redis(s) => s.check(checks, mode).await,

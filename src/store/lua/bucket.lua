@@ -10,10 +10,13 @@
 -- KEYS[1]  the bucket, a string "<updated_us>:<level>"
 -- ARGV     mode (0 peek, 1 consume, 2 refund), limit, window_us, burst, cost
 -- Returns  {allowed, remaining, reset_after_ns, retry_after_ns, delay_ns, token,
---           granted, lease_ttl_ns}: the token bucket leases (see prelude.lua;
---           taking tokens early never lets more through, and a lease given back
---           restores the level exactly); the leaky bucket never does, since its
---           delay is decided request by request.
+--           granted, lease_ttl_ns}: the token bucket leases (see prelude.lua)
+--           with lease_ttl_ns 0: its units stay valid only while the level they
+--           sit on has not drained, which the caller works out from
+--           reset_after_ns (the level's drain time, granted units included; see
+--           src/store/redis/lease.rs), and only units still in the level are
+--           given back. The leaky bucket never leases, since its delay is
+--           decided request by request.
 --
 -- The arguments, `now` (server clock, µs), EPSILON and ns_ceil come from
 -- prelude.lua, which Rust prepends.

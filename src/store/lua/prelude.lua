@@ -28,6 +28,9 @@ local function lease(room)
   return want
 end
 
+-- The clock line: tests/lua_matches_limiter.rs swaps the TIME call below
+-- for a time of its choosing, to drive these scripts and src/limiter.rs
+-- through the same instants. Production scripts always read the server.
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 

@@ -1,72 +1,104 @@
--- Sliding window log: one sorted-set entry per unit admitted within the
--- window, scored by its time. Exact, at the price of memory per request.
+-- Sliding window log: one sorted-set entry per admitted request within the
+-- window, scored by its time and carrying its cost. Exact, at the price of
+-- memory per request (not per unit: a request of cost 1000 is one entry).
 -- The same arithmetic as `evaluate_log` in src/limiter.rs, on the server's clock.
 --
--- KEYS[1]  the log, a sorted set of "<request id>:<unit>" scored by time in us
+-- KEYS[1]  the log, a sorted set of "<request id>:<cost>" scored by time in
+--          us, plus the member "#" that keeps the total cost of the entries
+--          in its score, as -1 - total (below every time, so no range by
+--          time ever meets it)
 -- ARGV     mode (0 peek, 1 consume, 2 refund), limit, window_us, burst, cost,
---          request id (unique per request: the members it adds or refunds)
+--          request id (unique per request: the entry it adds or refunds)
 -- Returns  {allowed, remaining, reset_after_ns, retry_after_ns, delay_ns, token}
 --
--- A request of cost n adds n entries, so ZCARD is the count and the entry
--- that must leave before a request fits is found by rank, both without
--- reading the whole log.
+-- The total makes a check cost the entries it expires, not a walk over the
+-- window; the entry that must leave before a rejected request fits is found
+-- by walking the oldest entries, at most WALK of them.
 local id = ARGV[6]
+local TOTAL = '#'
+local WALK = 1000
 --
 -- The arguments, `now` (server clock, µs), EPSILON and ns_ceil come from
 -- prelude.lua, which Rust prepends.
 
--- Sends `command key ...` with the items `item(1..n)` in batches: `unpack`
--- of a very large table would overflow the Lua stack.
-local function batched(command, n, item)
-  local args, len = {}, 0
-  for i = 1, n do
-    for _, v in ipairs(item(i)) do
-      len = len + 1
-      args[len] = v
-    end
-    if len >= 1000 or i == n then
-      redis.call(command, key, unpack(args, 1, len))
-      len = 0
-    end
+local function cost_of(member)
+  return tonumber(string.match(member, ':(%d+)$')) or 0
+end
+
+local function stored_total()
+  local s = tonumber(redis.call('ZSCORE', key, TOTAL))
+  if not s then return 0 end
+  return math.max(-1 - s, 0)
+end
+
+local function store_total(total)
+  if total > 0 then
+    redis.call('ZADD', key, -1 - total, TOTAL)
+  else
+    redis.call('ZREM', key, TOTAL)
   end
 end
 
 if mode == 2 then
-  batched('ZREM', cost, function(i) return {id .. ':' .. i} end)
+  -- The entry may already have left the window (and been pruned): then
+  -- there is nothing to give back.
+  if redis.call('ZREM', key, id .. ':' .. cost) == 1 then
+    store_total(stored_total() - cost)
+  end
   return {1, 0, 0, 0, 0, 0}
 end
 
--- An entry at exactly `now - window` has left the window.
-local cutoff = '(' .. string.format('%d', now - window)
-if mode == 1 then
+-- An entry at exactly `now - window` has left the window. Each entry
+-- expires once, so reading the expired ones is paid once per request.
+local edge = string.format('%d', now - window)
+local total = stored_total()
+local expired = redis.call('ZRANGEBYSCORE', key, 0, edge)
+for _, member in ipairs(expired) do
+  total = total - cost_of(member)
+end
+total = math.max(total, 0)
+if mode == 1 and #expired > 0 then
   -- Pruning never changes a decision; a peek leaves it to the next consume.
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - window))
+  redis.call('ZREMRANGEBYSCORE', key, 0, edge)
+  store_total(total)
 end
-local count = redis.call('ZCOUNT', key, cutoff, '+inf')
+local cutoff = '(' .. edge
 -- The newest entry still in the window, if any.
-local last
-if count > 0 then
-  last = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
-end
+local last = tonumber(redis.call('ZREVRANGEBYSCORE', key, '+inf', cutoff, 'WITHSCORES', 'LIMIT', 0, 1)[2])
 
-if count + cost <= limit then
+if total + cost <= limit then
   -- Timestamps never go backwards within a log, as in src/limiter.rs.
   local newest = math.max(now, last or 0)
   if mode == 1 then
-    local at = string.format('%d', newest)
-    batched('ZADD', cost, function(i) return {at, id .. ':' .. i} end)
+    redis.call('ZADD', key, string.format('%d', newest), id .. ':' .. cost)
+    store_total(total + cost)
     -- The key lives until its newest entry leaves the window.
     redis.call('PEXPIRE', key, math.max(math.ceil((newest + window - now) / 1000), 1))
   end
-  return {1, limit - count - cost, (newest + window - now) * 1000, 0, 0, 0}
+  return {1, limit - total - cost, (newest + window - now) * 1000, 0, 0, 0}
 end
 
 -- Free enough of the oldest entries in the window to make room for `cost`.
-local need = count + cost - limit
+-- Past WALK entries, the time the last one walked leaves is a lower bound:
+-- a client that retries then is answered again.
+local need = total + cost - limit
 local retry = window
-if need <= count then
-  local entry = redis.call('ZRANGEBYSCORE', key, cutoff, '+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
-  if entry[2] then retry = tonumber(entry[2]) + window - now end
+if need <= total then
+  local freed, walked = 0, 0
+  local found = false
+  while not found and walked < WALK do
+    local batch = redis.call('ZRANGEBYSCORE', key, cutoff, '+inf', 'WITHSCORES', 'LIMIT', walked, 100)
+    if #batch == 0 then break end
+    for i = 1, #batch, 2 do
+      freed = freed + cost_of(batch[i])
+      retry = tonumber(batch[i + 1]) + window - now
+      if freed >= need then
+        found = true
+        break
+      end
+    end
+    walked = walked + #batch / 2
+  end
 end
 local newest = last or now
 return {0, 0, (newest + window - now) * 1000, math.max(retry * 1000, 1), 0, 0}

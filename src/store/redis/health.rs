@@ -17,13 +17,19 @@
 //! the full limit on its own). Only the probe switches back, so a late
 //! success of a check sent before the outage cannot flap the state.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
+
+use fred::interfaces::{ClientLike, ClusterInterface};
+use fred::types::config::Options;
 
 use prometheus::{IntCounter, IntGauge};
 use tokio::sync::Notify;
 
+use super::call;
 use crate::metrics::Metrics;
+use crate::store::StoreError;
 
 /// Consecutive failed checks that make the store degraded.
 pub const DEGRADE_AFTER: u32 = 3;
@@ -90,6 +96,46 @@ impl Health {
             self.gauge.set(0);
             self.to_store.inc();
             tracing::info!("redis answers again: checks go to redis");
+        }
+    }
+}
+
+/// The longest a readiness or recovery probe waits.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
+
+impl super::Shared {
+    /// Asks Redis whether it answers: `PING`, or on a cluster `CLUSTER
+    /// INFO` reporting `cluster_state:ok` (a cluster that lost a master
+    /// answers pings but not every slot). Every pooled client is asked.
+    pub(super) async fn probe(&self) -> Result<(), StoreError> {
+        let timeout = PROBE_TIMEOUT.max(self.timeout);
+        for client in self.pool.clients() {
+            let options = Options { timeout: Some(timeout), max_attempts: Some(1), ..Default::default() };
+            let client = client.with_options(&options);
+            if self.clustered {
+                let info: String = client.cluster_info().await.map_err(|e| call::store_error(&e, self.timeout))?;
+                if !info.contains("cluster_state:ok") {
+                    return Err(StoreError::Unavailable("the cluster reports cluster_state other than ok".into()));
+                }
+            } else {
+                let _: String = client.ping(None).await.map_err(|e| call::store_error(&e, self.timeout))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// While degraded, probes Redis every [`PROBE_EVERY`] and switches back
+    /// when it answers.
+    pub(super) async fn probe_loop(self: Arc<Self>) {
+        loop {
+            if !self.health.is_degraded() {
+                self.health.wake.notified().await;
+                continue;
+            }
+            tokio::time::sleep(PROBE_EVERY).await;
+            if self.probe().await.is_ok() {
+                self.health.recover();
+            }
         }
     }
 }

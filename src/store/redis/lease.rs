@@ -10,12 +10,16 @@
 //! What it keeps and what it gives up:
 //!
 //! - **Never more than the limit.** Leased units are counted in Redis when
-//!   they are taken, so every instance together still admits at most the
-//!   limit. Spending them later than they were counted only errs towards
-//!   rejecting: a token bucket refills after the units were taken, and a
-//!   window lease ends with the window it was counted in (a fixed window's
-//!   count, or a sliding counter's current window, which only weighs less
-//!   as it slides out).
+//!   they are taken, and spent only while that count still stands: a window
+//!   lease ends with the window it was counted in (a fixed window's count,
+//!   or a sliding counter's current window, which only weighs less as it
+//!   slides out). A token bucket's level falls as it refills, and the units
+//!   of a lease sit on top of the level they were granted on: a lease holds
+//!   at most what is left of that level by now (`level_left`), so its units
+//!   expire as they would have refilled, and only those still counted are
+//!   given back (a give-back of units already refilled would hand the
+//!   bucket tokens it never lost). The estimate starts when the call was
+//!   sent and uses the rule's own rate, both of which only make it lower.
 //! - **Exact near the limit.** A script grants a lease only when at least as
 //!   much again stays in Redis (`lease` in prelude.lua), so the last units of
 //!   a key are decided one request at a time, and a key whose capacity is
@@ -40,6 +44,7 @@
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -59,6 +64,9 @@ pub(super) struct Leases {
     hasher: foldhash::quality::RandomState,
     percent: u64,
     idle: Duration,
+    /// Set by [`drain`](Leases::drain): no new leases, and grants that
+    /// arrive later are given straight back.
+    closing: AtomicBool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -70,6 +78,9 @@ struct Lease {
     token: i64,
     /// When they stop being valid (the end of their window), if ever.
     expires_at: Option<Instant>,
+    /// A token bucket's: when the level the lease was granted on (its own
+    /// units included) will have drained away, at the latest.
+    drained_at: Option<Instant>,
     last_used: Instant,
     /// What Redis had left after the grant, and when the key would be full
     /// again: for the headers of requests served here.
@@ -81,6 +92,36 @@ struct Lease {
     used: bool,
 }
 
+impl Lease {
+    /// The units held that Redis still counts at `now`: a token bucket's
+    /// are capped by what is left of the level they were granted on
+    /// ([`level_left`]); a window's stand until the window ends.
+    fn owed(&self, now: Instant) -> u64 {
+        match self.drained_at {
+            Some(drained_at) => self.units.min(level_left(&self.limits, drained_at, now)),
+            None => self.units,
+        }
+    }
+}
+
+/// For a token bucket, when the level a grant left (its units included)
+/// will have drained, at the latest: `reset_after` counted from when the
+/// call was sent, less the nanosecond its rounding up may have added.
+fn bucket_drained_at(limits: &Limits, reply: &Reply, sent: Instant) -> Option<Instant> {
+    (limits.algorithm == Algorithm::TokenBucket).then(|| {
+        let at = sent + Duration::from_nanos(reply.verdict.reset_after);
+        at.checked_sub(Duration::from_nanos(1)).unwrap_or(sent)
+    })
+}
+
+/// Whole units left at `now` of a token bucket's level that will have
+/// drained at `drained_at`, at `limits`' rate.
+fn level_left(limits: &Limits, drained_at: Instant, now: Instant) -> u64 {
+    let left = drained_at.saturating_duration_since(now).as_nanos();
+    let units = left * u128::from(limits.limit) / u128::from(limits.window.max(1));
+    u64::try_from(units).unwrap_or(u64::MAX)
+}
+
 /// Units to give back to Redis: a lease nobody here uses any more.
 #[derive(Debug)]
 pub(super) struct Unused {
@@ -88,6 +129,19 @@ pub(super) struct Unused {
     pub limits: Limits,
     pub units: u64,
     pub token: i64,
+    /// A token bucket's: when the level holding them will have drained.
+    pub drained_at: Option<Instant>,
+}
+
+impl Unused {
+    /// The units Redis still counts at `now` (see [`Lease::owed`]): what a
+    /// give-back delayed by an outage may still return.
+    pub fn owed(&self, now: Instant) -> u64 {
+        match self.drained_at {
+            Some(drained_at) => self.units.min(level_left(&self.limits, drained_at, now)),
+            None => self.units,
+        }
+    }
 }
 
 impl Leases {
@@ -97,6 +151,7 @@ impl Leases {
             hasher: foldhash::quality::RandomState::default(),
             percent: u64::from(percent),
             idle,
+            closing: AtomicBool::new(false),
         }
     }
 
@@ -128,6 +183,7 @@ impl Leases {
     pub fn take(&self, key: &str, limits: &Limits, cost: u64, now: Instant) -> Option<Verdict> {
         let mut shard = self.shard(key);
         let lease = shard.get_mut(key)?;
+        lease.units = lease.owed(now);
         if lease.limits != *limits || lease.units < cost.max(1) || lease.expires_at.is_some_and(|t| t <= now) {
             return None;
         }
@@ -160,7 +216,7 @@ impl Leases {
     /// or [`failed`](Self::failed).
     pub fn want(&self, key: &str, limits: &Limits, cost: u64, now: Instant, timeout: Duration) -> u64 {
         let size = self.size(limits);
-        if size < cost.max(1) {
+        if size < cost.max(1) || self.closing.load(Ordering::Relaxed) {
             return 0;
         }
         let mut shard = self.shard(key);
@@ -182,6 +238,7 @@ impl Leases {
                 units: 0,
                 token: 0,
                 expires_at: None,
+                drained_at: None,
                 last_used: now,
                 remaining: 0,
                 reset_at: now,
@@ -197,6 +254,12 @@ impl Leases {
     /// end early. Returns the units of a lease it replaces, which are to be
     /// given back (they were counted under other limits or another window).
     pub fn granted(&self, key: &str, limits: &Limits, reply: &Reply, sent: Instant, now: Instant) -> Option<Unused> {
+        if self.closing.load(Ordering::Relaxed) && reply.granted > 0 {
+            // Granted after the drain: nobody here will spend it.
+            let drained_at = bucket_drained_at(limits, reply, sent);
+            let units = reply.granted;
+            return Some(Unused { key: key.to_string(), limits: *limits, units, token: reply.token, drained_at });
+        }
         let mut shard = self.shard(key);
         let lease = shard.get_mut(key)?;
         lease.asking_until = None;
@@ -211,18 +274,29 @@ impl Leases {
         if same && let (Some(a), Some(b)) = (lease.expires_at, expires_at) {
             expires_at = Some(a.min(b));
         }
-        let replaced = if same || lease.units == 0 {
+        // The units still held were in the level this grant was made on,
+        // so the new level covers them as well as the new units.
+        let held = lease.owed(now);
+        let replaced = if same || held == 0 {
             None
         } else {
-            Some(Unused { key: key.to_string(), limits: lease.limits, units: lease.units, token: lease.token })
+            Some(Unused {
+                key: key.to_string(),
+                limits: lease.limits,
+                units: held,
+                token: lease.token,
+                drained_at: lease.drained_at,
+            })
         };
-        let units = if same { lease.units + reply.granted } else { reply.granted };
+        let units = if same { held + reply.granted } else { reply.granted };
+        let drained_at = bucket_drained_at(limits, reply, sent);
         let used = same && lease.used;
         *lease = Lease {
             limits: *limits,
             units,
             token: reply.token,
             expires_at,
+            drained_at,
             last_used: now,
             remaining: reply.verdict.remaining,
             reset_at: sent + Duration::from_nanos(reply.verdict.reset_after),
@@ -250,8 +324,10 @@ impl Leases {
         })
     }
 
-    /// Every lease held, for giving back on shutdown.
+    /// Every lease held, for giving back on shutdown; no lease is granted
+    /// after it.
     pub fn drain(&self, now: Instant) -> Vec<Unused> {
+        self.closing.store(true, Ordering::Relaxed);
         self.remove_where(now, |_| (true, true))
     }
 
@@ -271,12 +347,14 @@ impl Leases {
                 // weigh on the next window, and a bucket's on its level.
                 let ended =
                     lease.limits.algorithm == Algorithm::FixedWindow && lease.expires_at.is_some_and(|t| t <= now);
-                if give_back && lease.units > 0 && !ended {
+                let units = lease.owed(now);
+                if give_back && units > 0 && !ended {
                     unused.push(Unused {
                         key: key.clone(),
                         limits: lease.limits,
-                        units: lease.units,
+                        units,
                         token: lease.token,
+                        drained_at: lease.drained_at,
                     });
                 }
                 false
@@ -361,9 +439,12 @@ mod tests {
     fn idle_leases_that_were_used_are_returned_and_taken_units_can_be_given_back() {
         let leases = Leases::new(1, Duration::from_secs(5));
         let t0 = Instant::now();
+        // A level that takes 10 s to drain: the units are still counted.
+        let mut slow = reply(10, 980, 0, 0);
+        slow.verdict.reset_after = 10 * NANOS_PER_SEC;
         for key in ["k", "one-off"] {
             assert_eq!(leases.want(key, &BUCKET, 1, t0, TIMEOUT), 10);
-            leases.granted(key, &BUCKET, &reply(10, 980, 0, 0), t0, t0);
+            leases.granted(key, &BUCKET, &slow, t0, t0);
         }
         leases.take("k", &BUCKET, 3, t0).expect("served");
         leases.give_back("k", &BUCKET, 3);
@@ -393,5 +474,45 @@ mod tests {
         let old = leases.granted("k", &lifted, &reply(20, 1_900, 0, 0), t0, t0).expect("old lease returned");
         assert_eq!((old.units, old.limits), (10, BUCKET));
         assert_eq!(leases.drain(t0).len(), 1);
+    }
+
+    #[test]
+    fn a_bucket_lease_holds_only_the_units_not_refilled_yet_and_gives_back_only_those() {
+        let leases = Leases::new(1, Duration::from_secs(5));
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        // 1,000 per second. The grant left a level of 15 (the request, 4
+        // taken before, and the lease of 10): it drains in 15 ms, the
+        // lease's units last.
+        let mut r = reply(10, 985, 0, 0);
+        r.verdict.reset_after = 15_000_000;
+        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 10);
+        leases.granted("k", &BUCKET, &r, t0, t0);
+        assert!(leases.take("k", &BUCKET, 1, t0 + ms(2)).is_some(), "13 of the level left: 9 units held");
+        // At 8 ms just under 7 units of the level are left (the estimate
+        // rounds down): the lease holds 6, not 9, and 5 after this request.
+        assert_eq!(leases.take("k", &BUCKET, 1, t0 + ms(8)).map(|v| v.remaining), Some(985 + 5));
+        // Just under 3 left at 12 ms: only 2 are owed back to Redis.
+        let back = leases.drain(t0 + ms(12));
+        assert_eq!(back.iter().map(|u| u.units).collect::<Vec<_>>(), vec![2]);
+
+        // Once the level has drained, the lease is spent and owes nothing.
+        leases.want("k", &BUCKET, 1, t0, TIMEOUT);
+        leases.granted("k", &BUCKET, &r, t0, t0);
+        assert!(leases.take("k", &BUCKET, 1, t0 + ms(15)).is_none());
+        assert!(leases.drain(t0 + ms(15)).is_empty());
+    }
+
+    #[test]
+    fn after_the_drain_no_lease_is_asked_for_and_a_late_grant_is_handed_back() {
+        let leases = Leases::new(1, Duration::from_secs(5));
+        let t0 = Instant::now();
+        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 10);
+        assert!(leases.drain(t0).is_empty());
+        // The call in flight during the drain comes back with its grant.
+        let late = leases.granted("k", &BUCKET, &reply(10, 980, 0, 0), t0, t0).expect("handed back");
+        assert_eq!((late.key.as_str(), late.units, late.owed(t0)), ("k", 10, 10));
+        assert!(leases.take("k", &BUCKET, 1, t0).is_none());
+        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 0, "closing: no new lease");
     }
 }

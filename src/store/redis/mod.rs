@@ -1,6 +1,18 @@
 //! The Redis store: counters shared by every tollgate instance, in a single
 //! Redis, a Redis Cluster or behind Sentinel, through fred.
 //!
+//! | file | responsibility |
+//! |---|---|
+//! | `mod.rs` | [`RedisStore`]: start-up, the [`Store`] methods, shutdown |
+//! | `connection.rs` | fred's pool and its settings, TLS, connection error logs |
+//! | `check.rs` | one request's checks: cache, leases, script calls, refunds of a rejected request |
+//! | `call.rs` | one script call on the node owning its key |
+//! | `scripts.rs` | the Lua scripts, their keys, arguments and replies |
+//! | `refund.rs` | giving quota back to Redis in the background |
+//! | `lease.rs` | quota leased to this instance |
+//! | `cache.rs` | the local over-limit cache |
+//! | `health.rs` | degraded or not, and the probe that ends it |
+//!
 //! # One check
 //!
 //! Each check is one Lua script call (`src/store/lua/<algorithm>.lua`) on
@@ -56,49 +68,36 @@
 
 mod cache;
 mod call;
+mod check;
+mod connection;
 mod health;
 mod lease;
+mod refund;
 mod scripts;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fred::clients::{Client, Pool};
-use fred::interfaces::{ClientLike, ClusterInterface, EventInterface};
-use fred::types::config::{
-    ClusterDiscoveryPolicy, Config as FredConfig, Options, ReconnectPolicy, ServerConfig, UnresponsiveConfig,
-};
-use fred::types::{Builder, Value};
+use fred::interfaces::{ClientLike, EventInterface};
 use tokio::task::JoinHandle;
 
 use crate::clock::SharedClock;
 use crate::config::StoreConfig;
-use crate::limiter::{Algorithm, Nanos, Verdict};
+use crate::limiter::{Nanos, Verdict};
 use crate::metrics::Metrics;
-use crate::store::{Check, MemoryStore, Mode, Store, StoreError};
+use crate::store::{Answer, Check, MemoryStore, Mode, Store, StoreError};
 
-use call::Failure;
-use scripts::{Reply, ScriptMode, Scripts};
+use check::RequestIds;
+use connection::{START_WAIT, log_errors, redact};
+pub use connection::{tls_client_identity, tls_roots};
+use scripts::Scripts;
 pub use scripts::{redis_key, suffix};
 
-/// How long fred may take to open a connection (TCP and TLS) or to run its
-/// own commands (`CLUSTER SLOTS`, `AUTH`...). fred's defaults are 10 s, which
-/// would stall every check that long behind a dead node.
-const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
-/// Delay between reconnection attempts: constant and short. An exponential
-/// policy measured here delayed recovery after a failover by seconds; with
-/// 100 ms checks resumed about 120 ms after the replica's promotion.
-const RECONNECT_DELAY_MS: u32 = 100;
-/// A connection whose oldest command has waited this long is closed and
-/// reopened (a frozen node, a black-holed network): checks give up after the
-/// store timeout, but the connection would otherwise stay wedged.
-const UNRESPONSIVE_AFTER: Duration = Duration::from_secs(1);
-/// How long start-up waits for the first connection before going on
-/// degraded (serving by policy) and connecting in the background.
-const START_WAIT: Duration = Duration::from_secs(1);
-/// The longest a readiness or recovery probe waits.
-const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
+/// How long shutdown waits for an unreachable Redis to take back the
+/// leased units.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
 /// The Redis [`Store`].
 pub struct RedisStore {
@@ -116,6 +115,8 @@ struct Shared {
     scripts: Scripts,
     cache: cache::OverLimitCache,
     leases: lease::Leases,
+    /// Leased units waiting for Redis to come back (see `refund`).
+    backlog: Mutex<VecDeque<lease::Unused>>,
     local: MemoryStore,
     health: health::Health,
     metrics: Arc<Metrics>,
@@ -135,33 +136,8 @@ impl RedisStore {
         metrics: Arc<Metrics>,
     ) -> Result<RedisStore, String> {
         let url = config.url.as_deref().ok_or("store.backend = \"redis\" needs store.url")?;
-        let mut fred_config =
-            FredConfig::from_url(url).map_err(|e| format!("store.url {:?}: {}", redact(url), e.details()))?;
-        if config.tls_ca.is_some() || config.tls_client.is_some() {
-            fred_config.tls = Some(tls_config(config)?.into());
-        }
-        let clustered = matches!(fred_config.server, ServerConfig::Clustered { .. });
-        if let ServerConfig::Clustered { policy, .. } = &mut fred_config.server {
-            // Rediscover the topology through any known node, not only the
-            // seeds in the URL: a dead seed must not block recovery.
-            *policy = ClusterDiscoveryPolicy::UseCache;
-        }
-        // Keep reconnecting when the first connection fails.
-        fred_config.fail_fast = false;
+        let (pool, clustered) = connection::pool(config, url)?;
         let timeout = config.timeout;
-        let pool = Builder::from_config(fred_config)
-            .with_connection_config(|c| {
-                c.connection_timeout = CONNECT_TIMEOUT;
-                c.internal_command_timeout = CONNECT_TIMEOUT;
-                c.max_command_attempts = 1;
-                c.tcp.nodelay = Some(true);
-                c.unresponsive =
-                    UnresponsiveConfig { max_timeout: Some(UNRESPONSIVE_AFTER), interval: UNRESPONSIVE_AFTER / 4 };
-            })
-            .with_performance_config(|p| p.default_command_timeout = timeout)
-            .set_policy(ReconnectPolicy::new_constant(0, RECONNECT_DELAY_MS))
-            .build_pool(config.pool_size.max(1))
-            .map_err(|e| format!("cannot build the redis client: {}", e.details()))?;
 
         // Subscribed before connecting, so the first failure is seen too.
         let error_logs: Vec<JoinHandle<()>> =
@@ -179,7 +155,7 @@ impl RedisStore {
             .collect();
 
         tasks.extend(error_logs);
-        let local = MemoryStore::new(clock);
+        let local = MemoryStore::new(clock).bounded(config.max_keys, Some(metrics.store_evictions_total.clone()));
         let shared = Arc::new(Shared {
             pool,
             clustered,
@@ -188,6 +164,7 @@ impl RedisStore {
             scripts: Scripts::new(),
             cache: cache::OverLimitCache::new(),
             leases: lease::Leases::new(config.lease_percent, config.lease_idle),
+            backlog: Mutex::new(VecDeque::new()),
             local,
             health: health::Health::new(&metrics),
             metrics,
@@ -233,10 +210,26 @@ impl RedisStore {
     /// Gives every lease held here back to Redis (bounded by the store
     /// timeout): called once the server has drained, so that a restart
     /// does not hold quota away from the other instances.
+    ///
+    /// While Redis does not answer, waits up to [`CLOSE_WAIT`] for it to
+    /// come back; what still cannot go back then is logged and stays
+    /// counted in Redis until its window ends or its bucket refills.
     pub async fn close(&self) {
-        let unused = self.shared.leases.drain(Instant::now());
-        if !unused.is_empty() && !self.shared.health.is_degraded() {
-            self.shared.run_refunds(unused_calls(unused)).await;
+        let shared = &self.shared;
+        let unused = shared.leases.drain(Instant::now());
+        shared.return_units(unused).await;
+        shared.flush_backlog().await;
+        let started = Instant::now();
+        while shared.backlog_len() > 0 && started.elapsed() < CLOSE_WAIT {
+            tokio::time::sleep(health::PROBE_EVERY).await;
+            if shared.probe().await.is_ok() {
+                shared.health.recover();
+                shared.flush_backlog().await;
+            }
+        }
+        let left = shared.backlog_len();
+        if left > 0 {
+            tracing::warn!(leases = left, "redis did not come back: leased units stay counted until they expire there");
         }
     }
 
@@ -266,7 +259,7 @@ impl Drop for RedisStore {
 }
 
 impl Store for RedisStore {
-    async fn check(&self, checks: &[Check<'_>], mode: Mode) -> Result<Vec<Verdict>, StoreError> {
+    async fn check(&self, checks: &[Check<'_>], mode: Mode) -> Vec<Answer> {
         self.shared.check(checks, mode).await
     }
 
@@ -286,477 +279,6 @@ impl Store for RedisStore {
     }
 }
 
-impl Shared {
-    async fn check(self: &Arc<Self>, checks: &[Check<'_>], mode: Mode) -> Result<Vec<Verdict>, StoreError> {
-        let started = Instant::now();
-        let deadline = started + self.timeout;
-        let keys: Vec<String> = checks.iter().map(|c| redis_key(&self.key_prefix, c.key, c.limits.algorithm)).collect();
-        let consume = mode == Mode::Consume;
-
-        let mut probes: Vec<usize> = Vec::new();
-        if consume {
-            match self.answer_from_cache(checks, &keys, started) {
-                Ok(verdicts) => {
-                    self.metrics.local_cache_hits_total.inc();
-                    return Ok(verdicts);
-                }
-                Err(p) => probes = p,
-            }
-        }
-        // Checks that leased quota held here can answer (see `lease`).
-        let mut local: Vec<Option<Verdict>> = vec![None; checks.len()];
-        if consume && self.leases.enabled() {
-            for ((slot, c), key) in local.iter_mut().zip(checks).zip(&keys) {
-                *slot = self.leases.take(key, &c.limits, c.cost, started);
-            }
-            if local.iter().all(Option::is_some) {
-                self.metrics.lease_hits_total.inc();
-                return Ok(local.into_iter().flatten().collect());
-            }
-        }
-        if self.health.is_degraded() {
-            self.give_back(checks, &keys, &local);
-            return Err(StoreError::Unavailable(
-                "redis did not answer recent checks; waiting for it to come back".into(),
-            ));
-        }
-
-        let script_mode = if consume { ScriptMode::Consume } else { ScriptMode::Peek };
-        // Sliding window log entries are named by request, so a refund
-        // removes exactly this request's entries.
-        let ids: Vec<String> = checks
-            .iter()
-            .map(|c| if c.limits.algorithm.uses_log() { self.ids.next() } else { String::new() })
-            .collect();
-        let asked: Vec<usize> = (0..checks.len()).filter(|&i| local[i].is_none()).collect();
-        let wants: Vec<u64> = asked
-            .iter()
-            .map(|&i| {
-                let c = &checks[i];
-                if consume && self.leases.enabled() {
-                    self.leases.want(&keys[i], &c.limits, c.cost, started, self.timeout)
-                } else {
-                    0
-                }
-            })
-            .collect();
-        let calls = asked.iter().zip(&wants).map(|(&i, &want)| {
-            let c = &checks[i];
-            let script = self.scripts.get(c.limits.algorithm);
-            let args = scripts::args(script_mode, &c.limits, c.cost, &ids[i], want);
-            call::run(self.pool.next(), script, &keys[i], args, deadline, self.timeout)
-        });
-        // Sent together: fred writes them back to back on each node's
-        // connection, so all rules cost one round trip.
-        let results: Vec<Result<Reply, Failure>> = futures::future::join_all(calls).await;
-
-        // Record what was leased, whatever else happened: the units are
-        // counted in Redis either way.
-        let now = Instant::now();
-        for ((&i, &want), result) in asked.iter().zip(&wants).zip(&results) {
-            if want == 0 {
-                continue;
-            }
-            match result {
-                Ok(reply) => {
-                    if reply.granted > 0 {
-                        self.metrics.leases_granted_total.inc();
-                    }
-                    if let Some(old) = self.leases.granted(&keys[i], &checks[i].limits, reply, started, now) {
-                        self.give_back_to_redis(vec![old]);
-                    }
-                }
-                Err(_) => self.leases.failed(&keys[i]),
-            }
-        }
-
-        // A probe Redis admitted clears its key's entry (one it rejected is
-        // remembered anew below).
-        for &i in &probes {
-            let admitted = asked
-                .iter()
-                .position(|&j| j == i)
-                .is_some_and(|at| results[at].as_ref().is_ok_and(|r| r.verdict.allowed));
-            if admitted {
-                self.cache.forget(&keys[i]);
-            }
-        }
-
-        if let Some(failure) = results.iter().find_map(|r| r.as_ref().err()) {
-            let failure = failure.clone();
-            if failure.outage {
-                self.health.failed(&failure.error.to_string());
-            }
-            if consume {
-                // An error decides nothing: give back what the rules that
-                // did answer counted.
-                self.uncount(checks, &keys, &ids, &asked, &results, &local);
-            }
-            return Err(failure.error);
-        }
-        self.health.succeeded();
-
-        let mut verdicts: Vec<Verdict> = local.iter().map(|v| v.unwrap_or_default()).collect();
-        for (&i, result) in asked.iter().zip(&results) {
-            if let Ok(reply) = result {
-                // The client may use what this instance now holds for it.
-                let mut v = reply.verdict;
-                v.remaining = v.remaining.saturating_add(reply.granted);
-                verdicts[i] = v;
-            }
-        }
-
-        if consume {
-            let mut rejected = false;
-            for (i, ((c, key), v)) in checks.iter().zip(&keys).zip(&verdicts).enumerate() {
-                if c.enforced && !v.allowed {
-                    rejected = true;
-                    self.cache.remember(key, c.limits, c.cost, v, now);
-                } else if c.enforced && v.remaining < c.cost && local[i].is_none() {
-                    self.cache.exhausted(key, c.limits, c.cost, v, now);
-                }
-            }
-            if rejected {
-                self.uncount(checks, &keys, &ids, &asked, &results, &local);
-            }
-        }
-        Ok(verdicts)
-    }
-
-    /// Undoes everything a request counted, in Redis (`asked` and their
-    /// `results`) and in leases here (`local`): it ended up counting nowhere.
-    fn uncount(
-        self: &Arc<Self>,
-        checks: &[Check<'_>],
-        keys: &[String],
-        ids: &[String],
-        asked: &[usize],
-        results: &[Result<Reply, Failure>],
-        local: &[Option<Verdict>],
-    ) {
-        let counted = asked.iter().zip(results).filter_map(|(&i, r)| match r {
-            Ok(reply) if reply.verdict.allowed => Some((i, reply)),
-            _ => None,
-        });
-        self.refund(checks, keys, ids, counted);
-        self.give_back(checks, keys, local);
-    }
-
-    /// Returns the units taken from leases here for a request that ended up
-    /// counting nowhere.
-    fn give_back(&self, checks: &[Check<'_>], keys: &[String], local: &[Option<Verdict>]) {
-        for ((c, key), v) in checks.iter().zip(keys).zip(local) {
-            if v.is_some() {
-                self.leases.give_back(key, &c.limits, c.cost);
-            }
-        }
-    }
-
-    /// Answers a request from the over-limit cache when one of its enforced
-    /// checks is a key Redis rejected and whose retry moment has not come.
-    /// Checks not in the cache are not asked either (the request is rejected
-    /// anyway, and a rejected request counts nowhere): they are reported
-    /// with nothing remaining until the rejection's retry moment, which is
-    /// all the client can act on.
-    ///
-    /// Otherwise returns the checks this request is the probe for (see
-    /// [`cache`]), whose outcome the caller reports.
-    fn answer_from_cache(
-        &self,
-        checks: &[Check<'_>],
-        keys: &[String],
-        now: Instant,
-    ) -> Result<Vec<Verdict>, Vec<usize>> {
-        let mut known: Vec<Option<Verdict>> = vec![None; checks.len()];
-        let mut probes = Vec::new();
-        for (i, (c, k)) in checks.iter().zip(keys).enumerate() {
-            if !c.enforced {
-                continue;
-            }
-            match self.cache.lookup(k, &c.limits, c.cost, now, self.timeout) {
-                cache::Lookup::Rejected(v) => known[i] = Some(v),
-                cache::Lookup::Probe => probes.push(i),
-                cache::Lookup::Unknown => {}
-            }
-        }
-        let Some(blocker) = known.iter().flatten().next().copied() else { return Err(probes) };
-        // Rejected anyway: the probes taken are not sent.
-        for &i in &probes {
-            self.cache.forget(&keys[i]);
-        }
-        Ok(known
-            .into_iter()
-            .map(|v| {
-                v.unwrap_or(Verdict {
-                    allowed: true,
-                    remaining: 0,
-                    reset_after: blocker.retry_after,
-                    retry_after: 0,
-                    delay: 0,
-                })
-            })
-            .collect())
-    }
-
-    /// Gives back, in the background, what the `counted` checks (index and
-    /// reply) counted for this request. Units they leased stay leased.
-    fn refund<'r>(
-        self: &Arc<Self>,
-        checks: &[Check<'_>],
-        keys: &[String],
-        ids: &[String],
-        counted: impl Iterator<Item = (usize, &'r Reply)>,
-    ) {
-        let calls: Vec<(Algorithm, String, [Value; scripts::ARGS])> = counted
-            .map(|(i, reply)| {
-                let c = &checks[i];
-                // The log names its entries by request id; the windows
-                // name the window the request was counted in.
-                let token = if c.limits.algorithm.uses_log() { ids[i].clone() } else { reply.token.to_string() };
-                (c.limits.algorithm, keys[i].clone(), scripts::args(ScriptMode::Refund, &c.limits, c.cost, &token, 0))
-            })
-            .collect();
-        self.spawn_refunds(calls);
-    }
-
-    /// Gives back, in the background, leased units nobody here will spend.
-    fn give_back_to_redis(self: &Arc<Self>, unused: Vec<lease::Unused>) {
-        self.spawn_refunds(unused_calls(unused));
-    }
-
-    fn spawn_refunds(self: &Arc<Self>, calls: Vec<(Algorithm, String, [Value; scripts::ARGS])>) {
-        if calls.is_empty() {
-            return;
-        }
-        let shared = self.clone();
-        tokio::spawn(async move { shared.run_refunds(calls).await });
-    }
-
-    async fn run_refunds(&self, calls: Vec<(Algorithm, String, [Value; scripts::ARGS])>) {
-        let deadline = Instant::now() + self.timeout;
-        let refunds = calls.into_iter().map(|(alg, key, args)| async move {
-            if let Err(e) = call::run(self.pool.next(), self.scripts.get(alg), &key, args, deadline, self.timeout).await
-            {
-                // The quota stays taken until the key's window or refill
-                // gives it back: an error towards rejecting.
-                tracing::debug!(key, error = %e.error, "refund failed");
-            }
-        });
-        futures::future::join_all(refunds).await;
-    }
-
-    /// Gives back leases left idle, every so often.
-    async fn lease_loop(self: Arc<Self>, every: Duration) {
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let unused = self.leases.expire(Instant::now());
-            if !unused.is_empty() && !self.health.is_degraded() {
-                self.run_refunds(unused_calls(unused)).await;
-            }
-        }
-    }
-
-    /// Asks Redis whether it answers: `PING`, or on a cluster `CLUSTER
-    /// INFO` reporting `cluster_state:ok` (a cluster that lost a master
-    /// answers pings but not every slot). Every pooled client is asked.
-    async fn probe(&self) -> Result<(), StoreError> {
-        let timeout = PROBE_TIMEOUT.max(self.timeout);
-        for client in self.pool.clients() {
-            let options = Options { timeout: Some(timeout), max_attempts: Some(1), ..Default::default() };
-            let client = client.with_options(&options);
-            if self.clustered {
-                let info: String = client.cluster_info().await.map_err(|e| call::store_error(&e, self.timeout))?;
-                if !info.contains("cluster_state:ok") {
-                    return Err(StoreError::Unavailable("the cluster reports cluster_state other than ok".into()));
-                }
-            } else {
-                let _: String = client.ping(None).await.map_err(|e| call::store_error(&e, self.timeout))?;
-            }
-        }
-        Ok(())
-    }
-
-    /// While degraded, probes Redis every `PROBE_EVERY` and switches back
-    /// when it answers.
-    async fn probe_loop(self: Arc<Self>) {
-        loop {
-            if !self.health.is_degraded() {
-                self.health.wake.notified().await;
-                continue;
-            }
-            tokio::time::sleep(health::PROBE_EVERY).await;
-            if self.probe().await.is_ok() {
-                self.health.recover();
-            }
-        }
-    }
-}
-
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
-/// The refund calls that give leased units back.
-fn unused_calls(unused: Vec<lease::Unused>) -> Vec<(Algorithm, String, [Value; scripts::ARGS])> {
-    unused
-        .into_iter()
-        .map(|u| {
-            let args = scripts::args(ScriptMode::Refund, &u.limits, u.units, &u.token.to_string(), 0);
-            (u.limits.algorithm, u.key, args)
-        })
-        .collect()
-}
-
-/// How often the same connection error is logged again while it lasts.
-const ERROR_LOG_EVERY: Duration = Duration::from_secs(10);
-
-/// Logs what fred reports about its connections (refused, reset, a TLS
-/// certificate it does not trust...): the store's own errors only say that
-/// Redis did not answer, and this is the why. The same error is repeated
-/// at most every [`ERROR_LOG_EVERY`] while the client keeps reconnecting.
-async fn log_errors(
-    mut errors: tokio::sync::broadcast::Receiver<(fred::error::Error, Option<fred::types::config::Server>)>,
-) {
-    use tokio::sync::broadcast::error::RecvError;
-    let mut last: Option<(String, Instant)> = None;
-    loop {
-        match errors.recv().await {
-            Ok((error, server)) => {
-                let message = error.to_string();
-                let repeat = last.as_ref().is_some_and(|(m, at)| *m == message && at.elapsed() < ERROR_LOG_EVERY);
-                if !repeat {
-                    let server = server.map_or_else(|| "-".to_string(), |s| s.to_string());
-                    tracing::warn!(%server, error = %message, "redis connection error");
-                    last = Some((message, Instant::now()));
-                }
-            }
-            Err(RecvError::Lagged(_)) => {}
-            Err(RecvError::Closed) => return,
-        }
-    }
-}
-
-/// The TLS settings of `[store]`: the roots (`tls_ca_file`, else the
-/// system's) and the client identity (`tls_cert_file`, `tls_key_file`).
-fn tls_config(config: &StoreConfig) -> Result<fred::rustls::ClientConfig, String> {
-    let roots = match &config.tls_ca {
-        Some((path, pem)) => tls_roots(pem).map_err(|e| format!("{}: {e}", path.display()))?,
-        None => {
-            let mut roots = fred::rustls::RootCertStore::empty();
-            let system = fred::rustls_native_certs::load_native_certs();
-            for cert in system.certs {
-                // A system certificate rustls cannot use is skipped, as
-                // every TLS client does.
-                let _ = roots.add(cert);
-            }
-            roots
-        }
-    };
-    let builder = fred::rustls::ClientConfig::builder().with_root_certificates(roots);
-    match &config.tls_client {
-        Some(files) => {
-            let (chain, key) = tls_client_identity(&files.cert, &files.key)
-                .map_err(|e| format!("{} and {}: {e}", files.cert_path.display(), files.key_path.display()))?;
-            builder.with_client_auth_cert(chain, key).map_err(|e| format!("the client certificate cannot be used: {e}"))
-        }
-        None => Ok(builder.with_no_client_auth()),
-    }
-}
-
-/// A client certificate chain and its private key, from PEM. Errors are
-/// plain sentences.
-pub fn tls_client_identity(
-    cert: &[u8],
-    key: &[u8],
-) -> Result<
-    (Vec<fred::rustls::pki_types::CertificateDer<'static>>, fred::rustls::pki_types::PrivateKeyDer<'static>),
-    String,
-> {
-    use fred::rustls::pki_types::pem::PemObject;
-    use fred::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert)
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("not a PEM certificate file ({e})"))?;
-    if chain.is_empty() {
-        return Err("the certificate file holds no PEM certificate".into());
-    }
-    let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| format!("no PEM private key in the key file ({e})"))?;
-    // Whether the key matches the certificate is checked when the
-    // connection's TLS configuration is built.
-    fred::rustls::ClientConfig::builder()
-        .with_root_certificates(fred::rustls::RootCertStore::empty())
-        .with_client_auth_cert(chain.clone(), key.clone_key())
-        .map_err(|e| format!("the key does not go with the certificate ({e})"))?;
-    Ok((chain, key))
-}
-
-/// The certificates of a PEM file, as the roots a `rediss://` connection
-/// trusts (`[store] tls_ca_file`). Errors are plain sentences.
-pub fn tls_roots(pem: &[u8]) -> Result<fred::rustls::RootCertStore, String> {
-    use fred::rustls::pki_types::CertificateDer;
-    use fred::rustls::pki_types::pem::PemObject;
-    let mut roots = fred::rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(pem) {
-        let cert = cert.map_err(|e| format!("not a PEM certificate file ({e})"))?;
-        roots.add(cert).map_err(|e| format!("a certificate cannot be used as a CA ({e})"))?;
-    }
-    if roots.is_empty() {
-        return Err("holds no PEM certificate (-----BEGIN CERTIFICATE-----)".into());
-    }
-    Ok(roots)
-}
-
-/// The URL without its password, for logs and errors.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_string(),
-    }
-}
-
-/// Unique ids for sliding-log entries: a random per-process prefix and a
-/// counter, so no two requests of any instance add the same member.
-struct RequestIds {
-    prefix: u32,
-    next: AtomicU64,
-}
-
-impl RequestIds {
-    fn new() -> RequestIds {
-        use std::hash::BuildHasher;
-        // A randomly seeded hasher is the one source of randomness at hand.
-        let seed = foldhash::quality::RandomState::default().hash_one((std::process::id(), Instant::now()));
-        RequestIds { prefix: seed as u32, next: AtomicU64::new(0) }
-    }
-
-    fn next(&self) -> String {
-        format!("{:08x}{:x}", self.prefix, self.next.fetch_add(1, Ordering::Relaxed))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn passwords_are_redacted() {
-        assert_eq!(redact("redis://:secret@h:6379"), "redis://:***@h:6379");
-        assert_eq!(redact("rediss://user:secret@h:6379/0"), "rediss://user:***@h:6379/0");
-        assert_eq!(redact("redis-cluster://h:7000?node=h:7001"), "redis-cluster://h:7000?node=h:7001");
-    }
-
-    #[test]
-    fn request_ids_are_distinct() {
-        let ids = RequestIds::new();
-        let a = ids.next();
-        let b = ids.next();
-        assert_ne!(a, b);
-        assert!(a.len() >= 9);
-    }
 }

@@ -85,14 +85,17 @@ impl Scripts {
 
 /// The key suffix of each algorithm. Distinct suffixes keep a rule whose
 /// algorithm changes on reload from meeting its old key of another type
-/// (`WRONGTYPE`) or misreading another algorithm's state.
+/// (`WRONGTYPE`) or misreading another algorithm's state. The log's suffix
+/// is `swlw` since its entries carry their cost (one entry per request):
+/// the `swl` logs of earlier versions held one entry per unit and are left
+/// to expire.
 pub fn suffix(algorithm: Algorithm) -> &'static str {
     match algorithm {
         Algorithm::TokenBucket => "tb",
         Algorithm::LeakyBucket => "lb",
         Algorithm::FixedWindow => "fw",
         Algorithm::SlidingWindowCounter => "swc",
-        Algorithm::SlidingWindowLog => "swl",
+        Algorithm::SlidingWindowLog => "swlw",
     }
 }
 
@@ -127,6 +130,8 @@ pub const ARGS: usize = 7;
 /// refund token or request id, and the units wanted as a lease (see
 /// `lease`).
 pub fn args(mode: ScriptMode, limits: &Limits, cost: u64, extra: &str, want: u64) -> [Value; ARGS] {
+    // The same bounds as the in-process arithmetic (`Limits::bounded`).
+    let limits = &limits.bounded();
     [
         Value::Integer(mode as i64),
         int(limits.limit),

@@ -1,0 +1,278 @@
+//! One request's checks: the over-limit cache, the leases held here, one
+//! script call per remaining rule (sent together), and the consume-and-
+//! refund that keeps a rejected request from counting anywhere.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use super::call::{self, Failure};
+use super::scripts::{self, Reply, ScriptMode, redis_key};
+use super::{Shared, cache};
+use crate::config::OnError;
+use crate::limiter::Verdict;
+use crate::store::{Answer, Check, Mode, StoreError};
+
+impl Shared {
+    pub(super) async fn check(self: &Arc<Self>, checks: &[Check<'_>], mode: Mode) -> Vec<Answer> {
+        let started = Instant::now();
+        let deadline = started + self.timeout;
+        let keys: Vec<String> = checks.iter().map(|c| redis_key(&self.key_prefix, c.key, c.limits.algorithm)).collect();
+        let consume = mode == Mode::Consume;
+
+        let mut probes: Vec<usize> = Vec::new();
+        if consume {
+            match self.answer_from_cache(checks, &keys, started) {
+                Ok(verdicts) => {
+                    self.metrics.local_cache_hits_total.inc();
+                    return verdicts.into_iter().map(Ok).collect();
+                }
+                Err(p) => probes = p,
+            }
+        }
+        // Checks that leased quota held here can answer (see `lease`).
+        let mut local: Vec<Option<Verdict>> = vec![None; checks.len()];
+        if consume && self.leases.enabled() {
+            for ((slot, c), key) in local.iter_mut().zip(checks).zip(&keys) {
+                *slot = self.leases.take(key, &c.limits, c.cost, started);
+            }
+            if local.iter().all(Option::is_some) {
+                self.metrics.lease_hits_total.inc();
+                return local.into_iter().flatten().map(Ok).collect();
+            }
+        }
+        let degraded = self.health.is_degraded();
+
+        let script_mode = if consume { ScriptMode::Consume } else { ScriptMode::Peek };
+        // Sliding window log entries are named by request, so a refund
+        // removes exactly this request's entries.
+        let ids: Vec<String> = checks
+            .iter()
+            .map(|c| if c.limits.algorithm.uses_log() { self.ids.next() } else { String::new() })
+            .collect();
+        let asked: Vec<usize> = (0..checks.len()).filter(|&i| local[i].is_none()).collect();
+        let wants: Vec<u64> = asked
+            .iter()
+            .map(|&i| {
+                let c = &checks[i];
+                if consume && self.leases.enabled() {
+                    self.leases.want(&keys[i], &c.limits, c.cost, started, self.timeout)
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let results: Vec<Result<Reply, Failure>> = if degraded {
+            // Not asked: each rule's policy answers at once.
+            let error =
+                StoreError::Unavailable("redis did not answer recent checks; waiting for it to come back".into());
+            asked.iter().map(|_| Err(Failure { error: error.clone(), outage: false })).collect()
+        } else {
+            let calls = asked.iter().zip(&wants).map(|(&i, &want)| {
+                let c = &checks[i];
+                let script = self.scripts.get(c.limits.algorithm);
+                let args = scripts::args(script_mode, &c.limits, c.cost, &ids[i], want);
+                call::run(self.pool.next(), script, &keys[i], args, deadline, self.timeout)
+            });
+            // Sent together: fred writes them back to back on each node's
+            // connection, so all rules cost one round trip.
+            futures::future::join_all(calls).await
+        };
+
+        // Record what was leased, whatever else happened: the units are
+        // counted in Redis either way.
+        let now = Instant::now();
+        for ((&i, &want), result) in asked.iter().zip(&wants).zip(&results) {
+            if want == 0 {
+                continue;
+            }
+            match result {
+                Ok(reply) => {
+                    if reply.granted > 0 {
+                        self.metrics.leases_granted_total.inc();
+                    }
+                    if let Some(old) = self.leases.granted(&keys[i], &checks[i].limits, reply, started, now) {
+                        self.give_back_to_redis(vec![old]);
+                    }
+                }
+                Err(_) => self.leases.failed(&keys[i]),
+            }
+        }
+
+        // A probe Redis admitted clears its key's entry (one it rejected is
+        // remembered anew below).
+        for &i in &probes {
+            let admitted = asked
+                .iter()
+                .position(|&j| j == i)
+                .is_some_and(|at| results[at].as_ref().is_ok_and(|r| r.verdict.allowed));
+            if admitted {
+                self.cache.forget(&keys[i]);
+            }
+        }
+
+        if let Some(failure) = results.iter().find_map(|r| r.as_ref().err().filter(|f| f.outage)) {
+            self.health.failed(&failure.error.to_string());
+        } else if !degraded && results.iter().all(Result::is_ok) {
+            self.health.succeeded();
+        }
+
+        if results.iter().any(Result::is_err) {
+            self.metrics.store_errors_total.with_label_values(&["redis"]).inc();
+        }
+
+        // Every rule keeps its own answer: what arrived, else its error.
+        let mut answers: Vec<Answer> = local.iter().map(|v| v.ok_or(StoreError::Protocol(String::new()))).collect();
+        for (&i, result) in asked.iter().zip(&results) {
+            answers[i] = match result {
+                // The client may use what this instance now holds for it.
+                Ok(reply) => {
+                    Ok(Verdict { remaining: reply.verdict.remaining.saturating_add(reply.granted), ..reply.verdict })
+                }
+                Err(failure) => Err(failure.error.clone()),
+            };
+        }
+
+        let mut rejected = false;
+        for (i, ((c, key), answer)) in checks.iter().zip(&keys).zip(&answers).enumerate() {
+            let Ok(v) = answer else { continue };
+            if c.enforced && !v.allowed {
+                rejected = true;
+                if consume {
+                    self.cache.remember(key, c.limits, c.cost, v, now);
+                }
+            } else if consume && c.enforced && v.remaining < c.cost && local[i].is_none() {
+                self.cache.exhausted(key, c.limits, c.cost, v, now);
+            }
+        }
+        let denied = checks.iter().zip(&answers).any(|(c, a)| c.enforced && a.is_err() && c.on_error == OnError::Deny);
+        // Failed rules whose policy is `local` are decided in this process,
+        // unless the request is refused anyway (then they count nowhere).
+        if !rejected && !denied {
+            let fallback: Vec<usize> =
+                (0..checks.len()).filter(|&i| answers[i].is_err() && checks[i].on_error == OnError::Local).collect();
+            if !fallback.is_empty() {
+                let sub: Vec<Check<'_>> = fallback.iter().map(|&i| checks[i].clone()).collect();
+                for (&i, v) in fallback.iter().zip(self.local.check_now(&sub, mode)) {
+                    rejected |= checks[i].enforced && !v.allowed;
+                    answers[i] = Ok(v);
+                }
+            }
+        }
+        if consume && (rejected || denied) {
+            // The request counts nowhere: give back what the rules that did
+            // answer counted (the fallback counted nothing for a rejected request).
+            self.uncount(checks, &keys, &ids, &asked, &results, &local);
+        }
+        answers
+    }
+
+    /// Undoes everything a request counted, in Redis (`asked` and their
+    /// `results`) and in leases here (`local`): it ended up counting nowhere.
+    fn uncount(
+        self: &Arc<Self>,
+        checks: &[Check<'_>],
+        keys: &[String],
+        ids: &[String],
+        asked: &[usize],
+        results: &[Result<Reply, Failure>],
+        local: &[Option<Verdict>],
+    ) {
+        let counted = asked.iter().zip(results).filter_map(|(&i, r)| match r {
+            Ok(reply) if reply.verdict.allowed => Some((i, reply)),
+            _ => None,
+        });
+        self.refund(checks, keys, ids, counted);
+        self.give_back(checks, keys, local);
+    }
+
+    /// Returns the units taken from leases here for a request that ended up
+    /// counting nowhere.
+    fn give_back(&self, checks: &[Check<'_>], keys: &[String], local: &[Option<Verdict>]) {
+        for ((c, key), v) in checks.iter().zip(keys).zip(local) {
+            if v.is_some() {
+                self.leases.give_back(key, &c.limits, c.cost);
+            }
+        }
+    }
+
+    /// Answers a request from the over-limit cache when one of its enforced
+    /// checks is a key Redis rejected and whose retry moment has not come.
+    /// Checks not in the cache are not asked either (the request is rejected
+    /// anyway, and a rejected request counts nowhere): they are reported
+    /// with nothing remaining until the rejection's retry moment, which is
+    /// all the client can act on.
+    ///
+    /// Otherwise returns the checks this request is the probe for (see
+    /// [`cache`]), whose outcome the caller reports.
+    fn answer_from_cache(
+        &self,
+        checks: &[Check<'_>],
+        keys: &[String],
+        now: Instant,
+    ) -> Result<Vec<Verdict>, Vec<usize>> {
+        let mut known: Vec<Option<Verdict>> = vec![None; checks.len()];
+        let mut probes = Vec::new();
+        for (i, (c, k)) in checks.iter().zip(keys).enumerate() {
+            if !c.enforced {
+                continue;
+            }
+            match self.cache.lookup(k, &c.limits, c.cost, now, self.timeout) {
+                cache::Lookup::Rejected(v) => known[i] = Some(v),
+                cache::Lookup::Probe => probes.push(i),
+                cache::Lookup::Unknown => {}
+            }
+        }
+        let Some(blocker) = known.iter().flatten().next().copied() else { return Err(probes) };
+        // Rejected anyway: the probes taken are not sent.
+        for &i in &probes {
+            self.cache.forget(&keys[i]);
+        }
+        Ok(known
+            .into_iter()
+            .map(|v| {
+                v.unwrap_or(Verdict {
+                    allowed: true,
+                    remaining: 0,
+                    reset_after: blocker.retry_after,
+                    retry_after: 0,
+                    delay: 0,
+                })
+            })
+            .collect())
+    }
+}
+
+/// Unique ids for sliding-log entries: a random per-process prefix and a
+/// counter, so no two requests of any instance add the same member.
+pub(super) struct RequestIds {
+    prefix: u32,
+    next: AtomicU64,
+}
+
+impl RequestIds {
+    pub(super) fn new() -> RequestIds {
+        use std::hash::BuildHasher;
+        // A randomly seeded hasher is the one source of randomness at hand.
+        let seed = foldhash::quality::RandomState::default().hash_one((std::process::id(), Instant::now()));
+        RequestIds { prefix: seed as u32, next: AtomicU64::new(0) }
+    }
+
+    pub(super) fn next(&self) -> String {
+        format!("{:08x}{:x}", self.prefix, self.next.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_distinct() {
+        let ids = RequestIds::new();
+        let a = ids.next();
+        let b = ids.next();
+        assert_ne!(a, b);
+        assert!(a.len() >= 9);
+    }
+}

@@ -1,0 +1,184 @@
+//! The connection to Redis: fred's client pool and its settings, the TLS
+//! configuration of `rediss://` URLs, and the log of connection errors.
+
+use std::time::{Duration, Instant};
+
+use fred::clients::Pool;
+use fred::types::Builder;
+use fred::types::config::{
+    ClusterDiscoveryPolicy, Config as FredConfig, ReconnectPolicy, ServerConfig, UnresponsiveConfig,
+};
+
+use crate::config::StoreConfig;
+
+/// How long fred may take to open a connection (TCP and TLS) or to run its
+/// own commands (`CLUSTER SLOTS`, `AUTH`...). fred's defaults are 10 s, which
+/// would stall every check that long behind a dead node.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// Delay between reconnection attempts: constant and short. An exponential
+/// policy measured here delayed recovery after a failover by seconds; with
+/// 100 ms checks resumed about 120 ms after the replica's promotion.
+const RECONNECT_DELAY_MS: u32 = 100;
+/// A connection whose oldest command has waited this long is closed and
+/// reopened (a frozen node, a black-holed network): checks give up after the
+/// store timeout, but the connection would otherwise stay wedged.
+const UNRESPONSIVE_AFTER: Duration = Duration::from_secs(1);
+/// How long start-up waits for the first connection before going on
+/// degraded (serving by policy) and connecting in the background.
+pub(super) const START_WAIT: Duration = Duration::from_secs(1);
+
+/// Builds fred's pool from `[store]` (not connected yet), and whether it
+/// talks to a cluster. A URL fred cannot parse is an error.
+pub(super) fn pool(config: &StoreConfig, url: &str) -> Result<(Pool, bool), String> {
+    let mut fred_config =
+        FredConfig::from_url(url).map_err(|e| format!("store.url {:?}: {}", redact(url), e.details()))?;
+    if config.tls_ca.is_some() || config.tls_client.is_some() {
+        fred_config.tls = Some(tls_config(config)?.into());
+    }
+    let clustered = matches!(fred_config.server, ServerConfig::Clustered { .. });
+    if let ServerConfig::Clustered { policy, .. } = &mut fred_config.server {
+        // Rediscover the topology through any known node, not only the
+        // seeds in the URL: a dead seed must not block recovery.
+        *policy = ClusterDiscoveryPolicy::UseCache;
+    }
+    // Keep reconnecting when the first connection fails.
+    fred_config.fail_fast = false;
+    let timeout = config.timeout;
+    let pool = Builder::from_config(fred_config)
+        .with_connection_config(|c| {
+            c.connection_timeout = CONNECT_TIMEOUT;
+            c.internal_command_timeout = CONNECT_TIMEOUT;
+            c.max_command_attempts = 1;
+            c.tcp.nodelay = Some(true);
+            c.unresponsive =
+                UnresponsiveConfig { max_timeout: Some(UNRESPONSIVE_AFTER), interval: UNRESPONSIVE_AFTER / 4 };
+        })
+        .with_performance_config(|p| p.default_command_timeout = timeout)
+        .set_policy(ReconnectPolicy::new_constant(0, RECONNECT_DELAY_MS))
+        .build_pool(config.pool_size.max(1))
+        .map_err(|e| format!("cannot build the redis client: {}", e.details()))?;
+    Ok((pool, clustered))
+}
+
+/// How often the same connection error is logged again while it lasts.
+const ERROR_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Logs what fred reports about its connections (refused, reset, a TLS
+/// certificate it does not trust...): the store's own errors only say that
+/// Redis did not answer, and this is the why. The same error is repeated
+/// at most every [`ERROR_LOG_EVERY`] while the client keeps reconnecting.
+pub(super) async fn log_errors(
+    mut errors: tokio::sync::broadcast::Receiver<(fred::error::Error, Option<fred::types::config::Server>)>,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    let mut last: Option<(String, Instant)> = None;
+    loop {
+        match errors.recv().await {
+            Ok((error, server)) => {
+                let message = error.to_string();
+                let repeat = last.as_ref().is_some_and(|(m, at)| *m == message && at.elapsed() < ERROR_LOG_EVERY);
+                if !repeat {
+                    let server = server.map_or_else(|| "-".to_string(), |s| s.to_string());
+                    tracing::warn!(%server, error = %message, "redis connection error");
+                    last = Some((message, Instant::now()));
+                }
+            }
+            Err(RecvError::Lagged(_)) => {}
+            Err(RecvError::Closed) => return,
+        }
+    }
+}
+
+/// The TLS settings of `[store]`: the roots (`tls_ca_file`, else the
+/// system's) and the client identity (`tls_cert_file`, `tls_key_file`).
+fn tls_config(config: &StoreConfig) -> Result<fred::rustls::ClientConfig, String> {
+    let roots = match &config.tls_ca {
+        Some((path, pem)) => tls_roots(pem).map_err(|e| format!("{}: {e}", path.display()))?,
+        None => {
+            let mut roots = fred::rustls::RootCertStore::empty();
+            let system = fred::rustls_native_certs::load_native_certs();
+            for cert in system.certs {
+                // A system certificate rustls cannot use is skipped, as
+                // every TLS client does.
+                let _ = roots.add(cert);
+            }
+            roots
+        }
+    };
+    let builder = fred::rustls::ClientConfig::builder().with_root_certificates(roots);
+    match &config.tls_client {
+        Some(files) => {
+            let (chain, key) = tls_client_identity(&files.cert, &files.key)
+                .map_err(|e| format!("{} and {}: {e}", files.cert_path.display(), files.key_path.display()))?;
+            builder.with_client_auth_cert(chain, key).map_err(|e| format!("the client certificate cannot be used: {e}"))
+        }
+        None => Ok(builder.with_no_client_auth()),
+    }
+}
+
+/// A client certificate chain and its private key, from PEM. Errors are
+/// plain sentences.
+pub fn tls_client_identity(
+    cert: &[u8],
+    key: &[u8],
+) -> Result<
+    (Vec<fred::rustls::pki_types::CertificateDer<'static>>, fred::rustls::pki_types::PrivateKeyDer<'static>),
+    String,
+> {
+    use fred::rustls::pki_types::pem::PemObject;
+    use fred::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert)
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("not a PEM certificate file ({e})"))?;
+    if chain.is_empty() {
+        return Err("the certificate file holds no PEM certificate".into());
+    }
+    let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| format!("no PEM private key in the key file ({e})"))?;
+    // Whether the key matches the certificate is checked when the
+    // connection's TLS configuration is built.
+    fred::rustls::ClientConfig::builder()
+        .with_root_certificates(fred::rustls::RootCertStore::empty())
+        .with_client_auth_cert(chain.clone(), key.clone_key())
+        .map_err(|e| format!("the key does not go with the certificate ({e})"))?;
+    Ok((chain, key))
+}
+
+/// The certificates of a PEM file, as the roots a `rediss://` connection
+/// trusts (`[store] tls_ca_file`). Errors are plain sentences.
+pub fn tls_roots(pem: &[u8]) -> Result<fred::rustls::RootCertStore, String> {
+    use fred::rustls::pki_types::CertificateDer;
+    use fred::rustls::pki_types::pem::PemObject;
+    let mut roots = fred::rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(pem) {
+        let cert = cert.map_err(|e| format!("not a PEM certificate file ({e})"))?;
+        roots.add(cert).map_err(|e| format!("a certificate cannot be used as a CA ({e})"))?;
+    }
+    if roots.is_empty() {
+        return Err("holds no PEM certificate (-----BEGIN CERTIFICATE-----)".into());
+    }
+    Ok(roots)
+}
+
+/// The URL without its password, for logs and errors.
+pub(super) fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(redact("redis://:secret@h:6379"), "redis://:***@h:6379");
+        assert_eq!(redact("rediss://user:secret@h:6379/0"), "rediss://user:***@h:6379/0");
+        assert_eq!(redact("redis-cluster://h:7000?node=h:7001"), "redis-cluster://h:7000?node=h:7001");
+    }
+}

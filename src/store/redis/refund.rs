@@ -1,0 +1,148 @@
+//! Giving quota back to Redis, in the background: what a rejected request
+//! counted under the rules that admitted it, and leased units nobody here
+//! will spend (idle, replaced, or at shutdown).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fred::types::Value;
+
+use super::scripts::{self, Reply, ScriptMode};
+use super::{Shared, call, lease};
+use crate::limiter::Algorithm;
+use crate::store::Check;
+
+impl Shared {
+    /// Gives back, in the background, what the `counted` checks (index and
+    /// reply) counted for this request. Units they leased stay leased.
+    pub(super) fn refund<'r>(
+        self: &Arc<Self>,
+        checks: &[Check<'_>],
+        keys: &[String],
+        ids: &[String],
+        counted: impl Iterator<Item = (usize, &'r Reply)>,
+    ) {
+        let calls: Vec<(Algorithm, String, [Value; scripts::ARGS])> = counted
+            .map(|(i, reply)| {
+                let c = &checks[i];
+                // The log names its entries by request id; the windows
+                // name the window the request was counted in.
+                let token = if c.limits.algorithm.uses_log() { ids[i].clone() } else { reply.token.to_string() };
+                (c.limits.algorithm, keys[i].clone(), scripts::args(ScriptMode::Refund, &c.limits, c.cost, &token, 0))
+            })
+            .collect();
+        self.spawn_refunds(calls);
+    }
+
+    /// Gives back, in the background, leased units nobody here will spend.
+    pub(super) fn give_back_to_redis(self: &Arc<Self>, unused: Vec<lease::Unused>) {
+        let shared = self.clone();
+        tokio::spawn(async move { shared.return_units(unused).await });
+    }
+
+    /// Gives leased units back to Redis now, as many as it still counts;
+    /// those an outage keeps from going back wait in the backlog.
+    pub(super) async fn return_units(&self, unused: Vec<lease::Unused>) {
+        let now = Instant::now();
+        let unused: Vec<lease::Unused> = unused
+            .into_iter()
+            .filter_map(|mut u| {
+                u.units = u.owed(now);
+                (u.units > 0).then_some(u)
+            })
+            .collect();
+        if unused.is_empty() {
+            return;
+        }
+        if self.health.is_degraded() {
+            self.queue(unused);
+            return;
+        }
+        let deadline = now + self.timeout;
+        let calls = unused.iter().map(|u| {
+            let args = unused_args(u);
+            call::run(self.pool.next(), self.scripts.get(u.limits.algorithm), &u.key, args, deadline, self.timeout)
+        });
+        let results = futures::future::join_all(calls).await;
+        let failed: Vec<lease::Unused> = unused
+            .into_iter()
+            .zip(results)
+            .filter_map(|(u, r)| match r {
+                Err(f) if f.outage => Some(u),
+                _ => None,
+            })
+            .collect();
+        self.queue(failed);
+    }
+
+    /// Keeps units for a later give-back, up to [`MAX_BACKLOG`] entries.
+    fn queue(&self, unused: Vec<lease::Unused>) {
+        if unused.is_empty() {
+            return;
+        }
+        let mut backlog = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
+        let room = MAX_BACKLOG.saturating_sub(backlog.len());
+        let lost: u64 = unused.iter().skip(room).map(|u| u.units).sum();
+        backlog.extend(unused.into_iter().take(room));
+        if lost > 0 {
+            tracing::warn!(units = lost, "the give-back backlog is full; leased units stay counted in redis");
+        }
+    }
+
+    /// Tries the backlog again, unless Redis is known to be down.
+    pub(super) async fn flush_backlog(&self) {
+        if self.health.is_degraded() {
+            return;
+        }
+        let waiting: Vec<lease::Unused> = self.backlog.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect();
+        self.return_units(waiting).await;
+    }
+
+    /// Entries waiting in the backlog.
+    pub(super) fn backlog_len(&self) -> usize {
+        self.backlog.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub(super) fn spawn_refunds(self: &Arc<Self>, calls: Vec<(Algorithm, String, [Value; scripts::ARGS])>) {
+        if calls.is_empty() {
+            return;
+        }
+        let shared = self.clone();
+        tokio::spawn(async move { shared.run_refunds(calls).await });
+    }
+
+    pub(super) async fn run_refunds(&self, calls: Vec<(Algorithm, String, [Value; scripts::ARGS])>) {
+        let deadline = Instant::now() + self.timeout;
+        let refunds = calls.into_iter().map(|(alg, key, args)| async move {
+            if let Err(e) = call::run(self.pool.next(), self.scripts.get(alg), &key, args, deadline, self.timeout).await
+            {
+                // The quota stays taken until the key's window or refill
+                // gives it back: an error towards rejecting.
+                tracing::debug!(key, error = %e.error, "refund failed");
+            }
+        });
+        futures::future::join_all(refunds).await;
+    }
+
+    /// Gives back leases left idle, every so often.
+    pub(super) async fn lease_loop(self: Arc<Self>, every: Duration) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let unused = self.leases.expire(Instant::now());
+            self.return_units(unused).await;
+            self.flush_backlog().await;
+        }
+    }
+}
+
+/// Give-backs kept while Redis is unreachable, at most: one per key the
+/// leases can track (see `lease`), some 200 bytes each. Past it, units stay
+/// counted in Redis until their window ends or their bucket refills.
+const MAX_BACKLOG: usize = 128_000;
+
+/// The refund call's arguments that give leased units back.
+fn unused_args(u: &lease::Unused) -> [Value; scripts::ARGS] {
+    scripts::args(ScriptMode::Refund, &u.limits, u.units, &u.token.to_string(), 0)
+}

@@ -1,0 +1,139 @@
+//! The Lua scripts (`src/store/lua/`) and `src/limiter.rs` implement the
+//! same algorithms twice, once on Redis' clock and once in this process.
+//! This property test runs both on random sequences of requests, costs and
+//! times against a real `redis-server`, and requires the same decision and
+//! the same `remaining` (and delay, for the leaky bucket) at every step.
+//!
+//! Time is injected: the scripts are run by source with their clock line
+//! (`redis.call('TIME')` in prelude.lua) replaced by the test's instant, in
+//! whole microseconds, the server clock's resolution.
+
+mod support;
+
+use fred::clients::Client;
+use fred::interfaces::ClientLike;
+use fred::types::config::Config;
+use fred::types::{Builder, ClusterHash, CustomCommand, Value};
+use proptest::prelude::*;
+
+use support::redis::RedisServer;
+use tollgate::limiter::{Algorithm, Cell, Limits, Log, evaluate, evaluate_log};
+
+const PRELUDE: &str = include_str!("../src/store/lua/prelude.lua");
+const BUCKET: &str = include_str!("../src/store/lua/bucket.lua");
+const FIXED: &str = include_str!("../src/store/lua/fixed_window.lua");
+const COUNTER: &str = include_str!("../src/store/lua/sliding_window_counter.lua");
+const LOG: &str = include_str!("../src/store/lua/sliding_window_log.lua");
+
+/// 2023-11-14T22:13:20Z in microseconds: a realistic epoch time.
+const T0_US: u64 = 1_700_000_000_000_000;
+
+/// The script of `algorithm`, with the clock taken from ARGV[8] (seconds)
+/// and ARGV[9] (microseconds) instead of `TIME`.
+fn script(algorithm: Algorithm) -> String {
+    let clock = "redis.call('TIME')";
+    assert_eq!(PRELUDE.matches(clock).count(), 1, "prelude.lua reads the clock once");
+    let prelude = PRELUDE.replace(clock, "{ARGV[8], ARGV[9]}");
+    match algorithm {
+        Algorithm::TokenBucket => format!("local SHAPING = false\n{prelude}{BUCKET}"),
+        Algorithm::LeakyBucket => format!("local SHAPING = true\n{prelude}{BUCKET}"),
+        Algorithm::FixedWindow => format!("{prelude}{FIXED}"),
+        Algorithm::SlidingWindowCounter => format!("{prelude}{COUNTER}"),
+        Algorithm::SlidingWindowLog => format!("{prelude}{LOG}"),
+    }
+}
+
+/// What both sides answer, compared.
+#[derive(Debug, PartialEq, Eq)]
+struct Decision {
+    allowed: bool,
+    remaining: u64,
+    delay_us: u64,
+}
+
+async fn lua(client: &Client, source: &str, key: &str, limits: &Limits, cost: u64, id: &str, now_us: u64) -> Decision {
+    let args: Vec<Value> = vec![
+        source.into(),
+        1i64.into(),
+        key.into(),
+        1i64.into(), // consume
+        // As `scripts::args` sends them: within what a check counts exactly.
+        (limits.limit.min(u32::MAX as u64) as i64).into(),
+        ((limits.window / 1_000) as i64).into(),
+        (limits.burst.min(u32::MAX as u64) as i64).into(),
+        (cost as i64).into(),
+        id.into(),
+        0i64.into(), // no lease
+        ((now_us / 1_000_000) as i64).into(),
+        ((now_us % 1_000_000) as i64).into(),
+    ];
+    let cmd = CustomCommand::new_static("EVAL", ClusterHash::Random, false);
+    let reply: Value = client.custom(cmd, args).await.expect("the script runs");
+    let Value::Array(items) = reply else { panic!("a script answered {reply:?}") };
+    let n: Vec<i64> = items.iter().map(|v| v.as_i64().expect("integers")).collect();
+    Decision { allowed: n[0] == 1, remaining: n[1] as u64, delay_us: (n[4] as u64).div_ceil(1_000) }
+}
+
+fn algorithm() -> impl Strategy<Value = Algorithm> {
+    prop_oneof![
+        Just(Algorithm::TokenBucket),
+        Just(Algorithm::LeakyBucket),
+        Just(Algorithm::FixedWindow),
+        Just(Algorithm::SlidingWindowCounter),
+        Just(Algorithm::SlidingWindowLog),
+    ]
+}
+
+#[test]
+fn the_lua_scripts_and_the_limiter_agree() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let client = runtime.block_on(async {
+        let client = Builder::from_config(Config::from_url(&server.url()).expect("url")).build().expect("client");
+        client.init().await.expect("connects");
+        client
+    });
+    let cases = std::sync::atomic::AtomicU64::new(0);
+    let config = ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() };
+    proptest!(config, |(
+        algorithm in algorithm(),
+        limit in 1u64..40,
+        burst in 1u64..40,
+        window_ms in 1u64..3_000,
+        // Microseconds since the previous request (up to about two
+        // windows), and the request's cost.
+        steps in prop::collection::vec((0u64..6_000_000, 1u64..4), 1..40),
+        // Small counts, or counts in billions: limits past 2^32 included.
+        scale in prop_oneof![Just(1u64), Just(1_000_000_000u64)],
+    )| {
+        let case = cases.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // The log's script adds one entry per unit: billions would fill the
+        // server, so the log stays small.
+        let scale = if algorithm == Algorithm::SlidingWindowLog { 1 } else { scale };
+        let (limit, burst) = (limit * scale, burst * scale);
+        let limits = Limits { algorithm, limit, window: window_ms * 1_000_000, burst };
+        let source = script(algorithm);
+        let key = format!("prop:{case}");
+        let mut cell = Cell::default();
+        let mut log = Log::new();
+        let mut now_us = T0_US;
+        for (i, &(gap, cost)) in steps.iter().enumerate() {
+            let cost = cost * scale;
+            now_us += gap % (2 * window_ms * 1_000 + 1);
+            let now = now_us * 1_000;
+            let rust = if algorithm == Algorithm::SlidingWindowLog {
+                let v = evaluate_log(&mut log, now, &limits, cost, true);
+                Decision { allowed: v.allowed, remaining: v.remaining, delay_us: v.delay.div_ceil(1_000) }
+            } else {
+                let (v, next) = evaluate(cell, now, &limits, cost);
+                if v.allowed {
+                    cell = next;
+                }
+                Decision { allowed: v.allowed, remaining: v.remaining, delay_us: v.delay.div_ceil(1_000) }
+            };
+            let id = format!("{case}-{i}");
+            let redis = runtime.block_on(lua(&client, &source, &key, &limits, cost, &id, now_us));
+            prop_assert_eq!(&redis, &rust, "step {} of {:?} at +{} us", i, limits, now_us - T0_US);
+        }
+    });
+}
