@@ -28,12 +28,12 @@ const LOG: &str = include_str!("../src/store/lua/sliding_window_log.lua");
 /// 2023-11-14T22:13:20Z in microseconds: a realistic epoch time.
 const T0_US: u64 = 1_700_000_000_000_000;
 
-/// The script of `algorithm`, with the clock taken from ARGV[8] (seconds)
-/// and ARGV[9] (microseconds) instead of `TIME`.
+/// The script of `algorithm`, with the clock taken from ARGV[13] (seconds)
+/// and ARGV[14] (microseconds) instead of `TIME`.
 fn script(algorithm: Algorithm) -> String {
     let clock = "redis.call('TIME')";
     assert_eq!(PRELUDE.matches(clock).count(), 1, "prelude.lua reads the clock once");
-    let prelude = PRELUDE.replace(clock, "{ARGV[8], ARGV[9]}");
+    let prelude = PRELUDE.replace(clock, "{ARGV[13], ARGV[14]}");
     match algorithm {
         Algorithm::TokenBucket => format!("local SHAPING = false\n{prelude}{BUCKET}"),
         Algorithm::LeakyBucket => format!("local SHAPING = true\n{prelude}{BUCKET}"),
@@ -64,6 +64,11 @@ async fn lua(client: &Client, source: &str, key: &str, limits: &Limits, cost: u6
         (cost as i64).into(),
         id.into(),
         0i64.into(), // no lease
+        0i64.into(), // no escrow period
+        0i64.into(), // and phase
+        0i64.into(), // no lease to settle
+        0i64.into(),
+        0i64.into(),
         ((now_us / 1_000_000) as i64).into(),
         ((now_us % 1_000_000) as i64).into(),
     ];

@@ -241,3 +241,57 @@ async fn leases_idle_or_drained_at_shutdown_while_redis_is_down_are_given_back_w
     eventually("the idle lease's 9 units come back", || async { count_of("192.0.2.20") == 2 }).await;
     drop(idle);
 }
+
+#[tokio::test]
+async fn a_token_bucket_lease_stays_valid_while_its_bucket_refills_and_is_settled_as_it_is_renewed() {
+    let up = Upstream::start().await;
+    let prefix = "t-lease-escrow:";
+    // 1,000 per 10 ms into a bucket of 1,000: a lease (1%, 10 units) would
+    // refill in 0.1 ms, far sooner than the next request comes.
+    let rules = "[[rule]]\nname = \"fast\"\nkey = [\"ip\"]\nalgorithm = \"token_bucket\"\nlimit = 1000\n\
+                 window = \"10ms\"\nburst = 1000\n";
+    let tg = tollgate(&up, prefix, "lease_idle = \"1h\"", rules).await;
+    for i in 0..1_500 {
+        let status = tg.get("/").from_ip("192.0.2.30").send().await.status;
+        assert_eq!(status, 200, "request {i}: the key is far below its limit");
+    }
+    // Served from leases: one call per lease of 10. Leases left in their
+    // escrow slot unsettled would have filled the bucket after 100 of them.
+    let hits = lease_hits(&tg).await;
+    assert!(hits >= 1_300.0, "{hits} of 1,500 requests were served from leases");
+}
+
+#[tokio::test]
+async fn the_escrow_of_an_instance_that_died_holding_a_lease_comes_back_when_its_slot_ends() {
+    let up = Upstream::start().await;
+    let prefix = "t-lease-crash:";
+    // 100 per second into a bucket of 400: a lease of 25% is 100 units.
+    let rules = "[[rule]]\nname = \"crash\"\nkey = [\"ip\"]\nalgorithm = \"token_bucket\"\nlimit = 100\n\
+                 window = \"1s\"\nburst = 400\n";
+    let store = "lease_idle = \"1h\"\nlease_percent = 25\nlease_lifetime = \"300ms\"";
+    let ip = "192.0.2.31";
+    let dead = tollgate(&up, prefix, store, rules).await;
+    assert_eq!(dead.get("/").from_ip(ip).send().await.status, 200, "takes a lease of 100");
+    // Gone without giving it back (the task is aborted: no drain).
+    drop(dead);
+
+    let key = format!("{prefix}{{crash|ip={ip}}}:tb");
+    let state = server().cli(&["GET", &key]);
+    let slots: Vec<&str> = state.trim().split(':').collect();
+    assert_eq!(slots.len(), 4, "level and one escrow slot: {state:?}");
+    assert_eq!(slots[3], "100", "the lease sits in escrow: {state:?}");
+    // Between one and two lifetimes after the grant (under 600 ms) the slot
+    // ends and its units count as spent then; the level they join drains
+    // in a second from there. A slot that never ended would keep the 100
+    // units from everyone for good.
+    tokio::time::sleep(std::time::Duration::from_millis(1_800)).await;
+    let other = tollgate(&up, prefix, "lease_idle = \"1h\"\nlease_percent = 0", rules).await;
+    let started = std::time::Instant::now();
+    let replies = burst(500, |_| other.get("/").from_ip(ip)).await;
+    let refill = 100 * started.elapsed().as_millis() as usize / 1_000 + 1;
+    let admitted = count(&replies, 200);
+    assert!(
+        (395..=400 + refill).contains(&admitted),
+        "admitted {admitted} of a full bucket of 400 (+{refill} refilled)"
+    );
+}

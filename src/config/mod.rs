@@ -111,6 +111,9 @@ pub struct StoreConfig {
     /// How long leased quota nobody here uses is kept before it is given
     /// back to Redis.
     pub lease_idle: Duration,
+    /// How long a token-bucket lease lives: between this and twice this,
+    /// which bounds what a crashed instance's leases hold back.
+    pub lease_lifetime: Duration,
     /// CA certificates (PEM) trusted for a `rediss://` store instead of the
     /// system's roots: the file and its contents.
     pub tls_ca: Option<(PathBuf, Vec<u8>)>,
@@ -418,6 +421,13 @@ impl Validator<'_> {
             Some(n) => *n.get_ref() as u8,
             None => 1,
         };
+        let lease_lifetime =
+            self.opt_duration(store.lease_lifetime.as_ref(), "store.lease_lifetime", Duration::from_secs(5));
+        if let Some(v) = &store.lease_lifetime
+            && !(Duration::from_millis(100)..=Duration::from_secs(3600)).contains(&lease_lifetime)
+        {
+            self.error(v.span(), "store.lease_lifetime must be between \"100ms\" and \"1h\"");
+        }
         let tls_url = store.url.as_ref().is_some_and(|u| {
             let u = u.get_ref();
             u.starts_with("rediss") || u.starts_with("valkeys")
@@ -473,6 +483,7 @@ impl Validator<'_> {
             key_prefix: store.key_prefix.unwrap_or_else(|| "tollgate:".to_string()),
             lease_percent,
             lease_idle: self.opt_duration(store.lease_idle.as_ref(), "store.lease_idle", Duration::from_secs(5)),
+            lease_lifetime,
             tls_ca,
             tls_client,
             max_keys,

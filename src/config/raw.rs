@@ -55,6 +55,7 @@ pub struct RawStore {
     pub key_prefix: Option<String>,
     pub lease_percent: Option<Spanned<i64>>,
     pub lease_idle: Option<Spanned<String>>,
+    pub lease_lifetime: Option<Spanned<String>>,
     pub tls_ca_file: Option<Spanned<String>>,
     pub tls_cert_file: Option<Spanned<String>>,
     pub tls_key_file: Option<Spanned<String>>,

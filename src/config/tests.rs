@@ -275,7 +275,7 @@ fn unknown_key_in_a_table() {
     assert_eq!(
         errors("[store]\nbackend = \"memory\"\n  timout = \"20ms\"\n"),
         [
-            "t.toml:3:3: unknown field `timout`, expected one of `backend`, `url`, `timeout`, `on_error`, `pool_size`, `key_prefix`, `lease_percent`, `lease_idle`, `tls_ca_file`, `tls_cert_file`, `tls_key_file`, `max_keys`"
+            "t.toml:3:3: unknown field `timout`, expected one of `backend`, `url`, `timeout`, `on_error`, `pool_size`, `key_prefix`, `lease_percent`, `lease_idle`, `lease_lifetime`, `tls_ca_file`, `tls_cert_file`, `tls_key_file`, `max_keys`"
         ]
     );
     // [listen] and [[route]] grow keys too: the place and the start only.
@@ -1230,14 +1230,16 @@ fn a_duplicate_across_files_is_reported_even_when_the_first_file_has_other_error
 fn lease_settings_default_to_one_percent_and_five_seconds_and_are_bounded() {
     let config = Config::parse(Path::new("t.toml"), "[store]\nbackend = \"memory\"\n").expect("valid");
     assert_eq!((config.store.lease_percent, config.store.lease_idle), (1, Duration::from_secs(5)));
+    assert_eq!(config.store.lease_lifetime, Duration::from_secs(5));
     let config =
         Config::parse(Path::new("t.toml"), "[store]\nlease_percent = 0\nlease_idle = \"250ms\"\n").expect("valid");
     assert_eq!((config.store.lease_percent, config.store.lease_idle), (0, Duration::from_millis(250)));
     assert_eq!(
-        errors("[store]\nlease_percent = 30\nlease_idle = \"0s\"\n"),
+        errors("[store]\nlease_percent = 30\nlease_idle = \"0s\"\nlease_lifetime = \"10ms\"\n"),
         [
             "t.toml:2:17: store.lease_percent must be between 0 (no leasing) and 25",
-            "t.toml:3:14: store.lease_idle must be longer than zero"
+            "t.toml:3:14: store.lease_idle must be longer than zero",
+            "t.toml:4:18: store.lease_lifetime must be between \"100ms\" and \"1h\""
         ]
     );
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::call::{self, Failure};
-use super::scripts::{self, Reply, ScriptMode, redis_key};
+use super::scripts::{self, LeaseArgs, Reply, ScriptMode, redis_key};
 use super::{Shared, cache};
 use crate::config::OnError;
 use crate::limiter::Verdict;
@@ -51,14 +51,14 @@ impl Shared {
             .map(|c| if c.limits.algorithm.uses_log() { self.ids.next() } else { String::new() })
             .collect();
         let asked: Vec<usize> = (0..checks.len()).filter(|&i| local[i].is_none()).collect();
-        let wants: Vec<u64> = asked
+        let wants: Vec<LeaseArgs> = asked
             .iter()
             .map(|&i| {
                 let c = &checks[i];
                 if consume && self.leases.enabled() {
                     self.leases.want(&keys[i], &c.limits, c.cost, started, self.timeout)
                 } else {
-                    0
+                    LeaseArgs::default()
                 }
             })
             .collect();
@@ -68,10 +68,10 @@ impl Shared {
                 StoreError::Unavailable("redis did not answer recent checks; waiting for it to come back".into());
             asked.iter().map(|_| Err(Failure { error: error.clone(), outage: false })).collect()
         } else {
-            let calls = asked.iter().zip(&wants).map(|(&i, &want)| {
+            let calls = asked.iter().zip(&wants).map(|(&i, &lease)| {
                 let c = &checks[i];
                 let script = self.scripts.get(c.limits.algorithm);
-                let args = scripts::args(script_mode, &c.limits, c.cost, &ids[i], want);
+                let args = scripts::args(script_mode, &c.limits, c.cost, &ids[i], lease);
                 call::run(self.pool.next(), script, &keys[i], args, deadline, self.timeout)
             });
             // Sent together: fred writes them back to back on each node's
@@ -82,8 +82,8 @@ impl Shared {
         // Record what was leased, whatever else happened: the units are
         // counted in Redis either way.
         let now = Instant::now();
-        for ((&i, &want), result) in asked.iter().zip(&wants).zip(&results) {
-            if want == 0 {
+        for ((&i, lease), result) in asked.iter().zip(&wants).zip(&results) {
+            if lease.want == 0 {
                 continue;
             }
             match result {

@@ -13,13 +13,11 @@
 //!   they are taken, and spent only while that count still stands: a window
 //!   lease ends with the window it was counted in (a fixed window's count,
 //!   or a sliding counter's current window, which only weighs less as it
-//!   slides out). A token bucket's level falls as it refills, and the units
-//!   of a lease sit on top of the level they were granted on: a lease holds
-//!   at most what is left of that level by now (`level_left`), so its units
-//!   expire as they would have refilled, and only those still counted are
-//!   given back (a give-back of units already refilled would hand the
-//!   bucket tokens it never lost). The estimate starts when the call was
-//!   sent and uses the rule's own rate, both of which only make it lower.
+//!   slides out). A token bucket's lease sits in an escrow slot beside the
+//!   level (see `bucket.lua`), which does not refill: it stays valid until
+//!   its slot ends, between one and two `lease_lifetime`s after the grant
+//!   (counted here from when the call was sent, so it ends here first), and
+//!   is settled with the call that asks for the next one, or given back.
 //! - **Exact near the limit.** A script grants a lease only when at least as
 //!   much again stays in Redis (`lease` in prelude.lua), so the last units of
 //!   a key are decided one request at a time, and a key whose capacity is
@@ -32,8 +30,8 @@
 //!   assets, a retry loop) are answered here. A lease never spent before it
 //!   goes idle is not given back: a scan of one-off clients then costs one
 //!   call per client, as without leases, and what each leaves counted is a
-//!   lease of a key nobody else is using, which refills (token bucket) or
-//!   ends with its window. One lease request per key is in flight at a time.
+//!   lease of a key nobody else is using, which ends with its window or its
+//!   escrow slot. One lease request per key is in flight at a time.
 //! - **Not for every algorithm.** The leaky bucket decides each request's
 //!   delay from the queue ahead of it, and the sliding log stamps each entry
 //!   with its own time (an entry stamped early would leave the window
@@ -49,7 +47,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::nanos;
-use super::scripts::Reply;
+use super::scripts::{LeaseArgs, Reply, Settle};
 use crate::limiter::{Algorithm, Limits, Verdict};
 
 const SHARDS: usize = 64;
@@ -57,6 +55,8 @@ const SHARDS: usize = 64;
 /// (the key, the lease, the table's slack), so under 30 MB. Past it, new
 /// keys are simply not leased until idle ones are dropped.
 const MAX_PER_SHARD: usize = 2_000;
+/// Cluster hash slots: a key's slot gives its escrow phase.
+const SLOTS: u64 = 16_384;
 
 /// The leases this instance holds.
 pub(super) struct Leases {
@@ -64,6 +64,8 @@ pub(super) struct Leases {
     hasher: foldhash::quality::RandomState,
     percent: u64,
     idle: Duration,
+    /// A token-bucket escrow slot's period, in µs (`lease_lifetime`).
+    period_us: u64,
     /// Set by [`drain`](Leases::drain): no new leases, and grants that
     /// arrive later are given straight back.
     closing: AtomicBool,
@@ -74,13 +76,15 @@ struct Lease {
     limits: Limits,
     /// Units held here, counted in Redis and not spent yet.
     units: u64,
-    /// The window they were counted in (what a refund quotes).
+    /// A token bucket's: the units granted into its escrow slot and not
+    /// settled yet, spent or not (what a settle quotes).
+    taken: u64,
+    /// The window they were counted in, or a token bucket's escrow slot
+    /// (what a refund or a settle quotes).
     token: i64,
-    /// When they stop being valid (the end of their window), if ever.
+    /// When they stop being valid (the end of their window or escrow
+    /// slot), if ever.
     expires_at: Option<Instant>,
-    /// A token bucket's: when the level the lease was granted on (its own
-    /// units included) will have drained away, at the latest.
-    drained_at: Option<Instant>,
     last_used: Instant,
     /// What Redis had left after the grant, and when the key would be full
     /// again: for the headers of requests served here.
@@ -93,33 +97,28 @@ struct Lease {
 }
 
 impl Lease {
-    /// The units held that Redis still counts at `now`: a token bucket's
-    /// are capped by what is left of the level they were granted on
-    /// ([`level_left`]); a window's stand until the window ends.
-    fn owed(&self, now: Instant) -> u64 {
-        match self.drained_at {
-            Some(drained_at) => self.units.min(level_left(&self.limits, drained_at, now)),
-            None => self.units,
-        }
+    fn is_bucket(&self) -> bool {
+        self.limits.algorithm == Algorithm::TokenBucket
     }
-}
 
-/// For a token bucket, when the level a grant left (its units included)
-/// will have drained, at the latest: `reset_after` counted from when the
-/// call was sent, less the nanosecond its rounding up may have added.
-fn bucket_drained_at(limits: &Limits, reply: &Reply, sent: Instant) -> Option<Instant> {
-    (limits.algorithm == Algorithm::TokenBucket).then(|| {
-        let at = sent + Duration::from_nanos(reply.verdict.reset_after);
-        at.checked_sub(Duration::from_nanos(1)).unwrap_or(sent)
-    })
-}
+    fn expired(&self, now: Instant) -> bool {
+        self.expires_at.is_some_and(|t| t <= now)
+    }
 
-/// Whole units left at `now` of a token bucket's level that will have
-/// drained at `drained_at`, at `limits`' rate.
-fn level_left(limits: &Limits, drained_at: Instant, now: Instant) -> u64 {
-    let left = drained_at.saturating_duration_since(now).as_nanos();
-    let units = left * u128::from(limits.limit) / u128::from(limits.window.max(1));
-    u64::try_from(units).unwrap_or(u64::MAX)
+    /// What giving this lease back at `now` returns: a window's unspent
+    /// units, or a token bucket's settle (nothing once its slot has ended,
+    /// which counted all of it already).
+    fn unused(&self, key: &str, now: Instant) -> Option<Unused> {
+        let unused = Unused {
+            key: key.to_string(),
+            limits: self.limits,
+            units: self.units,
+            taken: self.taken,
+            token: self.token,
+            expires_at: self.expires_at,
+        };
+        unused.worth_sending(now).then_some(unused)
+    }
 }
 
 /// Units to give back to Redis: a lease nobody here uses any more.
@@ -127,30 +126,40 @@ fn level_left(limits: &Limits, drained_at: Instant, now: Instant) -> u64 {
 pub(super) struct Unused {
     pub key: String,
     pub limits: Limits,
+    /// Units held and not spent.
     pub units: u64,
+    /// A token bucket's units granted into its slot (see [`Lease::taken`]).
+    pub taken: u64,
     pub token: i64,
-    /// A token bucket's: when the level holding them will have drained.
-    pub drained_at: Option<Instant>,
+    /// A token bucket's slot end, as estimated here.
+    pub expires_at: Option<Instant>,
 }
 
 impl Unused {
-    /// The units Redis still counts at `now` (see [`Lease::owed`]): what a
-    /// give-back delayed by an outage may still return.
-    pub fn owed(&self, now: Instant) -> u64 {
-        match self.drained_at {
-            Some(drained_at) => self.units.min(level_left(&self.limits, drained_at, now)),
-            None => self.units,
-        }
+    pub fn is_bucket(&self) -> bool {
+        self.limits.algorithm == Algorithm::TokenBucket
+    }
+
+    /// Whether a give-back at `now` still changes anything in Redis: a
+    /// window's units, or a bucket's slot before it ends.
+    pub fn worth_sending(&self, now: Instant) -> bool {
+        if self.is_bucket() { self.taken > 0 && self.expires_at.is_none_or(|t| t > now) } else { self.units > 0 }
+    }
+
+    /// The settle a token bucket's give-back sends.
+    pub fn settle(&self) -> Option<Settle> {
+        self.is_bucket().then_some(Settle { slot: self.token, taken: self.taken, unspent: self.units.min(self.taken) })
     }
 }
 
 impl Leases {
-    pub fn new(percent: u8, idle: Duration) -> Leases {
+    pub fn new(percent: u8, idle: Duration, lifetime: Duration) -> Leases {
         Leases {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: foldhash::quality::RandomState::default(),
             percent: u64::from(percent),
             idle,
+            period_us: u64::try_from(lifetime.as_micros()).unwrap_or(u64::MAX).max(1),
             closing: AtomicBool::new(false),
         }
     }
@@ -179,12 +188,23 @@ impl Leases {
         if size < 2 { 0 } else { size }
     }
 
+    /// A token bucket's escrow period and the phase its slots end on for
+    /// `key`: from the key's cluster slot, so every instance agrees on it
+    /// and the slots of different keys do not all end at once.
+    fn escrow(&self, key: &str, limits: &Limits) -> (u64, u64) {
+        if limits.algorithm != Algorithm::TokenBucket {
+            return (0, 0);
+        }
+        let slot = u64::from(fred::util::redis_keyslot(key.as_bytes()));
+        let phase = u128::from(slot) * u128::from(self.period_us) / u128::from(SLOTS);
+        (self.period_us, u64::try_from(phase).unwrap_or(0))
+    }
+
     /// Spends `cost` units of a valid lease on `key`, if one holds enough.
     pub fn take(&self, key: &str, limits: &Limits, cost: u64, now: Instant) -> Option<Verdict> {
         let mut shard = self.shard(key);
         let lease = shard.get_mut(key)?;
-        lease.units = lease.owed(now);
-        if lease.limits != *limits || lease.units < cost.max(1) || lease.expires_at.is_some_and(|t| t <= now) {
+        if lease.limits != *limits || lease.units < cost.max(1) || lease.expired(now) {
             return None;
         }
         lease.units -= cost;
@@ -206,39 +226,59 @@ impl Leases {
             && lease.limits == *limits
         {
             lease.units += cost;
+            if lease.is_bucket() {
+                // Settled meanwhile: the unit was reported spent, and
+                // stays counted as such.
+                lease.units = lease.units.min(lease.taken);
+            }
         }
     }
 
-    /// How many units to ask for ahead with the call deciding `key` now: 0
-    /// while another lease request for it is in flight, where leasing does
-    /// not apply, or when too many keys are tracked already. Otherwise the
-    /// caller must report the call's outcome to [`granted`](Self::granted)
-    /// or [`failed`](Self::failed).
-    pub fn want(&self, key: &str, limits: &Limits, cost: u64, now: Instant, timeout: Duration) -> u64 {
+    /// What to say about leases with the call deciding `key` now: the
+    /// units to ask for ahead (0 while another lease request for it is in
+    /// flight, where leasing does not apply, or when too many keys are
+    /// tracked already) and, for a token bucket, the lease held here to
+    /// settle in the same call, whose units stop being spendable here now.
+    /// When it asks for units, the caller must report the call's outcome to
+    /// [`granted`](Self::granted) or [`failed`](Self::failed).
+    pub fn want(&self, key: &str, limits: &Limits, cost: u64, now: Instant, timeout: Duration) -> LeaseArgs {
         let size = self.size(limits);
         if size < cost.max(1) || self.closing.load(Ordering::Relaxed) {
-            return 0;
+            return LeaseArgs::default();
         }
+        let (period_us, phase_us) = self.escrow(key, limits);
         let mut shard = self.shard(key);
         if let Some(lease) = shard.get_mut(key) {
             if lease.asking_until.is_some_and(|t| t > now) {
-                return 0;
+                return LeaseArgs::default();
             }
             lease.asking_until = Some(now + timeout);
             lease.last_used = now;
-            return size;
+            // Settled whatever the call's fate: if it fails, the slot ends
+            // with these units counted as spent (never twice, never short).
+            let settle = if lease.is_bucket() && lease.taken > 0 && !lease.expired(now) {
+                let unspent = lease.units.min(lease.taken);
+                Some(Settle { slot: lease.token, taken: lease.taken, unspent })
+            } else {
+                None
+            };
+            if lease.is_bucket() {
+                lease.units = 0;
+                lease.taken = 0;
+            }
+            return LeaseArgs { want: size, period_us, phase_us, settle };
         }
         if shard.len() >= MAX_PER_SHARD {
-            return 0;
+            return LeaseArgs::default();
         }
         shard.insert(
             key.to_string(),
             Lease {
                 limits: *limits,
                 units: 0,
+                taken: 0,
                 token: 0,
                 expires_at: None,
-                drained_at: None,
                 last_used: now,
                 remaining: 0,
                 reset_at: now,
@@ -246,7 +286,7 @@ impl Leases {
                 used: false,
             },
         );
-        size
+        LeaseArgs { want: size, period_us, phase_us, settle: None }
     }
 
     /// Records what a call that asked for a lease was granted. `sent` is
@@ -254,11 +294,18 @@ impl Leases {
     /// end early. Returns the units of a lease it replaces, which are to be
     /// given back (they were counted under other limits or another window).
     pub fn granted(&self, key: &str, limits: &Limits, reply: &Reply, sent: Instant, now: Instant) -> Option<Unused> {
+        let expires_at = (reply.lease_ttl > 0).then(|| sent + Duration::from_nanos(reply.lease_ttl));
         if self.closing.load(Ordering::Relaxed) && reply.granted > 0 {
             // Granted after the drain: nobody here will spend it.
-            let drained_at = bucket_drained_at(limits, reply, sent);
             let units = reply.granted;
-            return Some(Unused { key: key.to_string(), limits: *limits, units, token: reply.token, drained_at });
+            return Some(Unused {
+                key: key.to_string(),
+                limits: *limits,
+                units,
+                taken: units,
+                token: reply.token,
+                expires_at,
+            });
         }
         let mut shard = self.shard(key);
         let lease = shard.get_mut(key)?;
@@ -266,37 +313,28 @@ impl Leases {
         if reply.granted == 0 {
             return None;
         }
-        let mut expires_at = (reply.lease_ttl > 0).then(|| sent + Duration::from_nanos(reply.lease_ttl));
-        // Counted under the same limits in the same window (or bucket): the
-        // units add up, valid until the earlier of the two estimates of the
-        // window's end.
-        let same = lease.limits == *limits && lease.token == reply.token;
-        if same && let (Some(a), Some(b)) = (lease.expires_at, expires_at) {
-            expires_at = Some(a.min(b));
-        }
-        // The units still held were in the level this grant was made on,
-        // so the new level covers them as well as the new units.
-        let held = lease.owed(now);
-        let replaced = if same || held == 0 {
-            None
-        } else {
-            Some(Unused {
-                key: key.to_string(),
-                limits: lease.limits,
-                units: held,
-                token: lease.token,
-                drained_at: lease.drained_at,
-            })
+        // Counted under the same limits in the same window (or escrow
+        // slot): the units add up, valid until the earlier of the two
+        // estimates of its end.
+        let same = lease.limits == *limits && lease.token == reply.token && !lease.expired(now);
+        let expires_at = match (same, lease.expires_at, expires_at) {
+            (true, Some(a), Some(b)) => Some(a.min(b)),
+            _ => expires_at,
         };
-        let units = if same { held + reply.granted } else { reply.granted };
-        let drained_at = bucket_drained_at(limits, reply, sent);
+        let replaced = if same { None } else { lease.unused(key, now) };
+        let (units, taken) = if same {
+            (lease.units + reply.granted, lease.taken + reply.granted)
+        } else {
+            (reply.granted, reply.granted)
+        };
+        let bucket = limits.algorithm == Algorithm::TokenBucket;
         let used = same && lease.used;
         *lease = Lease {
             limits: *limits,
             units,
+            taken: if bucket { taken } else { 0 },
             token: reply.token,
             expires_at,
-            drained_at,
             last_used: now,
             remaining: reply.verdict.remaining,
             reset_at: sent + Duration::from_nanos(reply.verdict.reset_after),
@@ -313,13 +351,12 @@ impl Leases {
         }
     }
 
-    /// Forgets keys idle for `lease_idle` and leases whose window has ended,
-    /// and returns the units among them that Redis should get back: those of
+    /// Forgets keys idle for `lease_idle` and leases whose window or slot
+    /// has ended, and returns what Redis should get back of them: the
     /// leases that were used (see the module notes).
     pub fn expire(&self, now: Instant) -> Vec<Unused> {
         self.remove_where(now, |lease| {
-            let gone = now.saturating_duration_since(lease.last_used) >= self.idle
-                || lease.expires_at.is_some_and(|t| t <= now);
+            let gone = now.saturating_duration_since(lease.last_used) >= self.idle || lease.expired(now);
             (gone, lease.used)
         })
     }
@@ -344,18 +381,14 @@ impl Leases {
                 }
                 // A fixed window's count ends with its window, so units of an
                 // ended window need no refund; a sliding counter's still
-                // weigh on the next window, and a bucket's on its level.
-                let ended =
-                    lease.limits.algorithm == Algorithm::FixedWindow && lease.expires_at.is_some_and(|t| t <= now);
-                let units = lease.owed(now);
-                if give_back && units > 0 && !ended {
-                    unused.push(Unused {
-                        key: key.clone(),
-                        limits: lease.limits,
-                        units,
-                        token: lease.token,
-                        drained_at: lease.drained_at,
-                    });
+                // weigh on the next window; a bucket's slot, once ended,
+                // counted them all (`Unused::worth_sending`).
+                let ended = lease.limits.algorithm == Algorithm::FixedWindow && lease.expired(now);
+                if give_back
+                    && !ended
+                    && let Some(u) = lease.unused(key, now)
+                {
+                    unused.push(u);
                 }
                 false
             });
@@ -390,11 +423,11 @@ mod tests {
 
     #[test]
     fn a_key_is_leased_from_its_first_call_and_then_spent_locally() {
-        let leases = Leases::new(1, Duration::from_secs(5));
+        let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
         let t0 = Instant::now();
         assert!(leases.take("k", &BUCKET, 1, t0).is_none());
-        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 10, "1% of 1,000");
-        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 0, "one lease request in flight per key");
+        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT).want, 10, "1% of 1,000");
+        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT).want, 0, "one lease request in flight per key");
         assert!(leases.granted("k", &BUCKET, &reply(10, 980, 0, 0), t0, t0).is_none());
         for left in (0..10).rev() {
             let v = leases.take("k", &BUCKET, 1, t0).expect("served from the lease");
@@ -402,30 +435,33 @@ mod tests {
             assert_eq!(v.remaining, 980 + left);
         }
         assert!(leases.take("k", &BUCKET, 1, t0).is_none(), "spent: back to Redis");
-        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 10);
+        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT).want, 10);
     }
 
     #[test]
     fn small_keys_and_per_request_algorithms_are_never_leased() {
-        let leases = Leases::new(1, Duration::from_secs(5));
+        let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
         let t0 = Instant::now();
         let small = Limits { limit: 150, burst: 150, ..BUCKET };
         let log = Limits { algorithm: Algorithm::SlidingWindowLog, ..BUCKET };
         let leaky = Limits { algorithm: Algorithm::LeakyBucket, ..BUCKET };
         for limits in [small, log, leaky] {
-            assert_eq!(leases.want("k", &limits, 1, t0, TIMEOUT), 0, "{limits:?}");
+            assert_eq!(leases.want("k", &limits, 1, t0, TIMEOUT).want, 0, "{limits:?}");
         }
         assert_eq!(leases.len(), 0);
-        assert_eq!(leases.want("k", &BUCKET, 11, t0, TIMEOUT), 0, "a request costing more than a lease");
-        assert_eq!(Leases::new(0, Duration::from_secs(5)).want("k", &BUCKET, 1, t0, TIMEOUT), 0);
+        assert_eq!(leases.want("k", &BUCKET, 11, t0, TIMEOUT).want, 0, "a request costing more than a lease");
+        assert_eq!(
+            Leases::new(0, Duration::from_secs(5), Duration::from_secs(5)).want("k", &BUCKET, 1, t0, TIMEOUT).want,
+            0
+        );
     }
 
     #[test]
     fn a_lease_serves_only_its_limits_and_its_window() {
-        let leases = Leases::new(1, Duration::from_secs(5));
+        let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
         let t0 = Instant::now();
         let window = Limits { algorithm: Algorithm::FixedWindow, ..BUCKET };
-        assert_eq!(leases.want("k", &window, 1, t0, TIMEOUT), 10);
+        assert_eq!(leases.want("k", &window, 1, t0, TIMEOUT).want, 10);
         leases.granted("k", &window, &reply(10, 980, 7, 100_000_000), t0, t0);
         assert!(leases.take("k", &Limits { limit: 2_000, ..window }, 1, t0).is_none(), "limits lifted");
         assert!(leases.take("k", &window, 1, t0 + Duration::from_millis(99)).is_some());
@@ -437,82 +473,112 @@ mod tests {
 
     #[test]
     fn idle_leases_that_were_used_are_returned_and_taken_units_can_be_given_back() {
-        let leases = Leases::new(1, Duration::from_secs(5));
+        let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
         let t0 = Instant::now();
-        // A level that takes 10 s to drain: the units are still counted.
-        let mut slow = reply(10, 980, 0, 0);
-        slow.verdict.reset_after = 10 * NANOS_PER_SEC;
+        // Escrowed for 8 s: valid past the idle sweep.
+        let slot = reply(10, 980, 77, 8 * NANOS_PER_SEC);
         for key in ["k", "one-off"] {
-            assert_eq!(leases.want(key, &BUCKET, 1, t0, TIMEOUT), 10);
-            leases.granted(key, &BUCKET, &slow, t0, t0);
+            assert_eq!(leases.want(key, &BUCKET, 1, t0, TIMEOUT).want, 10);
+            leases.granted(key, &BUCKET, &slot, t0, t0);
         }
         leases.take("k", &BUCKET, 3, t0).expect("served");
         leases.give_back("k", &BUCKET, 3);
+        leases.take("k", &BUCKET, 2, t0).expect("served");
         assert!(leases.expire(t0 + Duration::from_secs(4)).is_empty(), "not idle yet");
         // The one-off key's lease was never spent: not worth a call.
         let back = leases.expire(t0 + Duration::from_secs(5));
         assert_eq!(back.len(), 1);
-        assert_eq!((back[0].key.as_str(), back[0].units), ("k", 10));
+        assert_eq!(back[0].key, "k");
+        assert_eq!(back[0].settle(), Some(Settle { slot: 77, taken: 10, unspent: 8 }));
         assert_eq!(leases.len(), 0);
     }
 
     #[test]
     fn a_failed_lease_request_lets_the_next_call_ask_and_replaced_leases_are_returned() {
-        let leases = Leases::new(1, Duration::from_secs(5));
+        let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
         let t0 = Instant::now();
-        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 10);
-        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 0, "in flight");
+        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT).want, 10);
+        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT).want, 0, "in flight");
         leases.failed("k");
-        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 10);
-        leases.granted("k", &BUCKET, &reply(10, 980, 0, 0), t0, t0);
+        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT).want, 10);
+        leases.granted("k", &BUCKET, &reply(10, 980, 3, NANOS_PER_SEC), t0, t0);
         // An in-flight request that never reports stops blocking after the timeout.
-        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 10);
-        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 0);
-        assert_eq!(leases.want("k", &BUCKET, 1, t0 + TIMEOUT, TIMEOUT), 10);
-        // A reload changed the limits: the old units go back.
+        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT).want, 10);
+        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT).want, 0);
+        assert_eq!(leases.want("k", &BUCKET, 1, t0 + TIMEOUT, TIMEOUT).want, 10);
+        // A reload changed the limits: a bucket's old lease was settled by
+        // the call that asked, a window's goes back.
         let lifted = Limits { limit: 2_000, burst: 2_000, ..BUCKET };
-        let old = leases.granted("k", &lifted, &reply(20, 1_900, 0, 0), t0, t0).expect("old lease returned");
-        assert_eq!((old.units, old.limits), (10, BUCKET));
-        assert_eq!(leases.drain(t0).len(), 1);
+        assert!(leases.granted("k", &lifted, &reply(20, 1_900, 4, NANOS_PER_SEC), t0, t0).is_none());
+        let window = Limits { algorithm: Algorithm::FixedWindow, ..BUCKET };
+        leases.want("w", &window, 1, t0, TIMEOUT);
+        leases.granted("w", &window, &reply(10, 980, 0, NANOS_PER_SEC), t0, t0);
+        leases.want("w", &window, 1, t0, TIMEOUT);
+        let lifted = Limits { limit: 2_000, ..window };
+        let old =
+            leases.granted("w", &lifted, &reply(20, 1_900, 0, NANOS_PER_SEC), t0, t0).expect("old lease returned");
+        assert_eq!((old.units, old.limits), (10, window));
+        assert_eq!(leases.drain(t0).len(), 2);
     }
 
     #[test]
-    fn a_bucket_lease_holds_only_the_units_not_refilled_yet_and_gives_back_only_those() {
-        let leases = Leases::new(1, Duration::from_secs(5));
+    fn a_bucket_lease_lasts_until_its_slot_ends_and_is_settled_by_the_next_call() {
+        let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
         let t0 = Instant::now();
         let ms = Duration::from_millis;
-        // 1,000 per second. The grant left a level of 15 (the request, 4
-        // taken before, and the lease of 10): it drains in 15 ms, the
-        // lease's units last.
-        let mut r = reply(10, 985, 0, 0);
-        r.verdict.reset_after = 15_000_000;
-        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 10);
-        leases.granted("k", &BUCKET, &r, t0, t0);
-        assert!(leases.take("k", &BUCKET, 1, t0 + ms(2)).is_some(), "13 of the level left: 9 units held");
-        // At 8 ms just under 7 units of the level are left (the estimate
-        // rounds down): the lease holds 6, not 9, and 5 after this request.
-        assert_eq!(leases.take("k", &BUCKET, 1, t0 + ms(8)).map(|v| v.remaining), Some(985 + 5));
-        // Just under 3 left at 12 ms: only 2 are owed back to Redis.
-        let back = leases.drain(t0 + ms(12));
-        assert_eq!(back.iter().map(|u| u.units).collect::<Vec<_>>(), vec![2]);
+        // However fast the bucket refills, the escrowed units stay valid
+        // until their slot ends, 6 s from now.
+        let slot = reply(10, 985, 5_000, 6 * NANOS_PER_SEC);
+        let asked = leases.want("k", &BUCKET, 1, t0, TIMEOUT);
+        assert_eq!((asked.want, asked.settle), (10, None));
+        assert!(asked.period_us == 5_000_000 && asked.phase_us < 5_000_000);
+        leases.granted("k", &BUCKET, &slot, t0, t0);
+        for _ in 0..4 {
+            assert!(leases.take("k", &BUCKET, 1, t0 + ms(5_999)).is_some());
+        }
+        assert!(leases.take("k", &BUCKET, 1, t0 + ms(6_000)).is_none(), "the slot ended");
+        // Before it ends, the call that asks again settles it: 10 taken, 6
+        // of them unspent, and nothing is spendable here until the reply.
+        let asked = leases.want("k", &BUCKET, 7, t0 + ms(10), TIMEOUT);
+        assert_eq!(asked.settle, Some(Settle { slot: 5_000, taken: 10, unspent: 6 }));
+        assert!(leases.take("k", &BUCKET, 1, t0 + ms(10)).is_none());
+        assert!(leases.drain(t0 + ms(10)).is_empty(), "settled: nothing more to give back");
 
-        // Once the level has drained, the lease is spent and owes nothing.
+        // A slot that has ended counted everything: nothing to settle.
+        let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
         leases.want("k", &BUCKET, 1, t0, TIMEOUT);
-        leases.granted("k", &BUCKET, &r, t0, t0);
-        assert!(leases.take("k", &BUCKET, 1, t0 + ms(15)).is_none());
-        assert!(leases.drain(t0 + ms(15)).is_empty());
+        leases.granted("k", &BUCKET, &slot, t0, t0);
+        assert_eq!(leases.want("k", &BUCKET, 1, t0 + ms(6_000), TIMEOUT).settle, None);
+        leases.granted("k", &BUCKET, &slot, t0, t0);
+        assert!(leases.drain(t0 + ms(6_000)).is_empty());
+    }
+
+    #[test]
+    fn every_instance_gives_a_key_the_same_escrow_phase() {
+        let a = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
+        let b = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
+        let t0 = Instant::now();
+        let phases: Vec<u64> = (0..20).map(|i| a.want(&format!("k{i}"), &BUCKET, 1, t0, TIMEOUT).phase_us).collect();
+        assert_eq!(
+            phases,
+            (0..20).map(|i| b.want(&format!("k{i}"), &BUCKET, 1, t0, TIMEOUT).phase_us).collect::<Vec<_>>()
+        );
+        assert!(phases.iter().any(|&p| p != phases[0]), "keys are spread over the period");
+        let window = Limits { algorithm: Algorithm::FixedWindow, ..BUCKET };
+        assert_eq!(a.want("w", &window, 1, t0, TIMEOUT).period_us, 0, "windows end with their window");
     }
 
     #[test]
     fn after_the_drain_no_lease_is_asked_for_and_a_late_grant_is_handed_back() {
-        let leases = Leases::new(1, Duration::from_secs(5));
+        let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
         let t0 = Instant::now();
-        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 10);
+        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT).want, 10);
         assert!(leases.drain(t0).is_empty());
         // The call in flight during the drain comes back with its grant.
-        let late = leases.granted("k", &BUCKET, &reply(10, 980, 0, 0), t0, t0).expect("handed back");
-        assert_eq!((late.key.as_str(), late.units, late.owed(t0)), ("k", 10, 10));
+        let late = leases.granted("k", &BUCKET, &reply(10, 980, 9, NANOS_PER_SEC), t0, t0).expect("handed back");
+        assert_eq!(late.key, "k");
+        assert_eq!(late.settle(), Some(Settle { slot: 9, taken: 10, unspent: 10 }));
         assert!(leases.take("k", &BUCKET, 1, t0).is_none());
-        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT), 0, "closing: no new lease");
+        assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT).want, 0, "closing: no new lease");
     }
 }

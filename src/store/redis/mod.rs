@@ -163,7 +163,7 @@ impl RedisStore {
             timeout,
             scripts: Scripts::new(),
             cache: cache::OverLimitCache::new(),
-            leases: lease::Leases::new(config.lease_percent, config.lease_idle),
+            leases: lease::Leases::new(config.lease_percent, config.lease_idle, config.lease_lifetime),
             backlog: Mutex::new(VecDeque::new()),
             local,
             health: health::Health::new(&metrics),

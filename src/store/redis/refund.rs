@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use fred::types::Value;
 
-use super::scripts::{self, Reply, ScriptMode};
+use super::scripts::{self, LeaseArgs, Reply, ScriptMode};
 use super::{Shared, call, lease};
 use crate::limiter::Algorithm;
 use crate::store::Check;
@@ -28,7 +28,11 @@ impl Shared {
                 // The log names its entries by request id; the windows
                 // name the window the request was counted in.
                 let token = if c.limits.algorithm.uses_log() { ids[i].clone() } else { reply.token.to_string() };
-                (c.limits.algorithm, keys[i].clone(), scripts::args(ScriptMode::Refund, &c.limits, c.cost, &token, 0))
+                (
+                    c.limits.algorithm,
+                    keys[i].clone(),
+                    scripts::args(ScriptMode::Refund, &c.limits, c.cost, &token, LeaseArgs::default()),
+                )
             })
             .collect();
         self.spawn_refunds(calls);
@@ -44,13 +48,7 @@ impl Shared {
     /// those an outage keeps from going back wait in the backlog.
     pub(super) async fn return_units(&self, unused: Vec<lease::Unused>) {
         let now = Instant::now();
-        let unused: Vec<lease::Unused> = unused
-            .into_iter()
-            .filter_map(|mut u| {
-                u.units = u.owed(now);
-                (u.units > 0).then_some(u)
-            })
-            .collect();
+        let unused: Vec<lease::Unused> = unused.into_iter().filter(|u| u.worth_sending(now)).collect();
         if unused.is_empty() {
             return;
         }
@@ -68,7 +66,10 @@ impl Shared {
             .into_iter()
             .zip(results)
             .filter_map(|(u, r)| match r {
-                Err(f) if f.outage => Some(u),
+                // A bucket's settle is never sent twice: one that did run
+                // and timed out would take other holders' units out of
+                // the slot. Unsent, its slot counts it all when it ends.
+                Err(f) if f.outage && !u.is_bucket() => Some(u),
                 _ => None,
             })
             .collect();
@@ -142,7 +143,14 @@ impl Shared {
 /// counted in Redis until their window ends or their bucket refills.
 const MAX_BACKLOG: usize = 128_000;
 
-/// The refund call's arguments that give leased units back.
+/// The refund call's arguments that give leased units back: a window's
+/// units as a refund of their count, a token bucket's lease as a settle.
 fn unused_args(u: &lease::Unused) -> [Value; scripts::ARGS] {
-    scripts::args(ScriptMode::Refund, &u.limits, u.units, &u.token.to_string(), 0)
+    match u.settle() {
+        Some(settle) => {
+            let lease = LeaseArgs { settle: Some(settle), ..LeaseArgs::default() };
+            scripts::args(ScriptMode::Refund, &u.limits, 0, "", lease)
+        }
+        None => scripts::args(ScriptMode::Refund, &u.limits, u.units, &u.token.to_string(), LeaseArgs::default()),
+    }
 }

@@ -124,14 +124,37 @@ pub fn window_us(limits: &Limits) -> u64 {
 }
 
 /// How many values a script call takes after its key.
-pub const ARGS: usize = 7;
+pub const ARGS: usize = 12;
+
+/// What a call says about leases: the units it wants, and for a token
+/// bucket the escrow period and phase its slots end on, and a lease of this
+/// instance to settle in the same call (see `bucket.lua`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LeaseArgs {
+    pub want: u64,
+    pub period_us: u64,
+    pub phase_us: u64,
+    pub settle: Option<Settle>,
+}
+
+/// A token-bucket lease handed back: the escrow slot it was granted in
+/// (the reply's token), the units granted there, and how many of them
+/// were not spent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settle {
+    pub slot: i64,
+    pub taken: u64,
+    pub unspent: u64,
+}
 
 /// The `ARGV` of one call: mode, limit, window in µs, burst, cost, the
-/// refund token or request id, and the units wanted as a lease (see
-/// `lease`).
-pub fn args(mode: ScriptMode, limits: &Limits, cost: u64, extra: &str, want: u64) -> [Value; ARGS] {
+/// refund token or request id, the units wanted as a lease (see `lease`),
+/// the escrow period and phase, and the lease settled (slot, taken,
+/// unspent; a slot of 0 settles nothing).
+pub fn args(mode: ScriptMode, limits: &Limits, cost: u64, extra: &str, lease: LeaseArgs) -> [Value; ARGS] {
     // The same bounds as the in-process arithmetic (`Limits::bounded`).
     let limits = &limits.bounded();
+    let settle = lease.settle.unwrap_or(Settle { slot: 0, taken: 0, unspent: 0 });
     [
         Value::Integer(mode as i64),
         int(limits.limit),
@@ -139,7 +162,12 @@ pub fn args(mode: ScriptMode, limits: &Limits, cost: u64, extra: &str, want: u64
         int(limits.burst),
         int(cost),
         Value::String(extra.into()),
-        int(want),
+        int(lease.want),
+        int(lease.period_us),
+        int(lease.phase_us),
+        Value::Integer(settle.slot.max(0)),
+        int(settle.taken),
+        int(settle.unspent),
     ]
 }
 
@@ -157,7 +185,8 @@ pub struct Reply {
     pub token: i64,
     /// Units taken ahead for this instance to spend locally.
     pub granted: u64,
-    /// How long those units stay valid, in nanoseconds (0: until given back).
+    /// How long those units stay valid, in nanoseconds (0: until given
+    /// back or, for a window, until the window ends).
     pub lease_ttl: u64,
 }
 
