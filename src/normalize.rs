@@ -341,6 +341,41 @@ pub fn method(m: &Method) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// The headers with which frameworks (Rack, Express's method-override,
+/// Symfony, many API gateways) let a request run as another method: a
+/// `POST` carrying `X-HTTP-Method-Override: DELETE` is a DELETE to them.
+pub const METHOD_OVERRIDES: [HeaderName; 3] = [
+    HeaderName::from_static("x-http-method-override"),
+    HeaderName::from_static("x-http-method"),
+    HeaderName::from_static("x-method-override"),
+];
+
+/// The method a method-override header asks for, if the request carries
+/// one (checked by [`method_override`] first).
+pub fn overriding_method(headers: &HeaderMap) -> Option<&[u8]> {
+    METHOD_OVERRIDES.iter().find_map(|n| headers.get(n)).map(|v| v.as_bytes())
+}
+
+/// Refuses method-override headers that could be read two ways: given more
+/// than once or under two names with different values (frameworks read
+/// different ones), or not an upper-case token (some upper-case it).
+pub fn method_override(headers: &HeaderMap) -> Result<(), &'static str> {
+    let mut seen: Option<&[u8]> = None;
+    for name in &METHOD_OVERRIDES {
+        let mut values = headers.get_all(name).iter();
+        let Some(v) = values.next() else { continue };
+        if values.next().is_some() || seen.is_some_and(|s| s != v.as_bytes()) {
+            return Err("The request names its method override more than once.");
+        }
+        let token = !v.is_empty() && v.as_bytes().iter().all(|&b| b.is_ascii_uppercase() || b == b'-' || b == b'_');
+        if !token {
+            return Err("A method override must be an upper-case method name.");
+        }
+        seen = Some(v.as_bytes());
+    }
+    Ok(())
+}
+
 /// Drops every header whose name contains `_`: WSGI and CGI upstreams read
 /// `X_User_Id` as `X-User-Id`, a header tollgate never looked at under that
 /// name (nginx's `underscores_in_headers off`).

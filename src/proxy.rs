@@ -147,7 +147,10 @@ impl Proxy {
         if !self.normalization.underscores_in_headers {
             normalize::drop_underscored(req.headers_mut());
         }
-        let host = match normalize::method(req.method()).and_then(|()| normalize::host(&req)) {
+        let host = match normalize::method(req.method())
+            .and_then(|()| normalize::method_override(req.headers()))
+            .and_then(|()| normalize::host(&req))
+        {
             Ok(h) => h,
             Err(why) => return bad(&self.no_route, why.to_string()),
         };

@@ -244,7 +244,13 @@ impl Rule {
         if !self.spec.exempt.is_empty() && self.spec.exempt.contains(f.client_ip, f.user, f.api_key) {
             return false;
         }
-        if !m.methods.is_empty() && !m.methods.iter().any(|x| x == f.method) {
+        // A method override counts as the method it names, as well as the
+        // method it came with: whichever the upstream runs, the rule holds.
+        if !m.methods.is_empty()
+            && !m.methods.iter().any(|x| x == f.method)
+            && !crate::normalize::overriding_method(f.headers)
+                .is_some_and(|o| m.methods.iter().any(|x| x.as_str().as_bytes() == o))
+        {
             return false;
         }
         if !path_fits(m.path.as_ref(), f.path) {
@@ -346,7 +352,10 @@ impl Rule {
                 KeyPart::User => f.user,
                 KeyPart::ApiKey => f.api_key,
                 KeyPart::Route => Some(f.route.map_or("", |r| r.0).as_bytes()),
-                KeyPart::Method => Some(f.method.as_str().as_bytes()),
+                // The method the upstream runs: an override's, if given.
+                KeyPart::Method => {
+                    Some(crate::normalize::overriding_method(f.headers).unwrap_or(f.method.as_str().as_bytes()))
+                }
                 KeyPart::Path => Some(crate::normalize::match_path(f.path).as_bytes()),
                 KeyPart::Header(h) => f.headers.get(h).map(|v| v.as_bytes()),
                 KeyPart::Query(q) => {

@@ -330,3 +330,39 @@ async fn an_http2_host_header_must_name_the_authority() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.echo().header("host"), Some(tg.proxy_addr.to_string().as_str()));
 }
+
+#[tokio::test]
+async fn a_method_override_counts_as_the_method_it_names() {
+    let upstream = Upstream::start().await;
+    let rules = r#"
+[[rule]]
+name = "deletes"
+match = { methods = ["DELETE"] }
+key = ["ip", "method"]
+limit = 2
+window = "1m"
+"#;
+    let tg = Tollgate::start(&upstream, rules).await;
+    for _ in 0..2 {
+        assert_eq!(raw(tg.proxy_addr, &head("DELETE /items/1 HTTP/1.1", &[])).await.status, 200);
+    }
+    assert_eq!(raw(tg.proxy_addr, &head("DELETE /items/1 HTTP/1.1", &[])).await.status, 429);
+    // Rack, Express and Symfony run these as DELETE.
+    for header in ["X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override"] {
+        let line = format!("{header}: DELETE");
+        let r = raw(tg.proxy_addr, &head("POST /items/1 HTTP/1.1", &[&line])).await;
+        assert_eq!(r.status, 429, "POST with {line}");
+    }
+    // Spellings that frameworks could read two ways are refused.
+    for lines in [
+        &["X-HTTP-Method-Override: delete"][..],
+        &["X-HTTP-Method-Override: GET", "X-HTTP-Method-Override: DELETE"],
+        &["X-HTTP-Method-Override: GET", "X-Method-Override: DELETE"],
+    ] {
+        let r = raw(tg.proxy_addr, &head("POST /items/1 HTTP/1.1", lines)).await;
+        assert_eq!(r.status, 400, "{lines:?}: {}", r.body);
+    }
+    // An override naming another method, or none, is not a DELETE.
+    let r = raw(tg.proxy_addr, &head("POST /items/1 HTTP/1.1", &["X-HTTP-Method-Override: PATCH"])).await;
+    assert_eq!(r.status, 200);
+}
