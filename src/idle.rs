@@ -16,6 +16,13 @@
 //! has been blocked for the send timeout without a byte going out, the
 //! write fails with `TimedOut` and hyper closes the connection (and drops
 //! the upstream response it was relaying).
+//!
+//! An HTTP/2 client can also stall without blocking a write: it grants no
+//! flow-control credit, so h2 writes nothing and waits. The connection's
+//! [`SendBudget`] knows since when it has held response data with none of
+//! it leaving; past the send timeout, the next read fails with `TimedOut`
+//! and hyper closes the connection. (h2 reads whenever it is not blocked
+//! writing, so the read side is always being polled in that state.)
 
 use std::io;
 use std::pin::Pin;
@@ -26,6 +33,8 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
+
+use crate::send_budget::SendBudget;
 
 /// Requests in flight on one connection.
 #[derive(Debug, Clone, Default)]
@@ -62,12 +71,17 @@ pub struct IdleIo<T> {
     send_timeout: Duration,
     /// Armed while a write is blocked.
     send_timer: Option<Pin<Box<Sleep>>>,
+    budget: SendBudget,
+    /// Armed while the connection holds response data none of which leaves.
+    stall_timer: Option<Pin<Box<Sleep>>>,
 }
 
 impl<T> IdleIo<T> {
     /// Wraps `inner`: idle after `timeout` without traffic or a request in
-    /// flight; writes fail after `send_timeout` without progress.
-    pub fn new(inner: T, timeout: Duration, send_timeout: Duration, inflight: Inflight) -> Self {
+    /// flight; writes fail after `send_timeout` without progress, and reads
+    /// fail once `budget` has held response data for `send_timeout` without
+    /// any of it leaving.
+    pub fn new(inner: T, timeout: Duration, send_timeout: Duration, inflight: Inflight, budget: SendBudget) -> Self {
         let now = Instant::now();
         IdleIo {
             inner,
@@ -77,7 +91,25 @@ impl<T> IdleIo<T> {
             timer: Box::pin(tokio::time::sleep_until(now + timeout)),
             send_timeout,
             send_timer: None,
+            budget,
+            stall_timer: None,
         }
+    }
+
+    /// Whether the connection has held response data for the send timeout
+    /// without any of it leaving. Registers the waker with the timer when
+    /// it holds some but not for that long yet.
+    fn send_stalled(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(since) = self.budget.stalled_since() else {
+            self.stall_timer = None;
+            return false;
+        };
+        let deadline = since + self.send_timeout;
+        let timer = self.stall_timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if timer.deadline() != deadline {
+            timer.as_mut().reset(deadline);
+        }
+        timer.as_mut().poll(cx).is_ready()
     }
 
     /// A write returned `poll`: progress disarms the send timer, a blocked
@@ -129,6 +161,14 @@ impl<T> IdleIo<T> {
 
 impl<T: AsyncRead + Unpin> AsyncRead for IdleIo<T> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        // Checked before reading: a client that keeps sending (pings, say)
+        // while taking none of its responses is stalled all the same.
+        if self.send_stalled(cx) {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client took none of its responses for listen.send_timeout",
+            )));
+        }
         let before = buf.filled().len();
         match Pin::new(&mut self.inner).poll_read(cx, buf) {
             Poll::Ready(r) => {
@@ -194,7 +234,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_idle_connection_reads_as_closed_after_the_timeout() {
         let (client, server) = tokio::io::duplex(64);
-        let mut io = IdleIo::new(server, Duration::from_secs(5), Duration::from_secs(60), Inflight::default());
+        let mut io = IdleIo::new(
+            server,
+            Duration::from_secs(5),
+            Duration::from_secs(60),
+            Inflight::default(),
+            SendBudget::default(),
+        );
         let started = Instant::now();
         let mut buf = [0u8; 8];
         let n = io.read(&mut buf).await.expect("read");
@@ -207,7 +253,13 @@ mod tests {
     async fn activity_and_inflight_requests_keep_it_open() {
         let (mut client, server) = tokio::io::duplex(64);
         let inflight = Inflight::default();
-        let mut io = IdleIo::new(server, Duration::from_secs(5), Duration::from_secs(60), inflight.clone());
+        let mut io = IdleIo::new(
+            server,
+            Duration::from_secs(5),
+            Duration::from_secs(60),
+            inflight.clone(),
+            SendBudget::default(),
+        );
         let started = Instant::now();
         let writer = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_secs(4)).await;
@@ -236,10 +288,34 @@ mod tests {
     async fn a_write_blocked_for_the_send_timeout_fails() {
         // The peer never reads: the 64-byte pipe fills up.
         let (_client, server) = tokio::io::duplex(64);
-        let mut io = IdleIo::new(server, Duration::from_secs(60), Duration::from_secs(3), Inflight::default());
+        let mut io = IdleIo::new(
+            server,
+            Duration::from_secs(60),
+            Duration::from_secs(3),
+            Inflight::default(),
+            SendBudget::default(),
+        );
         let started = Instant::now();
         let err = io.write_all(&[b'x'; 1024]).await.expect_err("a write to a peer that never reads fails");
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
         assert_eq!(started.elapsed(), Duration::from_secs(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_holding_response_data_that_never_leaves_fails_after_the_send_timeout() {
+        use http_body_util::{BodyExt, Full};
+        // An HTTP/2 client that grants no window: nothing blocks, nothing
+        // is written, and the response's first piece stays held.
+        let (_client, server) = tokio::io::duplex(64);
+        let budget = SendBudget::default();
+        let mut io =
+            IdleIo::new(server, Duration::from_secs(60), Duration::from_secs(3), Inflight::default(), budget.clone());
+        let started = Instant::now();
+        let piece = budget.body(Full::new(bytes::Bytes::from_static(b"held"))).frame().await;
+        let mut buf = [0u8; 8];
+        let err = io.read(&mut buf).await.expect_err("a connection whose responses stall fails");
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(started.elapsed(), Duration::from_secs(3));
+        drop(piece);
     }
 }

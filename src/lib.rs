@@ -13,6 +13,7 @@
 //! |---|---|
 //! | [`server`] | listeners, connection limits, graceful shutdown |
 //! | [`idle`] | closes connections idle for `listen.idle_timeout`, and clients that read nothing for `listen.send_timeout` |
+//! | [`send_budget`] | at most 128 KiB of response bodies held per client connection, whatever its HTTP/2 streams |
 //! | [`normalize`] | one spelling per request: canonical path, host, method and header names, or 400 |
 //! | [`proxy`] | the request path: route, decide, forward or reject |
 //! | [`forward`] | pooled upstream clients, hop-by-hop and `X-Forwarded-*` headers, request bodies (read ahead up to `buffer_body`, `max_body`, `body_read_timeout`) |
@@ -54,6 +55,7 @@ pub mod normalize;
 pub mod proxy;
 pub mod reload;
 pub mod rules;
+pub mod send_budget;
 pub mod server;
 pub mod store;
 pub mod summary;

@@ -5,81 +5,13 @@
 
 mod support;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use support::big_upstream::{BigUpstream, SMALL_BUFFER};
 use support::{DEADLINE, Tollgate, eventually};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-/// An upstream that answers every request with `len` bytes, written in
-/// 64 KiB pieces, and counts how many it got onto the wire.
-struct BigUpstream {
-    addr: std::net::SocketAddr,
-    written: Arc<AtomicUsize>,
-    /// Set when a write failed: the proxy closed the connection.
-    broken: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl BigUpstream {
-    async fn start(len: usize) -> BigUpstream {
-        // A small send buffer (inherited by accepted connections): the count
-        // is close to what the proxy took, not what the kernel queued here.
-        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-        socket.set_send_buffer_size(SMALL_BUFFER).expect("send buffer");
-        socket.bind("127.0.0.1:0".parse().expect("address")).expect("bind");
-        let listener = socket.listen(64).expect("listen");
-        let addr = listener.local_addr().expect("address");
-        let (written, broken) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
-        let task = tokio::spawn({
-            let (written, broken) = (written.clone(), broken.clone());
-            async move {
-                loop {
-                    let Ok((mut s, _)) = listener.accept().await else { continue };
-                    let (written, broken) = (written.clone(), broken.clone());
-                    tokio::spawn(async move {
-                        let mut head = Vec::new();
-                        let mut buf = [0u8; 4096];
-                        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                            match s.read(&mut buf).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => head.extend_from_slice(&buf[..n]),
-                            }
-                        }
-                        let resp = format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\n\r\n");
-                        if s.write_all(resp.as_bytes()).await.is_err() {
-                            broken.store(true, Ordering::SeqCst);
-                            return;
-                        }
-                        let mut left = len;
-                        while left > 0 {
-                            let n = left.min(PIECE.len());
-                            match s.write(&PIECE[..n]).await {
-                                Ok(0) | Err(_) => {
-                                    broken.store(true, Ordering::SeqCst);
-                                    return;
-                                }
-                                Ok(n) => {
-                                    written.fetch_add(n, Ordering::SeqCst);
-                                    left -= n;
-                                }
-                            }
-                        }
-                    });
-                }
-            }
-        });
-        BigUpstream { addr, written, broken, task }
-    }
-}
-
-impl Drop for BigUpstream {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
 
 fn config(upstream: &BigUpstream, listen: &str) -> String {
     format!(
@@ -105,14 +37,9 @@ upstream = "big"
 }
 
 const MIB: usize = 1024 * 1024;
-/// What the upstream writes, shared by all its connections so the test's
-/// own memory per connection stays small.
-static PIECE: [u8; 64 * 1024] = [b'x'; 64 * 1024];
 /// The tests here run one at a time: one of them measures this process's
 /// memory.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-/// Socket buffers of the test's own ends (the kernel doubles the figure).
-const SMALL_BUFFER: u32 = 32 * 1024;
 
 /// Sends a GET and never reads the answer.
 async fn get_and_never_read(tg: &Tollgate) -> TcpStream {

@@ -13,10 +13,13 @@
 //!   standing at [`T0`], so tests move time instead of sleeping.
 //! - [`Call`]: one request over HTTP/1.1 or h2c (prior knowledge), and
 //!   [`Reply`], the response read whole.
+//! - [`big_upstream::BigUpstream`]: an upstream answering every request with
+//!   one large body, for clients that do not read it.
 //!
 //! Some helpers are used by only some test files.
 #![allow(dead_code)]
 
+pub mod big_upstream;
 pub mod redis;
 
 use std::collections::BTreeMap;

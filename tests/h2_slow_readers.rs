@@ -1,0 +1,239 @@
+//! HTTP/2 clients that do not read their responses: what one connection
+//! can make tollgate hold is bounded per connection, not per stream, and a
+//! connection that takes none of it for `send_timeout` is closed, whether
+//! the client stops reading its socket or withholds flow-control credit.
+//!
+//! The client is Python's `h2` package over a raw socket
+//! (tests/support/h2_slow_client.py; `scripts/test` installs it), tollgate
+//! the real binary, whose resident memory is read from /proc (Linux).
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use support::big_upstream::BigUpstream;
+use support::{Call, eventually};
+
+const MIB: usize = 1024 * 1024;
+/// Streams each misbehaving connection asks for (it opens as many as
+/// tollgate's SETTINGS allow: 100).
+const STREAMS: usize = 256;
+/// Connections the memory tests open: enough that the growth is well above
+/// the noise of a process of this size.
+const CONNECTIONS: usize = 4;
+
+/// A tollgate process; killed on drop.
+struct Process {
+    child: Child,
+    proxy: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Process {
+    /// Starts the binary in front of `upstream` with `listen` added to its
+    /// `[listen]` section, and reads its address from its JSON log line.
+    fn start(upstream: &BigUpstream, listen: &str) -> Process {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
+        let cfg = format!(
+            "[listen]\nproxy = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n{listen}\n\n[rules]\npath = \"rules\"\n\n\
+             [[upstream]]\nname = \"big\"\nurl = \"http://{}\"\ntimeout = \"10s\"\n\n\
+             [[route]]\npath_prefix = \"/\"\nupstream = \"big\"\n",
+            upstream.addr
+        );
+        std::fs::write(dir.path().join("tollgate.toml"), cfg).expect("config");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .arg("--config")
+            .arg(dir.path().join("tollgate.toml"))
+            .args(["--log-format", "json"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("tollgate starts");
+        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+        let proxy = loop {
+            let line = lines.next().expect("tollgate exited before listening").expect("log line");
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+            if v["fields"]["message"] == "tollgate listening" {
+                break v["fields"]["proxy"].as_str().and_then(|s| s.parse().ok()).expect("address in log");
+            }
+        };
+        // Keep draining the log so the process never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
+        Process { child, proxy, _dir: dir }
+    }
+
+    /// The process's resident memory, from /proc (Linux).
+    fn rss(&self) -> usize {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("/proc status");
+        let kib: usize = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS in /proc/<pid>/status");
+        kib * 1024
+    }
+}
+
+/// One run of tests/support/h2_slow_client.py; it exits when dropped (its
+/// stdin closes).
+struct SlowClient {
+    child: Child,
+    _stdin: ChildStdin,
+    lines: tokio::sync::mpsc::UnboundedReceiver<String>,
+}
+
+impl SlowClient {
+    /// Opens `STREAMS` streams to `proxy` and misbehaves as `mode` says
+    /// ("noread" or "nowindow"); returns once the requests are sent.
+    async fn start(proxy: SocketAddr, mode: &str) -> SlowClient {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/h2_slow_client.py");
+        let mut child = Command::new("python3")
+            .arg(script)
+            .args([proxy.port().to_string(), STREAMS.to_string(), mode.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 runs (scripts/test installs its h2 package)");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = tokio::sync::mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let mut client = SlowClient { child, _stdin: stdin, lines };
+        let first = client.next_line(Duration::from_secs(10)).await;
+        assert!(first.starts_with("sent "), "the client did not send its requests: {first:?}");
+        client
+    }
+
+    /// The client's next line of output, within `wait` (awaited, so the
+    /// upstream on this test's runtime keeps serving meanwhile).
+    async fn next_line(&mut self, wait: Duration) -> String {
+        let line = tokio::time::timeout(wait, self.lines.recv()).await;
+        line.ok().flatten().unwrap_or_else(|| panic!("no word from the h2 client within {wait:?}"))
+    }
+}
+
+impl Drop for SlowClient {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until the upstream's count has stopped moving for a while.
+async fn settled(upstream: &BigUpstream) -> usize {
+    let mut last = usize::MAX;
+    loop {
+        let now = upstream.written.load(Ordering::SeqCst);
+        if now == last {
+            return now;
+        }
+        last = now;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// tollgate's growth while `CONNECTIONS` clients misbehave as `mode` says.
+async fn growth(mode: &str) -> usize {
+    let upstream = BigUpstream::start(16 * MIB).await;
+    let tg = Process::start(&upstream, "");
+    // Warm up: one whole download over h2, so first-use allocations are made.
+    let r = Call::new("GET", tg.proxy, "/warm").h2().send().await;
+    assert_eq!(r.body.len(), 16 * MIB);
+    let before = tg.rss();
+    let mut clients = Vec::new();
+    for _ in 0..CONNECTIONS {
+        clients.push(SlowClient::start(tg.proxy, mode).await);
+    }
+    eventually("the upstream started writing", || async { upstream.written.load(Ordering::SeqCst) > 16 * MIB }).await;
+    settled(&upstream).await;
+    let grown = tg.rss().saturating_sub(before);
+    println!("{mode}: tollgate grew {} KiB for {CONNECTIONS} connections", grown / 1024);
+    drop(clients);
+    grown
+}
+
+/// What one misbehaving connection may grow tollgate by. Measured on a debug
+/// build: about 6 MiB for a connection of 100 streams that stops reading
+/// and 4.6 MiB for one that grants no window (at most 128 KiB of it response
+/// data, the rest each stream's own state: its upstream connection and read
+/// buffer, h2's stream); before the per-connection budget, with 256 streams
+/// of a 64 KiB send buffer each (b40bec1), 38 MiB and 15.5 MiB.
+const PER_CONNECTION: usize = 9 * MIB;
+
+#[tokio::test]
+async fn an_h2_connection_that_stops_reading_holds_a_bounded_amount() {
+    let grown = growth("noread").await;
+    assert!(grown < CONNECTIONS * PER_CONNECTION, "grew {} KiB for {CONNECTIONS} connections", grown / 1024);
+}
+
+#[tokio::test]
+async fn an_h2_connection_that_grants_no_window_holds_a_bounded_amount() {
+    let grown = growth("nowindow").await;
+    assert!(grown < CONNECTIONS * PER_CONNECTION, "grew {} KiB for {CONNECTIONS} connections", grown / 1024);
+}
+
+#[tokio::test]
+async fn an_h2_connection_that_grants_no_window_is_closed_after_send_timeout() {
+    let upstream = BigUpstream::start(16 * MIB).await;
+    let tg = Process::start(&upstream, "send_timeout = \"1s\"");
+    let started = Instant::now();
+    let mut client = SlowClient::start(tg.proxy, "nowindow").await;
+    let word = client.next_line(Duration::from_secs(8)).await;
+    assert_eq!(word, "closed", "the connection should be closed by tollgate");
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(900), "closed after {took:?}, before send_timeout");
+}
+
+#[tokio::test]
+async fn an_h2_connection_that_stops_reading_is_closed_after_send_timeout() {
+    let upstream = BigUpstream::start(16 * MIB).await;
+    let tg = Process::start(&upstream, "send_timeout = \"1s\"");
+    let _client = SlowClient::start(tg.proxy, "noread").await;
+    // tollgate gives up on the client and drops the upstream responses it
+    // was relaying: the upstream's writes fail.
+    eventually("the upstream connections are closed", || async { upstream.broken.load(Ordering::SeqCst) }).await;
+}
+
+#[tokio::test]
+async fn a_normal_h2_client_downloads_many_large_responses_on_one_connection() {
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+
+    let upstream = BigUpstream::start(16 * MIB).await;
+    let tg = Process::start(&upstream, "");
+    let client: Client<_, Empty<bytes::Bytes>> = Client::builder(TokioExecutor::new()).http2_only(true).build_http();
+    let started = Instant::now();
+    let downloads: Vec<_> = (0..8)
+        .map(|i| {
+            let client = client.clone();
+            let uri: http::Uri = format!("http://{}/big/{i}", tg.proxy).parse().expect("uri");
+            tokio::spawn(async move {
+                let resp = client.get(uri).await.expect("response head");
+                resp.into_body().collect().await.expect("response body").to_bytes().len()
+            })
+        })
+        .collect();
+    for d in downloads {
+        let len = tokio::time::timeout(support::DEADLINE, d).await.expect("within the deadline").expect("download");
+        assert_eq!(len, 16 * MIB);
+    }
+    println!("8 x 16 MiB on one h2 connection in {:?}", started.elapsed());
+}
