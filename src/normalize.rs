@@ -393,6 +393,10 @@ pub fn drop_underscored(headers: &mut HeaderMap) {
 /// headers some rule reads, which upstream frameworks may read as the last
 /// value or all values joined while tollgate reads one.
 pub fn repeated<'n>(headers: &HeaderMap, names: &'n [HeaderName]) -> Option<&'n HeaderName> {
+    // No name appears twice (the common case): nothing to look up.
+    if headers.len() == headers.keys_len() {
+        return None;
+    }
     names.iter().find(|n| {
         let mut values = headers.get_all(*n).iter();
         values.next().is_some() && values.next().is_some()

@@ -147,10 +147,7 @@ impl Proxy {
         if !self.normalization.underscores_in_headers {
             normalize::drop_underscored(req.headers_mut());
         }
-        let host = match normalize::method(req.method())
-            .and_then(|()| normalize::method_override(req.headers()))
-            .and_then(|()| normalize::host(&req))
-        {
+        let host = match normalize::method(req.method()).and_then(|()| normalize::host(&req)) {
             Ok(h) => h,
             Err(why) => return bad(&self.no_route, why.to_string()),
         };
@@ -176,6 +173,11 @@ impl Proxy {
             }
         };
         let rules = self.rules.load();
+        if rules.reads_method
+            && let Err(why) = normalize::method_override(req.headers())
+        {
+            return bad(counters, why.to_string());
+        }
         if let Some(name) = normalize::repeated(req.headers(), &self.identity_headers)
             .or_else(|| normalize::repeated(req.headers(), &rules.read_headers))
         {

@@ -29,6 +29,10 @@ pub struct RuleSet {
     /// `cost_header`): a request carrying one of them twice is refused,
     /// since the upstream may read another of its values than tollgate.
     pub read_headers: Vec<http::HeaderName>,
+    /// Whether any rule reads the method (`match.methods` or a `method`
+    /// key part), and so its method-override headers (see
+    /// [`crate::normalize::METHOD_OVERRIDES`]).
+    pub reads_method: bool,
     /// Whether the user matters to any rule or `[[deny]]` entry (a rule
     /// keys on it, or a deny or `exempt` list names users); see
     /// [`RuleSet::needs_user`].
@@ -119,6 +123,8 @@ impl RuleSet {
             }
         }
         let any_needs_user = rules.iter().any(Rule::needs_user);
+        let reads_method =
+            rules.iter().any(|r| !r.spec.matcher.methods.is_empty() || r.spec.key.contains(&KeyPart::Method));
         let mut by_path: std::collections::HashMap<String, Vec<usize>, foldhash::fast::RandomState> =
             Default::default();
         let mut unindexed = Vec::new();
@@ -133,6 +139,7 @@ impl RuleSet {
             denies: Vec::new(),
             keys_on_user,
             read_headers,
+            reads_method,
             any_needs_user,
             denies_name_users: false,
             files,

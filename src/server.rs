@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http_body_util::Either;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -150,11 +151,11 @@ fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
         // 431 only catches what does not fit at all.
         .max_buf_size((config.listen.max_header_bytes + config.listen.max_uri_bytes + 1024).max(8192))
         .keep_alive(true);
-    // What waits for a slow reader is bounded per connection by
-    // `SendBudget` (every response body is wrapped in `serve_proxy`);
-    // HTTP/1.1 also queues a response body only while less than
-    // `max_buf_size` is queued, and an HTTP/2 stream holds at most
-    // `H2_SEND_BUFFER` of the connection's budget.
+    // What waits for a slow reader is bounded per connection: HTTP/1.1
+    // queues a response body only while less than `max_buf_size` is queued
+    // (one response at a time), and HTTP/2 by `SendBudget` (its response
+    // bodies are wrapped in `serve_proxy`), of which a stream holds at most
+    // `H2_SEND_BUFFER`.
     builder.http2().timer(TokioTimer::new()).max_concurrent_streams(H2_MAX_STREAMS).max_send_buf_size(H2_SEND_BUFFER);
     builder
 }
@@ -198,11 +199,17 @@ async fn serve_proxy(listener: TcpListener, proxy: Arc<Proxy>, config: &Config, 
         let svc = service_fn(move |req| {
             let proxy = proxy.clone();
             let busy = inflight.start();
-            let budget = budget.clone();
+            // HTTP/1.1 sends one response at a time and hyper bounds what
+            // it queues: only HTTP/2's streams share a budget (and the
+            // per-piece count costs HTTP/1.1 nothing).
+            let budget = (req.version() == hyper::Version::HTTP_2).then(|| budget.clone());
             async move {
                 let resp = proxy.handle(req, peer).await;
                 drop(busy);
-                Ok::<_, Infallible>(resp.map(|body| budget.body(body)))
+                Ok::<_, Infallible>(resp.map(|body| match budget {
+                    Some(budget) => Either::Left(budget.body(body)),
+                    None => Either::Right(body),
+                }))
             }
         });
         let conn = builder.serve_connection(TokioIo::new(io), svc).into_owned();
