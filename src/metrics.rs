@@ -28,6 +28,9 @@ pub struct Metrics {
     pub connections_active: IntGauge,
     pub connections_refused_total: IntCounter,
     pub store_evictions_total: IntCounter,
+    pub redis_calls_total: IntCounter,
+    pub redis_call_checks_total: IntCounter,
+    pub redis_misrouted_total: IntCounter,
 }
 
 /// Per-rule decision counters, resolved once per rule per reload.
@@ -171,6 +174,30 @@ impl Metrics {
                 IntCounter::new(
                     "tollgate_store_evictions_total",
                     "Keys the memory store (or the Redis store's local state) forgot because [store] max_keys was reached.",
+                )
+                .expect("valid metric definition"),
+            ),
+            redis_calls_total: reg(
+                &registry,
+                IntCounter::new(
+                    "tollgate_redis_calls_total",
+                    "Script calls that decided requests' checks; each decides a batch of checks of concurrent requests.",
+                )
+                .expect("valid metric definition"),
+            ),
+            redis_call_checks_total: reg(
+                &registry,
+                IntCounter::new(
+                    "tollgate_redis_call_checks_total",
+                    "Checks decided by those calls: divided by tollgate_redis_calls_total, the mean batch size.",
+                )
+                .expect("valid metric definition"),
+            ),
+            redis_misrouted_total: reg(
+                &registry,
+                IntCounter::new(
+                    "tollgate_redis_misrouted_total",
+                    "Checks a batch took to a Redis node that did not own their key (the cluster's layout changed), asked again of the owner.",
                 )
                 .expect("valid metric definition"),
             ),

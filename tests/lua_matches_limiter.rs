@@ -18,29 +18,19 @@ use proptest::prelude::*;
 
 use support::redis::RedisServer;
 use tollgate::limiter::{Algorithm, Cell, Limits, Log, evaluate, evaluate_log};
-
-const PRELUDE: &str = include_str!("../src/store/lua/prelude.lua");
-const BUCKET: &str = include_str!("../src/store/lua/bucket.lua");
-const FIXED: &str = include_str!("../src/store/lua/fixed_window.lua");
-const COUNTER: &str = include_str!("../src/store/lua/sliding_window_counter.lua");
-const LOG: &str = include_str!("../src/store/lua/sliding_window_log.lua");
+use tollgate::store::redis::script_source;
 
 /// 2023-11-14T22:13:20Z in microseconds: a realistic epoch time.
 const T0_US: u64 = 1_700_000_000_000_000;
 
-/// The script of `algorithm`, with the clock taken from ARGV[13] (seconds)
-/// and ARGV[14] (microseconds) instead of `TIME`.
+/// The script of `algorithm` as tollgate sends it to a single server, with
+/// the clock taken from its last two arguments (seconds, microseconds)
+/// instead of `TIME`.
 fn script(algorithm: Algorithm) -> String {
     let clock = "redis.call('TIME')";
-    assert_eq!(PRELUDE.matches(clock).count(), 1, "prelude.lua reads the clock once");
-    let prelude = PRELUDE.replace(clock, "{ARGV[13], ARGV[14]}");
-    match algorithm {
-        Algorithm::TokenBucket => format!("local SHAPING = false\n{prelude}{BUCKET}"),
-        Algorithm::LeakyBucket => format!("local SHAPING = true\n{prelude}{BUCKET}"),
-        Algorithm::FixedWindow => format!("{prelude}{FIXED}"),
-        Algorithm::SlidingWindowCounter => format!("{prelude}{COUNTER}"),
-        Algorithm::SlidingWindowLog => format!("{prelude}{LOG}"),
-    }
+    let source = script_source(algorithm);
+    assert_eq!(source.matches(clock).count(), 1, "the script reads the clock once");
+    source.replace(clock, "{ARGV[#ARGV - 1], ARGV[#ARGV]}")
 }
 
 /// What both sides answer, compared.
@@ -56,19 +46,18 @@ async fn lua(client: &Client, source: &str, key: &str, limits: &Limits, cost: u6
         source.into(),
         1i64.into(),
         key.into(),
-        1i64.into(), // consume
-        // As `scripts::args` sends them: within what a check counts exactly.
-        (limits.limit.min(u32::MAX as u64) as i64).into(),
-        ((limits.window / 1_000) as i64).into(),
-        (limits.burst.min(u32::MAX as u64) as i64).into(),
-        (cost as i64).into(),
+        1i64.into(), // one check
+        key.into(),
+        // As `scripts::args` sends them (consume; within what a check
+        // counts exactly), and the request id with no lease.
+        format!(
+            "1:{}:{}:{}:{cost}",
+            limits.limit.min(u32::MAX as u64),
+            limits.window / 1_000,
+            limits.burst.min(u32::MAX as u64)
+        )
+        .into(),
         id.into(),
-        0i64.into(), // no lease
-        0i64.into(), // no escrow period
-        0i64.into(), // and phase
-        0i64.into(), // no lease to settle
-        0i64.into(),
-        0i64.into(),
         ((now_us / 1_000_000) as i64).into(),
         ((now_us % 1_000_000) as i64).into(),
     ];

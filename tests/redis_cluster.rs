@@ -187,3 +187,81 @@ async fn leased_keys_on_every_master_admit_exactly_their_limit_across_two_instan
         + metric(&b.metrics().await, "tollgate_lease_hits_total", &[]).unwrap_or(0.0);
     assert!(hits >= 600.0, "only {hits} of 1,320 requests were answered from leases");
 }
+
+/// A thousand requests for one client at once, through three instances,
+/// mixed with single requests of 300 other clients whose keys spread over
+/// every master: exactly the limit is admitted for that client and every
+/// other client is admitted, while the checks of concurrent requests go to
+/// Redis in batches that span slots (fewer calls than checks), none of
+/// them sent to a node that does not own its key.
+async fn a_crowd_through_three_instances(algorithm: &str) {
+    let up = Upstream::start().await;
+    let name = format!("crowd-{algorithm}");
+    let config = tollgate_config(up.addr, &cluster().url(), "on_error = \"deny\"\ntimeout = \"5s\"");
+    let rules = rule(&name, algorithm, 100, "1h", 100);
+    let mut instances = Vec::new();
+    for _ in 0..3 {
+        instances.push(Tollgate::with(&config, &[("rules.toml", &rules)]).await);
+    }
+    let others: Vec<String> = (0..300).map(|i| format!("10.{}.{}.1", i / 200, i % 200)).collect();
+    let masters: std::collections::HashSet<u16> =
+        others.iter().filter_map(|ip| cluster().master_of(&format!("{{{name}|ip={ip}}}"))).collect();
+    assert_eq!(masters.len(), 3, "the other clients' keys cover every master");
+
+    let calls: Vec<(usize, String)> = (0..1_000)
+        .map(|i| (i % 3, "203.0.113.9".to_string()))
+        .chain(others.iter().enumerate().map(|(i, ip)| (i % 3, ip.clone())))
+        .collect();
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(calls.len()));
+    let mut set = tokio::task::JoinSet::new();
+    for (n, ip) in calls {
+        let call = instances[n].get("/").from_ip(&ip);
+        let barrier = barrier.clone();
+        set.spawn(async move {
+            barrier.wait().await;
+            (ip, call.send().await.status.as_u16())
+        });
+    }
+    let (mut crowd, mut others_ok) = (std::collections::BTreeMap::new(), 0);
+    while let Some(r) = set.join_next().await {
+        let (ip, status) = r.expect("request task");
+        if ip == "203.0.113.9" {
+            *crowd.entry(status).or_insert(0) += 1;
+        } else if status == 200 {
+            others_ok += 1;
+        }
+    }
+    assert_eq!(crowd, [(200, 100), (429, 900)].into_iter().collect(), "{algorithm}");
+    assert_eq!(others_ok, 300, "{algorithm}");
+
+    let (mut calls, mut checks, mut misrouted) = (0.0, 0.0, 0.0);
+    for t in &instances {
+        let m = t.metrics().await;
+        calls += metric(&m, "tollgate_redis_calls_total", &[]).unwrap_or(0.0);
+        checks += metric(&m, "tollgate_redis_call_checks_total", &[]).unwrap_or(0.0);
+        misrouted += metric(&m, "tollgate_redis_misrouted_total", &[]).unwrap_or(0.0);
+    }
+    eprintln!("{algorithm}: {checks} checks in {calls} calls");
+    assert!(calls > 0.0 && checks >= 2.0 * calls, "{algorithm}: {checks} checks in {calls} calls");
+    assert_eq!(misrouted, 0.0, "{algorithm}");
+}
+
+#[tokio::test]
+async fn a_crowd_on_a_token_bucket_gets_exactly_its_limit() {
+    a_crowd_through_three_instances("token_bucket").await;
+}
+
+#[tokio::test]
+async fn a_crowd_on_a_fixed_window_gets_exactly_its_limit() {
+    a_crowd_through_three_instances("fixed_window").await;
+}
+
+#[tokio::test]
+async fn a_crowd_on_a_sliding_log_gets_exactly_its_limit() {
+    a_crowd_through_three_instances("sliding_window_log").await;
+}
+
+#[tokio::test]
+async fn a_crowd_on_a_sliding_counter_gets_exactly_its_limit() {
+    a_crowd_through_three_instances("sliding_window_counter").await;
+}

@@ -7,14 +7,12 @@
 -- the two scripts distinct SHA1s.
 -- The same arithmetic as `bucket` in src/limiter.rs, on the server's clock.
 --
--- KEYS[1]  the bucket, a string "<updated_us>:<level>" followed by up to two
+-- key      the bucket, a string "<updated_us>:<level>" followed by up to two
 --          escrow slots ":<ends_us>:<units>" (see below)
--- ARGV     mode (0 peek, 1 consume, 2 refund), limit, window_us, burst, cost,
---          (unused), lease wanted, then for leases: the lease period and
---          phase (µs), and a lease to settle: its slot end (0 for none), the
---          units it was granted, and the units of those not spent
--- Returns  {allowed, remaining, reset_after_ns, retry_after_ns, delay_ns, token,
---           granted, lease_ttl_ns}: a lease (see prelude.lua) is held in the
+-- values   those of prelude.lua; `extra` is unused, and a lease comes with
+--          its escrow period and phase and may settle an earlier one
+-- Returns  allowed, remaining, reset_after_ns, retry_after_ns, delay_ns, token,
+--          granted, lease_ttl_ns: a lease (see prelude.lua) is held in the
 --          escrow slot ending `token` µs, valid for lease_ttl_ns. The leaky
 --          bucket never leases, since its delay is decided request by request.
 --
@@ -34,126 +32,147 @@
 -- The arguments, `now` (server clock, µs), EPSILON and ns_ceil come from
 -- prelude.lua, which Rust prepends.
 
-local rate = limit / window -- level drained per microsecond
+local rate -- level drained per microsecond, of the check being decided
 local function drain_ns(tokens)
   return ns_ceil((tokens - EPSILON) / rate * 1000)
 end
 
-local period = tonumber(ARGV[8]) or 0
-local phase = tonumber(ARGV[9]) or 0
-local settle_at = tonumber(ARGV[10]) or 0
-
-local stored_t, stored = now, 0
--- Escrow slots: ends (µs) and units, in order of their ends.
-local ends, units = {}, {}
-local state = redis.call('GET', key)
-if state then
-  local t, l, rest = string.match(state, '^(%d+):([^:]+)(.*)$')
-  if t then
-    stored_t, stored = tonumber(t), tonumber(l)
-    for e, u in string.gmatch(rest, ':(%d+):(%d+)') do
-      ends[#ends + 1], units[#units + 1] = tonumber(e), tonumber(u)
-    end
-  end
-end
-if #ends == 2 and ends[1] > ends[2] then
-  ends[1], ends[2], units[1], units[2] = ends[2], ends[1], units[2], units[1]
+-- Escrow slots, reused from check to check: ends (µs) and units as stored,
+-- then those still live, in order of their ends.
+local ends, units, live_ends, live_units = {}, {}, {}, {}
+local function clear(t)
+  for i = #t, 1, -1 do t[i] = nil end
 end
 
--- Keep the later timestamp so that a clock stepping back (a failover to a
--- node whose clock is behind) never drains the level twice.
-local t = stored_t
-local level = stored
--- Slots that have ended join the level at their end, as if all their units
--- were spent then, and drain from there.
-local live_ends, live_units = {}, {}
-for i = 1, #ends do
-  if ends[i] <= now then
-    level = math.max(level - math.max(ends[i] - t, 0) * rate, 0) + units[i]
-    t = math.max(t, ends[i])
-  else
-    live_ends[#live_ends + 1], live_units[#live_units + 1] = ends[i], units[i]
-  end
-end
-level = math.max(level - math.max(now - t, 0) * rate, 0)
-t = math.max(now, t)
-
--- A holder settles its lease: the slot gives up what it granted, and the
--- units spent join the level now (later than they were spent, so they weigh
--- at least as much as they should). A slot that has ended already counted
--- them all.
-if settle_at > 0 and mode ~= 0 then
-  for i = 1, #live_ends do
-    if live_ends[i] == settle_at then
-      local taken = tonumber(ARGV[11]) or 0
-      local unspent = tonumber(ARGV[12]) or 0
-      live_units[i] = math.max(live_units[i] - taken, 0)
-      level = level + math.max(taken - unspent, 0)
-    end
-  end
-end
-
-local escrow = 0
-for i = 1, #live_units do escrow = escrow + live_units[i] end
-
-local function save(new_level)
+-- Stores the level at `t` and the live slots holding units; `escrow` is
+-- their total and `drain` the nanoseconds until level and escrow are gone.
+local function save(t, new_level, escrow, drain)
   local slots, last = '', now
   for i = 1, #live_ends do
     if live_units[i] > 0 then
-      slots = slots .. string.format(':%d:%d', live_ends[i], live_units[i])
+      slots = slots .. format(':%d:%d', live_ends[i], live_units[i])
       last = live_ends[i]
     end
   end
   if new_level <= EPSILON and slots == '' then
-    redis.call('DEL', key)
+    call('DEL', key)
     return
   end
   -- The key lives until the bucket is full again, escrow included: an idle
   -- key vanishes.
-  local ttl_ms = math.ceil((drain_ns(new_level + escrow) / 1000 + (last - now)) / 1000) + 1
-  redis.call('SET', key, string.format('%d:%.17g', t, new_level) .. slots, 'PX', ttl_ms)
+  local ttl_ms = ceil((drain / 1000 + (last - now)) / 1000) + 1
+  local stamp = NOW
+  if t ~= now then stamp = format('%d', t) end
+  call('SET', key, stamp .. ':' .. format('%.17g', new_level) .. slots, 'PX', ttl_ms)
 end
 
-if mode == 2 then
-  -- Refund: give back what an earlier call of this request took.
-  if state then save(math.max(level - cost, 0)) end
-  return {1, 0, 0, 0, 0, 0}
-end
-
-local used = level + escrow
-if used + cost <= capacity + EPSILON then
-  local granted, token, ttl = 0, 0, 0
-  if not SHAPING and period > 0 then granted = lease(math.floor(capacity - used - cost + EPSILON)) end
-  if granted > 0 then
-    -- The slot ending between one and two periods from now.
-    token = math.floor((now - phase) / period + 2) * period + phase
-    local at = 0
-    for i = 1, #live_ends do
-      if live_ends[i] == token then at = i end
-    end
-    if at == 0 and #live_ends < 2 then
-      at = #live_ends + 1
-      live_ends[at], live_units[at] = token, 0
-    elseif at == 0 then
-      -- Holders that disagree on the period: join the slot that ends last,
-      -- which then lasts as long as both (longer only holds more back).
-      at = 2
-      live_ends[2] = math.max(live_ends[2], token)
-      token = live_ends[2]
-    end
-    live_units[at] = live_units[at] + granted
-    escrow = escrow + granted
-    ttl = (token - now) * 1000
+local function decide()
+  rate = limit / window
+  local stored_t, stored = now, 0
+  if #ends > 0 then
+    clear(ends)
+    clear(units)
   end
-  local new_level = level + cost
-  if mode == 1 then save(new_level) end
-  local remaining = math.floor(math.max(capacity - new_level - escrow + EPSILON, 0))
-  local delay = 0
-  if SHAPING then delay = drain_ns(level) end
-  return {1, remaining, drain_ns(new_level + escrow), 0, delay, token, granted, ttl}
+  if #live_ends > 0 then
+    clear(live_ends)
+    clear(live_units)
+  end
+  local state = call('GET', key)
+  if state then
+    local t, l, rest = match(state, '^(%d+):([^:]+)(.*)$')
+    if t then
+      stored_t, stored = tonumber(t), tonumber(l)
+      if rest ~= '' then
+        for e, u in gmatch(rest, ':(%d+):(%d+)') do
+          ends[#ends + 1], units[#units + 1] = tonumber(e), tonumber(u)
+        end
+      end
+    end
+  end
+  if #ends == 2 and ends[1] > ends[2] then
+    ends[1], ends[2], units[1], units[2] = ends[2], ends[1], units[2], units[1]
+  end
+
+  -- Keep the later timestamp so that a clock stepping back (a failover to a
+  -- node whose clock is behind) never drains the level twice.
+  local t = stored_t
+  local level = stored
+  -- Slots that have ended join the level at their end, as if all their
+  -- units were spent then, and drain from there.
+  for i = 1, #ends do
+    if ends[i] <= now then
+      level = max(level - max(ends[i] - t, 0) * rate, 0) + units[i]
+      t = max(t, ends[i])
+    else
+      live_ends[#live_ends + 1], live_units[#live_units + 1] = ends[i], units[i]
+    end
+  end
+  level = max(level - max(now - t, 0) * rate, 0)
+  t = max(now, t)
+
+  -- A holder settles its lease: the slot gives up what it granted, and the
+  -- units spent join the level now (later than they were spent, so they
+  -- weigh at least as much as they should). A slot that has ended already
+  -- counted them all.
+  if settle_at > 0 and mode ~= 0 then
+    for i = 1, #live_ends do
+      if live_ends[i] == settle_at then
+        live_units[i] = max(live_units[i] - taken, 0)
+        level = level + max(taken - unspent, 0)
+      end
+    end
+  end
+
+  local escrow = 0
+  for i = 1, #live_units do escrow = escrow + live_units[i] end
+
+  if mode == 2 then
+    -- Refund: give back what an earlier call of this request took.
+    if state then
+      local new_level = max(level - cost, 0)
+      save(t, new_level, escrow, drain_ns(new_level + escrow))
+    end
+    return 1, 0, 0, 0, 0, 0
+  end
+
+  local used = level + escrow
+  if used + cost <= capacity + EPSILON then
+    local granted, token, ttl = 0, 0, 0
+    if not SHAPING and period > 0 then granted = lease(floor(capacity - used - cost + EPSILON)) end
+    if granted > 0 then
+      -- The slot ending between one and two periods from now.
+      token = floor((now - phase) / period + 2) * period + phase
+      local at = 0
+      for i = 1, #live_ends do
+        if live_ends[i] == token then at = i end
+      end
+      if at == 0 and #live_ends < 2 then
+        at = #live_ends + 1
+        live_ends[at], live_units[at] = token, 0
+      elseif at == 0 then
+        -- Holders that disagree on the period: join the slot that ends
+        -- last, which then lasts as long as both (longer only holds more
+        -- back).
+        at = 2
+        live_ends[2] = max(live_ends[2], token)
+        token = live_ends[2]
+      end
+      live_units[at] = live_units[at] + granted
+      escrow = escrow + granted
+      ttl = (token - now) * 1000
+    end
+    local new_level = level + cost
+    local drain = drain_ns(new_level + escrow)
+    if mode == 1 then save(t, new_level, escrow, drain) end
+    local remaining = floor(max(capacity - new_level - escrow + EPSILON, 0))
+    local delay = 0
+    if SHAPING then delay = drain_ns(level) end
+    return 1, remaining, drain, 0, delay, token, granted, ttl
+  end
+  -- Counting escrow as if it drained: the earliest the request could fit,
+  -- if its holders settle what they did not spend.
+  local retry = max(drain_ns(used + cost - capacity), 1)
+  local drain = drain_ns(used)
+  if mode == 1 and settle_at > 0 then save(t, level, escrow, drain) end
+  return 0, 0, drain, retry, 0, 0
 end
--- Counting escrow as if it drained: the earliest the request could fit, if
--- its holders settle what they did not spend.
-local retry = math.max(drain_ns(used + cost - capacity), 1)
-if mode == 1 and settle_at > 0 then save(level) end
-return {0, 0, drain_ns(used), retry, 0, 0}

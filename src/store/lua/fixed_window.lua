@@ -1,11 +1,11 @@
 -- Fixed window: a counter per epoch-aligned window `[k * window, (k + 1) * window)`.
 -- The same arithmetic as `fixed_window` in src/limiter.rs, on the server's clock.
 --
--- KEYS[1]  the counter, a string "<window start_us>:<count>"
--- ARGV     mode (0 peek, 1 consume, 2 refund), limit, window_us, burst, cost,
---          and for a refund the window start the consume returned as its token
--- Returns  {allowed, remaining, reset_after_ns, retry_after_ns, delay_ns, token,
---           granted, lease_ttl_ns} where token is the window start the request
+-- key      the counter, a string "<window start_us>:<count>"
+-- values   those of prelude.lua; for a refund, `extra` is the window start
+--          the consume returned as its token
+-- Returns  allowed, remaining, reset_after_ns, retry_after_ns, delay_ns, token,
+--          granted, lease_ttl_ns where token is the window start the request
 --          was counted in; a lease (prelude.lua) lasts until that window ends
 --
 -- The window start is kept in the value rather than left to the key's
@@ -16,43 +16,45 @@
 -- The arguments, `now` (server clock, µs), EPSILON and ns_ceil come from
 -- prelude.lua, which Rust prepends.
 
-local stored_start, stored_count = -1, 0
-local state = redis.call('GET', key)
-if state then
-  local s, c = string.match(state, '^(%d+):(%d+)$')
-  if s then
-    stored_start, stored_count = tonumber(s), tonumber(c)
-  end
-end
-
-if mode == 2 then
-  -- Refund, only if the window it was counted in is still the stored one.
-  if stored_start == tonumber(ARGV[6]) then
-    local count = math.max(stored_count - cost, 0)
-    if count == 0 then
-      redis.call('DEL', key)
-    else
-      redis.call('SET', key, string.format('%d:%d', stored_start, count), 'KEEPTTL')
+local function decide()
+  local stored_start, stored_count = -1, 0
+  local state = call('GET', key)
+  if state then
+    local s, c = match(state, '^(%d+):(%d+)$')
+    if s then
+      stored_start, stored_count = tonumber(s), tonumber(c)
     end
   end
-  return {1, 0, 0, 0, 0, 0}
-end
 
--- A clock behind the stored window (a failover to a node whose clock is
--- behind) counts in the stored window instead of wiping it with an older one.
-local start = math.max(now - math.fmod(now, window), stored_start)
-local count = 0
-if stored_start == start then count = stored_count end
-local reset_us = start + window - now
-
-if count + cost <= limit then
-  local granted = lease(limit - count - cost)
-  count = count + cost + granted
-  if mode == 1 then
-    -- The key lives until its window ends.
-    local ttl_ms = math.max(math.ceil(reset_us / 1000), 1)
-    redis.call('SET', key, string.format('%d:%d', start, count), 'PX', ttl_ms)
+  if mode == 2 then
+    -- Refund, only if the window it was counted in is still the stored one.
+    if stored_start == tonumber(extra) then
+      local count = max(stored_count - cost, 0)
+      if count == 0 then
+        call('DEL', key)
+      else
+        call('SET', key, format('%d:%d', stored_start, count), 'KEEPTTL')
+      end
+    end
+    return 1, 0, 0, 0, 0, 0
   end
-  return {1, limit - count, reset_us * 1000, 0, 0, start, granted, reset_us * 1000}
+
+  -- A clock behind the stored window (a failover to a node whose clock is
+  -- behind) counts in the stored window instead of wiping it with an older one.
+  local start = max(now - fmod(now, window), stored_start)
+  local count = 0
+  if stored_start == start then count = stored_count end
+  local reset_us = start + window - now
+
+  if count + cost <= limit then
+    local granted = lease(limit - count - cost)
+    count = count + cost + granted
+    if mode == 1 then
+      -- The key lives until its window ends.
+      local ttl_ms = max(ceil(reset_us / 1000), 1)
+      call('SET', key, format('%d:%d', start, count), 'PX', ttl_ms)
+    end
+    return 1, limit - count, reset_us * 1000, 0, 0, start, granted, reset_us * 1000
+  end
+  return 0, 0, reset_us * 1000, max(reset_us * 1000, 1), 0, 0
 end
-return {0, 0, reset_us * 1000, math.max(reset_us * 1000, 1), 0, 0}

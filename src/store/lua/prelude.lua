@@ -1,22 +1,34 @@
 -- Prepended by Rust (src/store/redis/scripts.rs) to every script: the
--- arguments they all take, the server's clock, and the rounding rules of
--- src/limiter.rs, written once.
+-- values each check takes, the server's clock, and the rounding rules of
+-- src/limiter.rs, written once. Then comes the algorithm's `decide`, then
+-- batch.lua, which runs `decide` once per check of the call.
 --
--- KEYS[1]  the bucket's key
--- ARGV     mode (0 peek, 1 consume, 2 refund), limit, window_us, burst,
---          cost, a script-specific sixth value, and the lease wanted: units
---          the caller would like to take ahead of need (0 for none)
+-- A call decides a batch of checks on keys of one node (see batch.lua for
+-- the layout of ARGV and of the reply). The values below are those of the
+-- check being decided; batch.lua sets them before each `decide`:
+--
+-- key      the check's key
+-- mode     0 peek, 1 consume, 2 refund
+-- limit, window (µs), capacity (the burst)
+-- cost     units of this request
+-- extra    an algorithm-specific string: the refund token of a window, the
+--          request id of the sliding log
+-- want     units the caller would like to take ahead of need (0 for none),
+--          and for token-bucket leases the escrow `period` and `phase`
+--          (µs) and a lease to settle: `settle_at` (its slot end, 0 for
+--          none), the units `taken` and the units of those `unspent`
 --
 -- Time is read from the server (TIME), never passed in: every proxy
 -- instance agrees on it whatever its own clock says. Microseconds since the
 -- epoch (~1.7e15) are exact in a Lua double; nanoseconds would not be.
-local key = KEYS[1]
-local mode = tonumber(ARGV[1])
-local limit = tonumber(ARGV[2])
-local window = tonumber(ARGV[3])
-local capacity = tonumber(ARGV[4])
-local cost = tonumber(ARGV[5])
-local want = tonumber(ARGV[7]) or 0
+-- The library functions the scripts use, as locals: a global lookup
+-- costs a table access (and, in a script, a metatable's) on every call.
+local max, min, floor, ceil, abs, fmod = math.max, math.min, math.floor, math.ceil, math.abs, math.fmod
+local format, match, gmatch, find = string.format, string.match, string.gmatch, string.find
+local call, tonumber, pcall, type, tostring = redis.call, tonumber, pcall, type, tostring
+
+local key, mode, limit, window, capacity, cost, extra
+local want, period, phase, settle_at, taken, unspent = 0, 0, 0, 0, 0, 0
 
 -- Scripts that lease answer two more values, {..., granted, lease_ttl_ns}:
 -- the units taken ahead for the caller to spend locally, and how long they
@@ -30,19 +42,27 @@ end
 
 -- The clock line: tests/lua_matches_limiter.rs swaps the TIME call below
 -- for a time of its choosing, to drive these scripts and src/limiter.rs
--- through the same instants. Production scripts always read the server.
+-- through the same instants. Production scripts always read the server,
+-- once per call: every check of a batch is decided at the same instant.
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+-- `now` as stored in keys, written once per call.
+local NOW = format('%d', now)
 
 -- Floating point slack when comparing levels, as in src/limiter.rs.
 local EPSILON = 1e-9
 
 -- Rounds nanoseconds up, except that rounding noise just above a whole
 -- number does not add one (`ns_ceil` in src/limiter.rs).
+-- (Comparisons instead of abs and max: each library call costs more than
+-- the arithmetic around it, and this runs for every check.)
 local function ns_ceil(x)
-  local whole = math.floor(x + 0.5)
-  if math.abs(x - whole) <= math.max(math.abs(x) * 1e-14, 1e-6) then x = whole end
+  local whole = floor(x + 0.5)
+  local off, scale = x - whole, x * 1e-14
+  if off < 0 then off = -off end
+  if scale < 0 then scale = -scale end
+  if scale < 1e-6 then scale = 1e-6 end
+  if off <= scale then x = whole end
   if x <= 0 then return 0 end
-  return math.ceil(x)
+  return ceil(x)
 end
-

@@ -2,11 +2,11 @@
 -- window's, weighted by how much of it the sliding window still covers.
 -- The same arithmetic as `sliding_counter` in src/limiter.rs, on the server's clock.
 --
--- KEYS[1]  the counters, a string "<current window start_us>:<previous count>:<current count>"
--- ARGV     mode (0 peek, 1 consume, 2 refund), limit, window_us, burst, cost,
---          and for a refund the window start the consume returned as its token
--- Returns  {allowed, remaining, reset_after_ns, retry_after_ns, delay_ns, token,
---           granted, lease_ttl_ns} where token is the window start the request
+-- key      the counters, a string "<current window start_us>:<previous count>:<current count>"
+-- values   those of prelude.lua; for a refund, `extra` is the window start
+--          the consume returned as its token
+-- Returns  allowed, remaining, reset_after_ns, retry_after_ns, delay_ns, token,
+--          granted, lease_ttl_ns where token is the window start the request
 --          was counted in; a lease (prelude.lua) lasts until that window ends:
 --          spent within it, its units weigh on the estimate as if they had
 --          come at the moment they were counted, which only over-counts
@@ -14,71 +14,73 @@
 -- The arguments, `now` (server clock, µs), EPSILON and ns_ceil come from
 -- prelude.lua, which Rust prepends.
 
-local stored_start, stored_prev, stored_curr = -1, 0, 0
-local state = redis.call('GET', key)
-if state then
-  local s, p, c = string.match(state, '^(%d+):(%d+):(%d+)$')
-  if s then
-    stored_start, stored_prev, stored_curr = tonumber(s), tonumber(p), tonumber(c)
-  end
-end
-
 local function save(start, prev, curr, px)
-  local value = string.format('%d:%d:%d', start, prev, curr)
+  local value = format('%d:%d:%d', start, prev, curr)
   if px then
-    redis.call('SET', key, value, 'PX', px)
+    call('SET', key, value, 'PX', px)
   else
-    redis.call('SET', key, value, 'KEEPTTL')
+    call('SET', key, value, 'KEEPTTL')
   end
 end
 
-if mode == 2 then
-  -- Refund from the window the request was counted in, which may have
-  -- become the previous one since.
-  local counted_in = tonumber(ARGV[6])
-  if stored_start == counted_in then
-    save(stored_start, stored_prev, math.max(stored_curr - cost, 0))
-  elseif stored_start == counted_in + window then
-    save(stored_start, math.max(stored_prev - cost, 0), stored_curr)
+local function decide()
+  local stored_start, stored_prev, stored_curr = -1, 0, 0
+  local state = call('GET', key)
+  if state then
+    local s, p, c = match(state, '^(%d+):(%d+):(%d+)$')
+    if s then
+      stored_start, stored_prev, stored_curr = tonumber(s), tonumber(p), tonumber(c)
+    end
   end
-  return {1, 0, 0, 0, 0, 0}
-end
 
--- As in fixed_window.lua: a clock behind the stored window counts in it.
-local start = math.max(now - math.fmod(now, window), stored_start)
-local prev, curr = 0, 0
-if stored_start == start then
-  prev, curr = stored_prev, stored_curr
-elseif stored_start + window == start then
-  prev, curr = stored_curr, 0
-end
-local into = math.max(now - start, 0) / window
-local estimate = prev * (1 - into) + curr
-
-if estimate + cost <= limit + EPSILON then
-  local granted = lease(math.floor(limit - estimate - cost + EPSILON))
-  curr = curr + cost + granted
-  local reset_us = start + 2 * window - now
-  if mode == 1 then
-    -- The key lives until both windows holding requests have slid out.
-    save(start, prev, curr, math.max(math.ceil(reset_us / 1000), 1))
+  if mode == 2 then
+    -- Refund from the window the request was counted in, which may have
+    -- become the previous one since.
+    local counted_in = tonumber(extra)
+    if stored_start == counted_in then
+      save(stored_start, stored_prev, max(stored_curr - cost, 0))
+    elseif stored_start == counted_in + window then
+      save(stored_start, max(stored_prev - cost, 0), stored_curr)
+    end
+    return 1, 0, 0, 0, 0, 0
   end
-  local remaining = math.floor(math.max(limit - estimate - cost - granted + EPSILON, 0))
-  return {1, remaining, reset_us * 1000, 0, 0, start, granted, (start + window - now) * 1000}
-end
 
--- The earliest moment the estimate leaves room for `cost`, as an offset
--- from `start` in microseconds.
-local room = limit - cost
-local at
-if curr <= room and prev > 0 then
-  at = (1 - (room - curr) / prev) * window
-else
-  local f = 0
-  if curr > 0 then f = 1 - room / curr end
-  at = window + math.max(f, 0) * window
+  -- As in fixed_window.lua: a clock behind the stored window counts in it.
+  local start = max(now - fmod(now, window), stored_start)
+  local prev, curr = 0, 0
+  if stored_start == start then
+    prev, curr = stored_prev, stored_curr
+  elseif stored_start + window == start then
+    prev, curr = stored_curr, 0
+  end
+  local into = max(now - start, 0) / window
+  local estimate = prev * (1 - into) + curr
+
+  if estimate + cost <= limit + EPSILON then
+    local granted = lease(floor(limit - estimate - cost + EPSILON))
+    curr = curr + cost + granted
+    local reset_us = start + 2 * window - now
+    if mode == 1 then
+      -- The key lives until both windows holding requests have slid out.
+      save(start, prev, curr, max(ceil(reset_us / 1000), 1))
+    end
+    local remaining = floor(max(limit - estimate - cost - granted + EPSILON, 0))
+    return 1, remaining, reset_us * 1000, 0, 0, start, granted, (start + window - now) * 1000
+  end
+
+  -- The earliest moment the estimate leaves room for `cost`, as an offset
+  -- from `start` in microseconds.
+  local room = limit - cost
+  local at
+  if curr <= room and prev > 0 then
+    at = (1 - (room - curr) / prev) * window
+  else
+    local f = 0
+    if curr > 0 then f = 1 - room / curr end
+    at = window + max(f, 0) * window
+  end
+  local retry = max(ns_ceil((at - (now - start)) * 1000), 1)
+  local reset_us = start + window - now
+  if curr > 0 then reset_us = start + 2 * window - now end
+  return 0, 0, reset_us * 1000, retry, 0, 0
 end
-local retry = math.max(ns_ceil((at - (now - start)) * 1000), 1)
-local reset_us = start + window - now
-if curr > 0 then reset_us = start + 2 * window - now end
-return {0, 0, reset_us * 1000, retry, 0, 0}

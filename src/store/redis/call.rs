@@ -1,6 +1,7 @@
-//! One script call: `EVALSHA` on the node owning the key, the same call as
-//! `EVAL` on that node when it answers `NOSCRIPT`, bounded by a deadline
-//! with fred's own timer, and re-sent only after a cluster redirection.
+//! Script calls: a batch of checks in one `EVALSHA` on the node owning the
+//! first check's key, the same call as `EVAL` when that node answers
+//! `NOSCRIPT`, bounded by a deadline with fred's own timer, and re-sent only
+//! after a cluster redirection.
 
 use std::time::{Duration, Instant};
 
@@ -10,11 +11,13 @@ use fred::interfaces::ClientLike;
 use fred::types::config::Options;
 use fred::types::{ClusterHash, CustomCommand, Value};
 
-use super::scripts::{self, Reply, Script};
+use super::scripts::{self, Outcome, Reply, Script};
 use crate::store::StoreError;
 
-/// One script call on the node owning `key`, by SHA, then by source if
-/// that node does not know the script.
+/// One check of a call: its key and the values after it.
+pub(super) type Job<'a> = (&'a str, &'a [Value; scripts::ARGS]);
+
+/// One check in a call of its own, routed by its key.
 pub(super) async fn run(
     client: &Client,
     script: &Script,
@@ -23,32 +26,63 @@ pub(super) async fn run(
     deadline: Instant,
     timeout: Duration,
 ) -> Result<Reply, Failure> {
-    let mut result = eval(client, "EVALSHA", &script.sha, key, &args, deadline).await;
+    let outcome = run_batch(client, script, &[(key, &args)], deadline, timeout).await?.pop();
+    match outcome {
+        Some(Outcome::Decided(reply)) => Ok(reply),
+        // Routed by this very key: its node is moving (a slot migration).
+        Some(Outcome::NotHere) => Err(Failure {
+            error: StoreError::Unavailable(format!("{key} is moving between cluster nodes")),
+            outage: false,
+        }),
+        Some(Outcome::Failed(error)) => Err(Failure { error: StoreError::Protocol(error), outage: false }),
+        None => Err(Failure { error: StoreError::Protocol("a script answered no check".into()), outage: false }),
+    }
+}
+
+/// The checks of `jobs` in one call of `script` (at least one check), on
+/// the node owning the first one's key, by SHA, then by source if that
+/// node does not know the script.
+pub(super) async fn run_batch(
+    client: &Client,
+    script: &Script,
+    jobs: &[Job<'_>],
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<Vec<Outcome>, Failure> {
+    let mut result = eval(client, "EVALSHA", &script.sha, jobs, deadline).await;
     if result.as_ref().is_err_and(|e| e.details().starts_with("NOSCRIPT")) {
-        result = eval(client, "EVAL", script.source, key, &args, deadline).await;
+        result = eval(client, "EVAL", script.source, jobs, deadline).await;
     }
     match result {
-        Ok(value) => scripts::parse_reply(value).map_err(|error| Failure { error, outage: false }),
+        Ok(value) => scripts::parse_batch(value, jobs.len()).map_err(|error| Failure { error, outage: false }),
         Err(e) => Err(Failure { error: store_error(&e, timeout), outage: is_outage(e.kind()) }),
     }
 }
 
-/// Sends `EVALSHA sha 1 key args...` (or `EVAL source ...`) to the node
-/// owning `key`'s slot, bounded by `deadline`.
+/// Sends `EVALSHA sha 1 <first key> <count> <key args...>...` (or `EVAL
+/// source ...`) to the node owning the first key's slot, bounded by
+/// `deadline`.
 async fn eval(
     client: &Client,
     command: &'static str,
     script: &str,
-    key: &str,
-    args: &[Value; scripts::ARGS],
+    jobs: &[Job<'_>],
     deadline: Instant,
 ) -> Result<Value, FredError> {
-    let slot = fred::util::redis_keyslot(key.as_bytes());
-    let mut argv: Vec<Value> = Vec::with_capacity(3 + args.len());
-    argv.push(Value::String(script.into()));
-    argv.push(Value::Integer(1));
-    argv.push(Value::String(key.into()));
-    argv.extend(args.iter().cloned());
+    let Some(&(first, _)) = jobs.first() else { return Ok(Value::Array(Vec::new())) };
+    let slot = fred::util::redis_keyslot(first.as_bytes());
+    let argv = || {
+        let mut argv: Vec<Value> = Vec::with_capacity(4 + jobs.len() * (1 + scripts::ARGS));
+        argv.push(Value::String(script.into()));
+        argv.push(Value::Integer(1));
+        argv.push(Value::String(first.into()));
+        argv.push(Value::Integer(jobs.len() as i64));
+        for (key, args) in jobs {
+            argv.push(Value::String((*key).into()));
+            argv.extend(args.iter().cloned());
+        }
+        argv
+    };
     // At most one re-send, after a redirection (see `is_exhausted_redirect`).
     let mut redirected = false;
     loop {
@@ -60,10 +94,10 @@ async fn eval(
         // argument (the SHA) instead of the key.
         let options = Options { timeout: Some(left), max_attempts: Some(1), ..Default::default() };
         let cmd = CustomCommand::new_static(command, ClusterHash::Custom(slot), false);
-        let result: Result<Value, FredError> = client.with_options(&options).custom(cmd, argv.clone()).await;
+        let result: Result<Value, FredError> = client.with_options(&options).custom(cmd, argv()).await;
         match result {
             Err(e) if !redirected && is_exhausted_redirect(&e) => {
-                tracing::debug!(key, "re-sending a script after a cluster redirection");
+                tracing::debug!(key = first, "re-sending a script after a cluster redirection");
                 redirected = true;
             }
             other => return other,

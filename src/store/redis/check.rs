@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use super::call::{self, Failure};
+use super::call::Failure;
 use super::scripts::{self, LeaseArgs, Reply, ScriptMode, redis_key};
 use super::{Shared, cache};
 use crate::config::OnError;
@@ -70,12 +70,12 @@ impl Shared {
         } else {
             let calls = asked.iter().zip(&wants).map(|(&i, &lease)| {
                 let c = &checks[i];
-                let script = self.scripts.get(c.limits.algorithm);
                 let args = scripts::args(script_mode, &c.limits, c.cost, &ids[i], lease);
-                call::run(self.pool.next(), script, &keys[i], args, deadline, self.timeout)
+                self.submit(c.limits.algorithm, keys[i].clone(), args, deadline)
             });
-            // Sent together: fred writes them back to back on each node's
-            // connection, so all rules cost one round trip.
+            // Queued together (see `batch`): they go out in the next calls
+            // to their nodes, with other requests' checks, so all rules
+            // cost one round trip.
             futures::future::join_all(calls).await
         };
 

@@ -6,7 +6,8 @@
 //! | `mod.rs` | [`RedisStore`]: start-up, the [`Store`] methods, shutdown |
 //! | `connection.rs` | fred's pool and its settings, TLS, connection error logs |
 //! | `check.rs` | one request's checks: cache, leases, script calls, refunds of a rejected request |
-//! | `call.rs` | one script call on the node owning its key |
+//! | `batch.rs` | the checks of concurrent requests to one node, in one call |
+//! | `call.rs` | one script call (a batch of checks) on the node owning its first key |
 //! | `scripts.rs` | the Lua scripts, their keys, arguments and replies |
 //! | `refund.rs` | giving quota back to Redis in the background |
 //! | `lease.rs` | quota leased to this instance |
@@ -66,6 +67,7 @@
 //! See [`cache`]: a key Redis rejected is answered 429 here until its
 //! retry-after moment, without a round trip.
 
+mod batch;
 mod cache;
 mod call;
 mod check;
@@ -93,7 +95,7 @@ use check::RequestIds;
 use connection::{START_WAIT, log_errors, redact};
 pub use connection::{tls_client_identity, tls_roots};
 use scripts::Scripts;
-pub use scripts::{redis_key, suffix};
+pub use scripts::{redis_key, source as script_source, suffix};
 
 /// How long shutdown waits for an unreachable Redis to take back the
 /// leased units.
@@ -113,6 +115,7 @@ struct Shared {
     key_prefix: String,
     timeout: Duration,
     scripts: Scripts,
+    batcher: batch::Batcher,
     cache: cache::OverLimitCache,
     leases: lease::Leases,
     /// Leased units waiting for Redis to come back (see `refund`).
@@ -161,7 +164,8 @@ impl RedisStore {
             clustered,
             key_prefix: config.key_prefix.clone(),
             timeout,
-            scripts: Scripts::new(),
+            scripts: Scripts::new(clustered),
+            batcher: batch::Batcher::new(clustered),
             cache: cache::OverLimitCache::new(),
             leases: lease::Leases::new(config.lease_percent, config.lease_idle, config.lease_lifetime),
             backlog: Mutex::new(VecDeque::new()),

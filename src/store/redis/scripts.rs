@@ -2,10 +2,10 @@
 //!
 //! One script per algorithm, in `src/store/lua/` (the token and leaky
 //! buckets share `bucket.lua`, as they share `bucket` in `src/limiter.rs`;
-//! every script starts with `prelude.lua`), each deciding one key
-//! atomically on the server with the server's clock. All five take the same
-//! arguments and answer the same six integers, so the Rust side treats them
-//! alike.
+//! every script starts with `prelude.lua` and ends with `batch.lua`), each
+//! deciding a batch of keys atomically on the server with the server's
+//! clock. All five take the same values per check and answer the same
+//! eight integers per check, so the Rust side treats them alike.
 
 use fred::types::Value;
 
@@ -35,51 +35,75 @@ impl Script {
     }
 }
 
-/// The five scripts, hashed once at start-up.
-pub(super) struct Scripts {
-    token_bucket: Script,
-    leaky_bucket: Script,
-    fixed_window: Script,
-    sliding_window_log: Script,
-    sliding_window_counter: Script,
+/// The shebang that lets one call of a script touch keys of several slots
+/// of the node it runs on (Redis 7 or later): in a cluster, batches group
+/// checks by node, not by slot. A single server needs no flag, so older
+/// servers keep working there.
+macro_rules! cross_slot {
+    () => {
+        "#!lua flags=allow-cross-slot-keys\n"
+    };
 }
 
+/// A script's source: its first lines (the shebang, the buckets'
+/// `SHAPING`), the prelude, the algorithm's `decide`, and the batch loop.
+macro_rules! script {
+    ($first:expr, $algorithm:literal) => {
+        concat!(
+            $first,
+            include_str!("../lua/prelude.lua"),
+            include_str!(concat!("../lua/", $algorithm)),
+            include_str!("../lua/batch.lua")
+        )
+    };
+}
+
+/// Every script's source, for a single server and for a cluster, in the
+/// order of [`index`].
+const SOURCES: [[&str; 5]; 2] = [
+    [
+        script!("local SHAPING = false\n", "bucket.lua"),
+        script!("local SHAPING = true\n", "bucket.lua"),
+        script!("", "fixed_window.lua"),
+        script!("", "sliding_window_log.lua"),
+        script!("", "sliding_window_counter.lua"),
+    ],
+    [
+        script!(concat!(cross_slot!(), "local SHAPING = false\n"), "bucket.lua"),
+        script!(concat!(cross_slot!(), "local SHAPING = true\n"), "bucket.lua"),
+        script!(cross_slot!(), "fixed_window.lua"),
+        script!(cross_slot!(), "sliding_window_log.lua"),
+        script!(cross_slot!(), "sliding_window_counter.lua"),
+    ],
+];
+
+pub(super) fn index(algorithm: Algorithm) -> usize {
+    match algorithm {
+        Algorithm::TokenBucket => 0,
+        Algorithm::LeakyBucket => 1,
+        Algorithm::FixedWindow => 2,
+        Algorithm::SlidingWindowLog => 3,
+        Algorithm::SlidingWindowCounter => 4,
+    }
+}
+
+/// The source of `algorithm`'s script as a single server runs it, for
+/// tests that run it with a clock of their own.
+pub fn source(algorithm: Algorithm) -> &'static str {
+    SOURCES[0][index(algorithm)]
+}
+
+/// The five scripts, hashed once at start-up.
+pub(super) struct Scripts([Script; 5]);
+
 impl Scripts {
-    pub fn new() -> Scripts {
-        Scripts {
-            token_bucket: Script::new(concat!(
-                "local SHAPING = false\n",
-                include_str!("../lua/prelude.lua"),
-                include_str!("../lua/bucket.lua")
-            )),
-            leaky_bucket: Script::new(concat!(
-                "local SHAPING = true\n",
-                include_str!("../lua/prelude.lua"),
-                include_str!("../lua/bucket.lua")
-            )),
-            fixed_window: Script::new(concat!(
-                include_str!("../lua/prelude.lua"),
-                include_str!("../lua/fixed_window.lua")
-            )),
-            sliding_window_log: Script::new(concat!(
-                include_str!("../lua/prelude.lua"),
-                include_str!("../lua/sliding_window_log.lua")
-            )),
-            sliding_window_counter: Script::new(concat!(
-                include_str!("../lua/prelude.lua"),
-                include_str!("../lua/sliding_window_counter.lua")
-            )),
-        }
+    /// `clustered`: whether batches may span slots (see `cross_slot!`).
+    pub fn new(clustered: bool) -> Scripts {
+        Scripts(SOURCES[usize::from(clustered)].map(Script::new))
     }
 
     pub fn get(&self, algorithm: Algorithm) -> &Script {
-        match algorithm {
-            Algorithm::TokenBucket => &self.token_bucket,
-            Algorithm::LeakyBucket => &self.leaky_bucket,
-            Algorithm::FixedWindow => &self.fixed_window,
-            Algorithm::SlidingWindowLog => &self.sliding_window_log,
-            Algorithm::SlidingWindowCounter => &self.sliding_window_counter,
-        }
+        &self.0[index(algorithm)]
     }
 }
 
@@ -123,8 +147,11 @@ pub fn window_us(limits: &Limits) -> u64 {
     limits.window.div_ceil(1_000).max(1)
 }
 
-/// How many values a script call takes after its key.
-pub const ARGS: usize = 12;
+/// How many values a check takes after its key (see `batch.lua`).
+pub const ARGS: usize = 2;
+
+/// How many integers a script answers per check.
+const STRIDE: usize = 8;
 
 /// What a call says about leases: the units it wants, and for a token
 /// bucket the escrow period and phase its slots end on, and a lease of this
@@ -147,32 +174,35 @@ pub struct Settle {
     pub unspent: u64,
 }
 
-/// The `ARGV` of one call: mode, limit, window in µs, burst, cost, the
-/// refund token or request id, the units wanted as a lease (see `lease`),
-/// the escrow period and phase, and the lease settled (slot, taken,
-/// unspent; a slot of 0 settles nothing).
+/// The values of one check after its key: its spec
+/// `mode:limit:window_us:burst:cost`, and its tail: empty, or the refund
+/// token or request id, followed for a lease by
+/// `|want:period:phase:slot:taken:unspent` (the units wanted, the escrow
+/// period and phase, and the lease settled; a slot of 0 settles nothing).
+/// Few values, and a spec the checks of one rule share: reading values is
+/// most of what a check costs the server.
 pub fn args(mode: ScriptMode, limits: &Limits, cost: u64, extra: &str, lease: LeaseArgs) -> [Value; ARGS] {
+    use std::fmt::Write as _;
     // The same bounds as the in-process arithmetic (`Limits::bounded`).
     let limits = &limits.bounded();
-    let settle = lease.settle.unwrap_or(Settle { slot: 0, taken: 0, unspent: 0 });
-    [
-        Value::Integer(mode as i64),
-        int(limits.limit),
-        int(window_us(limits)),
-        int(limits.burst),
-        int(cost),
-        Value::String(extra.into()),
-        int(lease.want),
-        int(lease.period_us),
-        int(lease.phase_us),
-        Value::Integer(settle.slot.max(0)),
-        int(settle.taken),
-        int(settle.unspent),
-    ]
-}
-
-fn int(n: u64) -> Value {
-    Value::Integer(i64::try_from(n).unwrap_or(i64::MAX))
+    let spec = format!("{}:{}:{}:{}:{}", mode as u8, limits.limit, window_us(limits), limits.burst, cost);
+    let mut tail = String::with_capacity(extra.len());
+    tail.push_str(extra);
+    if lease != LeaseArgs::default() {
+        let settle = lease.settle.unwrap_or(Settle { slot: 0, taken: 0, unspent: 0 });
+        // Writing to a String cannot fail.
+        let _ = write!(
+            tail,
+            "|{}:{}:{}:{}:{}:{}",
+            lease.want,
+            lease.period_us,
+            lease.phase_us,
+            settle.slot.max(0),
+            settle.taken,
+            settle.unspent
+        );
+    }
+    [Value::String(spec.into()), Value::String(tail.into())]
 }
 
 /// A script's answer: the verdict, the token a refund must quote (the
@@ -190,23 +220,51 @@ pub struct Reply {
     pub lease_ttl: u64,
 }
 
-/// Reads `{allowed, remaining, reset_after_ns, retry_after_ns, delay_ns,
-/// token}`, followed by `{granted, lease_ttl_ns}` from the scripts that lease.
-pub fn parse_reply(value: Value) -> Result<Reply, StoreError> {
+/// What a script answered for one check of a call.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    Decided(Reply),
+    /// The key is not on the node the call went to (a batch grouped by a
+    /// slot map that has changed since): nothing was written, its owner
+    /// must be asked.
+    NotHere,
+    /// The check failed on the server (a key of another type, say); the
+    /// other checks of the call stand.
+    Failed(String),
+}
+
+/// Reads [`STRIDE`] values per check for `count` checks: `{allowed,
+/// remaining, reset_after_ns, retry_after_ns, delay_ns, token, granted,
+/// lease_ttl_ns}`, or a code of -1 (not here) or -2 (failed, then the
+/// error) in place of `allowed`.
+pub fn parse_batch(value: Value, count: usize) -> Result<Vec<Outcome>, StoreError> {
     let bad = |v: &Value| StoreError::Protocol(format!("a rate-limit script answered {v:?}"));
     let Value::Array(items) = &value else { return Err(bad(&value)) };
-    let mut n = [0i64; 8];
-    if items.len() != 6 && items.len() != 8 {
+    if items.len() != count * STRIDE {
         return Err(bad(&value));
     }
-    for (slot, item) in n.iter_mut().zip(items) {
-        *slot = match item {
-            Value::Integer(i) => *i,
-            _ => return Err(bad(&value)),
-        };
-    }
+    items
+        .chunks_exact(STRIDE)
+        .map(|check| match check[0] {
+            Value::Integer(-1) => Ok(Outcome::NotHere),
+            Value::Integer(-2) => Ok(Outcome::Failed(check[1].as_string().unwrap_or_default())),
+            _ => {
+                let mut n = [0i64; STRIDE];
+                for (slot, item) in n.iter_mut().zip(check) {
+                    *slot = match item {
+                        Value::Integer(i) => *i,
+                        _ => return Err(bad(&value)),
+                    };
+                }
+                Ok(Outcome::Decided(reply(n)))
+            }
+        })
+        .collect()
+}
+
+fn reply(n: [i64; STRIDE]) -> Reply {
     let ns = |i: i64| u64::try_from(i).unwrap_or(0);
-    Ok(Reply {
+    Reply {
         verdict: Verdict {
             allowed: n[0] == 1,
             remaining: ns(n[1]),
@@ -217,7 +275,7 @@ pub fn parse_reply(value: Value) -> Result<Reply, StoreError> {
         token: n[5],
         granted: ns(n[6]),
         lease_ttl: ns(n[7]),
-    })
+    }
 }
 
 #[cfg(test)]
@@ -254,18 +312,28 @@ mod tests {
     }
 
     #[test]
-    fn replies_parse_and_malformed_ones_are_errors() {
-        let ok = Value::Array([1, 4, 2_000, 0, 7, 99].map(Value::Integer).to_vec());
-        let r = parse_reply(ok).expect("parses");
+    fn replies_parse_per_check_and_malformed_ones_are_errors() {
+        let ints = |n: &[i64]| n.iter().copied().map(Value::Integer).collect::<Vec<_>>();
+        let mut items = ints(&[1, 4, 2_000, 0, 7, 99, 0, 0]);
+        items.extend(ints(&[1, 4, 2_000, 0, 0, 99, 10, 5_000]));
+        items.extend(ints(&[-1, 0, 0, 0, 0, 0, 0, 0]));
+        items.push(Value::Integer(-2));
+        items.push(Value::String("WRONGTYPE Operation against a key".into()));
+        items.extend(ints(&[0, 0, 0, 0, 0, 0]));
+        let outcomes = parse_batch(Value::Array(items.clone()), 4).expect("parses");
+        let Outcome::Decided(r) = &outcomes[0] else { panic!("{outcomes:?}") };
         assert_eq!(r.verdict, Verdict { allowed: true, remaining: 4, reset_after: 2_000, retry_after: 0, delay: 7 });
-        assert_eq!(r.token, 99);
-        assert_eq!((r.granted, r.lease_ttl), (0, 0));
-        let leased = Value::Array([1, 4, 2_000, 0, 0, 99, 10, 5_000].map(Value::Integer).to_vec());
-        let r = parse_reply(leased).expect("parses");
+        assert_eq!((r.token, r.granted, r.lease_ttl), (99, 0, 0));
+        let Outcome::Decided(r) = &outcomes[1] else { panic!("{outcomes:?}") };
         assert_eq!((r.granted, r.lease_ttl), (10, 5_000));
-        assert!(parse_reply(Value::Array([1, 4, 2_000, 0, 0, 99, 10].map(Value::Integer).to_vec())).is_err());
-        assert!(parse_reply(Value::Array(vec![Value::Integer(1)])).is_err());
-        assert!(parse_reply(Value::String("OK".into())).is_err());
+        assert!(matches!(outcomes[2], Outcome::NotHere));
+        assert!(matches!(&outcomes[3], Outcome::Failed(e) if e.starts_with("WRONGTYPE")));
+        // A count that does not match, a value that is not an integer, not
+        // an array.
+        assert!(parse_batch(Value::Array(items.clone()), 3).is_err());
+        items[9] = Value::String("x".into());
+        assert!(parse_batch(Value::Array(items), 4).is_err());
+        assert!(parse_batch(Value::String("OK".into()), 1).is_err());
     }
 
     #[test]

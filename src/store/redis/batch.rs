@@ -1,0 +1,258 @@
+//! Batching: the checks of concurrent requests bound for the same Redis
+//! node and script go out in one call.
+//!
+//! One script call per check costs Redis a command's parsing, a scripting
+//! entry, a `TIME` and a socket write, and costs this process a fred
+//! command; all of that is paid once per call, whatever it decides. So
+//! checks queue per node and algorithm, and one call at a time per queue
+//! takes everything queued: a check that arrives while its queue is idle
+//! goes out on the next turn of the runtime (with whatever else arrived in
+//! that turn), one that arrives while a call is out goes in the next call.
+//! Under light load nothing waits; under heavy load batches grow with it.
+//!
+//! In a cluster, a call goes to the node owning its first key and its
+//! other keys travel as arguments, so a batch may span every slot of one
+//! node (the scripts' `allow-cross-slot-keys` flag). Which node owns which
+//! slot comes from fred's view of the cluster, refreshed every second and
+//! after a miss; a key the node turns out not to own (a failover or
+//! migration since) is answered `NotHere` by the script before anything is
+//! written for it, and asked again in a call of its own, routed by its key.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use fred::interfaces::ClusterInterface;
+use fred::types::Value;
+use tokio::sync::oneshot;
+
+use super::Shared;
+use super::call::{self, Failure};
+use super::scripts::{self, Outcome, Reply};
+use crate::limiter::Algorithm;
+use crate::store::StoreError;
+
+/// Checks per call at most: bounds how long one call holds Redis (a few
+/// microseconds per check) and the size of its reply.
+const MAX_BATCH: usize = 64;
+
+/// How often the slot map is read again from fred.
+const ROUTES_EVERY: Duration = Duration::from_secs(1);
+
+const SLOTS: usize = 16_384;
+
+const ALGORITHMS: usize = 5;
+
+/// The queues of checks waiting for a call, per node and algorithm.
+pub(super) struct Batcher {
+    state: Mutex<State>,
+    clustered: bool,
+}
+
+struct State {
+    /// The node (an index of fred's primaries) owning each slot; empty for
+    /// a single server, or until the cluster's layout is known.
+    routes: Vec<u16>,
+    /// When `routes` was read; `None` asks for a fresh read.
+    routed_at: Option<Instant>,
+    /// `node * ALGORITHMS + algorithm`.
+    queues: Vec<Queue>,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiting: Vec<Waiting>,
+    /// Whether a task is sending this queue's checks.
+    sending: bool,
+}
+
+/// A check waiting for its call.
+struct Waiting {
+    key: String,
+    args: [Value; scripts::ARGS],
+    deadline: Instant,
+    reply: oneshot::Sender<Result<Reply, Failure>>,
+}
+
+impl Batcher {
+    pub fn new(clustered: bool) -> Batcher {
+        Batcher { state: Mutex::new(State { routes: Vec::new(), routed_at: None, queues: Vec::new() }), clustered }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Shared {
+    /// Queues one check for the next call to its key's node, and answers
+    /// when that call does. The check is queued before this returns, so
+    /// checks submitted together go out together.
+    pub(super) fn submit(
+        self: &Arc<Self>,
+        algorithm: Algorithm,
+        key: String,
+        args: [Value; scripts::ARGS],
+        deadline: Instant,
+    ) -> impl Future<Output = Result<Reply, Failure>> + use<> {
+        let (reply, answer) = oneshot::channel();
+        let queue = self.queue_of(&key, algorithm);
+        let start = {
+            let mut state = self.batcher.lock();
+            if state.queues.len() <= queue {
+                state.queues.resize_with(queue + 1, Queue::default);
+            }
+            let q = &mut state.queues[queue];
+            q.waiting.push(Waiting { key, args, deadline, reply });
+            !std::mem::replace(&mut q.sending, true)
+        };
+        if start {
+            tokio::spawn(self.clone().send_queue(queue, algorithm));
+        }
+        async move {
+            answer.await.unwrap_or_else(|_| {
+                Err(Failure { error: StoreError::Unavailable("the check's call was dropped".into()), outage: false })
+            })
+        }
+    }
+
+    /// The queue of `key`'s node for `algorithm`.
+    fn queue_of(&self, key: &str, algorithm: Algorithm) -> usize {
+        let index = scripts::index(algorithm);
+        if !self.batcher.clustered {
+            return index;
+        }
+        let slot = usize::from(fred::util::redis_keyslot(key.as_bytes()));
+        let stale = {
+            let state = self.batcher.lock();
+            state.routed_at.is_none_or(|at| at.elapsed() >= ROUTES_EVERY)
+        };
+        if stale {
+            self.read_routes();
+        }
+        let state = self.batcher.lock();
+        let node = state.routes.get(slot).copied().unwrap_or(0);
+        usize::from(node) * ALGORITHMS + index
+    }
+
+    /// Reads fred's slot map: each slot's primary, as an index.
+    fn read_routes(&self) {
+        let routing = self.pool.next().cached_cluster_state();
+        let mut routes = Vec::new();
+        if let Some(routing) = routing {
+            let nodes = routing.unique_primary_nodes();
+            routes = vec![0u16; SLOTS];
+            for range in routing.slots() {
+                let node = nodes.iter().position(|n| *n == range.primary).unwrap_or(0);
+                let node = u16::try_from(node).unwrap_or(0);
+                let (start, end) = (usize::from(range.start), usize::from(range.end).min(SLOTS - 1));
+                if start <= end {
+                    routes[start..=end].fill(node);
+                }
+            }
+        }
+        let mut state = self.batcher.lock();
+        // Without a layout yet, ask again on the next check.
+        state.routed_at = (!routes.is_empty()).then(Instant::now);
+        state.routes = routes;
+    }
+
+    /// Sends the checks of one queue, a call at a time, until none waits.
+    async fn send_queue(self: Arc<Self>, queue: usize, algorithm: Algorithm) {
+        // Checks submitted in this turn of the runtime join the first call.
+        tokio::task::yield_now().await;
+        let mut sending = Sending { shared: &self, queue, done: false };
+        loop {
+            let batch: Vec<Waiting> = {
+                let mut state = self.batcher.lock();
+                let q = &mut state.queues[queue];
+                if q.waiting.is_empty() {
+                    q.sending = false;
+                    sending.done = true;
+                    return;
+                }
+                if q.waiting.len() <= MAX_BATCH {
+                    std::mem::take(&mut q.waiting)
+                } else {
+                    q.waiting.drain(..MAX_BATCH).collect()
+                }
+            };
+            self.send_batch(algorithm, batch).await;
+        }
+    }
+
+    /// One call for `batch`; every check gets its answer.
+    async fn send_batch(self: &Arc<Self>, algorithm: Algorithm, batch: Vec<Waiting>) {
+        let now = Instant::now();
+        // Those that waited past their deadline behind a slow call.
+        let (batch, late): (Vec<Waiting>, Vec<Waiting>) = batch.into_iter().partition(|w| w.deadline > now);
+        for w in late {
+            let _ = w.reply.send(Err(Failure { error: StoreError::Timeout(self.timeout), outage: true }));
+        }
+        let Some(deadline) = batch.iter().map(|w| w.deadline).min() else { return };
+        let jobs: Vec<call::Job<'_>> = batch.iter().map(|w| (w.key.as_str(), &w.args)).collect();
+        let script = self.scripts.get(algorithm);
+        self.metrics.redis_calls_total.inc();
+        self.metrics.redis_call_checks_total.inc_by(jobs.len() as u64);
+        let result = call::run_batch(self.pool.next(), script, &jobs, deadline, self.timeout).await;
+        drop(jobs);
+        let outcomes = match result {
+            Ok(outcomes) => outcomes,
+            Err(failure) => {
+                for w in batch {
+                    let _ = w.reply.send(Err(failure.clone()));
+                }
+                return;
+            }
+        };
+        let mut elsewhere = Vec::new();
+        for (w, outcome) in batch.into_iter().zip(outcomes) {
+            let answer = match outcome {
+                Outcome::Decided(reply) => Ok(reply),
+                Outcome::Failed(error) => Err(Failure { error: StoreError::Protocol(error), outage: false }),
+                Outcome::NotHere => {
+                    elsewhere.push(w);
+                    continue;
+                }
+            };
+            let _ = w.reply.send(answer);
+        }
+        if !elsewhere.is_empty() {
+            self.batcher.lock().routed_at = None;
+            self.metrics.redis_misrouted_total.inc_by(elsewhere.len() as u64);
+            tracing::debug!(checks = elsewhere.len(), "keys not on the node the slot map named; asking their owners");
+            tokio::spawn(self.clone().send_each(algorithm, elsewhere));
+        }
+    }
+
+    /// Each check in a call of its own, routed by its key.
+    async fn send_each(self: Arc<Self>, algorithm: Algorithm, checks: Vec<Waiting>) {
+        let script = self.scripts.get(algorithm);
+        let shared = &self;
+        self.metrics.redis_calls_total.inc_by(checks.len() as u64);
+        self.metrics.redis_call_checks_total.inc_by(checks.len() as u64);
+        let calls = checks.into_iter().map(|w| async move {
+            let result = call::run(shared.pool.next(), script, &w.key, w.args, w.deadline, shared.timeout).await;
+            let _ = w.reply.send(result);
+        });
+        futures::future::join_all(calls).await;
+    }
+}
+
+/// Marks a queue idle if its task ends without doing so (a panic, or the
+/// runtime shutting down), so that the next check starts a new one.
+struct Sending<'a> {
+    shared: &'a Shared,
+    queue: usize,
+    done: bool,
+}
+
+impl Drop for Sending<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        if let Some(q) = self.shared.batcher.lock().queues.get_mut(self.queue) {
+            q.sending = false;
+        }
+    }
+}
