@@ -243,6 +243,43 @@ async fn leases_idle_or_drained_at_shutdown_while_redis_is_down_are_given_back_w
 }
 
 #[tokio::test]
+async fn a_window_give_back_that_timed_out_is_not_sent_again_since_it_may_have_run() {
+    let up = Upstream::start().await;
+    let redis = own_server();
+    let ip = "192.0.2.22";
+    for algorithm in ["fixed_window", "sliding_window_counter"] {
+        let rules = rule("once", algorithm, 200);
+        let config = |store: &str| {
+            let store =
+                format!("key_prefix = \"t-once-{algorithm}:\"\non_error = \"deny\"\ntimeout = \"200ms\"\n{store}");
+            tollgate_config(up.addr, &redis.url(), &store)
+        };
+        // 10% of 200: the first request leases 20 units, the second spends one.
+        let holder =
+            Tollgate::with(&config("lease_idle = \"1h\"\nlease_percent = 10"), &[("rules.toml", &rules)]).await;
+        for _ in 0..2 {
+            assert_eq!(holder.get("/").from_ip(ip).send().await.status, 200, "{algorithm}");
+        }
+        // Redis holds every script for 700 ms, then runs them: the give-back
+        // of the 19 units at shutdown is written, times out after 200 ms
+        // (Redis is connected and answers pings all along), and runs later.
+        let paused = std::time::Instant::now();
+        assert_eq!(redis.cli(&["CLIENT", "PAUSE", "700", "WRITE"]).trim(), "OK");
+        holder.stop().await;
+        // Past the pause, with time for what it held and any re-send to run.
+        tokio::time::sleep(std::time::Duration::from_millis(1_500).saturating_sub(paused.elapsed())).await;
+
+        // Two requests were admitted: 198 are left, whatever became of the
+        // give-back. One that ran twice gives 19 units more.
+        let other = Tollgate::with(&config("lease_percent = 0"), &[("rules.toml", &rules)]).await;
+        let statuses = support::statuses(205, || other.get("/").from_ip(ip)).await;
+        let admitted = statuses.iter().filter(|&&s| s == 200).count();
+        assert!(admitted <= 198, "{algorithm}: 2 + {admitted} admitted past the limit of 200");
+        assert_eq!(admitted, 198, "{algorithm}: the give-back ran once");
+    }
+}
+
+#[tokio::test]
 async fn a_token_bucket_lease_stays_valid_while_its_bucket_refills_and_is_settled_as_it_is_renewed() {
     let up = Upstream::start().await;
     let prefix = "t-lease-escrow:";
