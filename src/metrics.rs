@@ -24,6 +24,7 @@ pub struct Metrics {
     pub local_cache_hits_total: IntCounter,
     pub lease_hits_total: IntCounter,
     pub leases_granted_total: IntCounter,
+    pub lease_give_backs_dropped_total: IntCounter,
     pub store_fallback_transitions_total: IntCounterVec,
     pub connections_active: IntGauge,
     pub connections_refused_total: IntCounter,
@@ -153,6 +154,14 @@ impl Metrics {
                 &registry,
                 IntCounter::new("tollgate_leases_granted_total", "Leases of quota the store granted to this instance.")
                     .expect("valid metric definition"),
+            ),
+            lease_give_backs_dropped_total: reg(
+                &registry,
+                IntCounter::new(
+                    "tollgate_lease_give_backs_dropped_total",
+                    "Give-backs of leased units dropped (a failed call, which may have run, or a full backlog): their units stay counted in the store until their window or escrow slot ends.",
+                )
+                .expect("valid metric definition"),
             ),
             store_fallback_transitions_total: counter_vec(
                 &registry,

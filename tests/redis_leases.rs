@@ -1,9 +1,10 @@
 //! Leases against one real `redis-server`: a busy key is answered from
 //! quota leased to the instance, two instances together never admit past the
 //! limit (exactly the limit when requests keep coming to both), idle leases
-//! and every lease at shutdown go back to Redis, units taken for a request
-//! another rule rejects are returned, and `lease_percent = 0`
-//! asks Redis for every request.
+//! and every lease at shutdown go back to Redis (once: a give-back that
+//! timed out is not sent again), units taken for a request another rule
+//! rejects are returned, and `lease_percent = 0` asks Redis for every
+//! request.
 //!
 //! One server is shared by the whole file; every test uses its own key
 //! prefix.
@@ -240,6 +241,69 @@ async fn leases_idle_or_drained_at_shutdown_while_redis_is_down_are_given_back_w
     assert_eq!(count_of("192.0.2.21"), 2, "the 9 units held at shutdown went back once Redis returned");
     eventually("the idle lease's 9 units come back", || async { count_of("192.0.2.20") == 2 }).await;
     drop(idle);
+}
+
+#[tokio::test]
+async fn a_window_give_back_that_timed_out_is_not_sent_again_since_it_may_have_run() {
+    let up = Upstream::start().await;
+    let redis = own_server();
+    let ip = "192.0.2.22";
+    for algorithm in ["fixed_window", "sliding_window_counter"] {
+        let rules = rule("once", algorithm, 200);
+        let config = |store: &str| {
+            let store =
+                format!("key_prefix = \"t-once-{algorithm}:\"\non_error = \"deny\"\ntimeout = \"200ms\"\n{store}");
+            tollgate_config(up.addr, &redis.url(), &store)
+        };
+        // 10% of 200: the first request leases 20 units, the second spends one.
+        let holder =
+            Tollgate::with(&config("lease_idle = \"1h\"\nlease_percent = 10"), &[("rules.toml", &rules)]).await;
+        for _ in 0..2 {
+            assert_eq!(holder.get("/").from_ip(ip).send().await.status, 200, "{algorithm}");
+        }
+        // Redis holds every script for 700 ms, then runs them: the give-back
+        // of the 19 units at shutdown is written, times out after 200 ms
+        // (Redis is connected and answers pings all along), and runs later.
+        let paused = std::time::Instant::now();
+        assert_eq!(redis.cli(&["CLIENT", "PAUSE", "700", "WRITE"]).trim(), "OK");
+        holder.stop().await;
+        // Past the pause, with time for what it held and any re-send to run.
+        tokio::time::sleep(std::time::Duration::from_millis(1_500).saturating_sub(paused.elapsed())).await;
+
+        // Two requests were admitted: 198 are left, whatever became of the
+        // give-back. One that ran twice gives 19 units more.
+        let other = Tollgate::with(&config("lease_percent = 0"), &[("rules.toml", &rules)]).await;
+        let statuses = support::statuses(205, || other.get("/").from_ip(ip)).await;
+        let admitted = statuses.iter().filter(|&&s| s == 200).count();
+        assert!(admitted <= 198, "{algorithm}: 2 + {admitted} admitted past the limit of 200");
+        assert_eq!(admitted, 198, "{algorithm}: the give-back ran once");
+    }
+}
+
+#[tokio::test]
+async fn an_idle_window_lease_whose_give_back_timed_out_is_dropped_and_counted() {
+    let up = Upstream::start().await;
+    let redis = own_server();
+    let ip = "192.0.2.23";
+    let rules = rule("idle-once", "fixed_window", 200);
+    let store = |more: &str| format!("on_error = \"deny\"\ntimeout = \"200ms\"\n{more}");
+    let holder = Tollgate::with(
+        &tollgate_config(up.addr, &redis.url(), &store("lease_idle = \"200ms\"\nlease_percent = 10")),
+        &[("rules.toml", &rules)],
+    )
+    .await;
+    for _ in 0..2 {
+        assert_eq!(holder.get("/").from_ip(ip).send().await.status, 200);
+    }
+    // The lease goes idle 200 ms from now and its give-back is written
+    // while Redis holds scripts (until 900 ms): it times out, then runs.
+    let paused = std::time::Instant::now();
+    assert_eq!(redis.cli(&["CLIENT", "PAUSE", "900", "WRITE"]).trim(), "OK");
+    tokio::time::sleep(std::time::Duration::from_millis(1_700).saturating_sub(paused.elapsed())).await;
+    let key = "tollgate:{idle-once|ip=192.0.2.23}:fw";
+    assert!(redis.cli(&["GET", key]).trim().ends_with(":2"), "given back once: {}", redis.cli(&["GET", key]));
+    let dropped = metric(&holder.metrics().await, "tollgate_lease_give_backs_dropped_total", &[]);
+    assert_eq!(dropped, Some(1.0), "the timed-out give-back is counted, not queued");
 }
 
 #[tokio::test]

@@ -34,7 +34,8 @@
 //! 1: after a dropped connection fred would otherwise re-send in-flight
 //! scripts, and a script that ran before the drop would count twice. The
 //! one re-send done here is after a cluster redirection, which fred reports
-//! as an exhausted attempt and which proves the script did not run.
+//! as an exhausted attempt and which proves the script did not run. The
+//! backlog of lease give-backs (see `refund`) holds only calls never sent.
 //!
 //! # Several rules in one request
 //!
@@ -118,7 +119,8 @@ struct Shared {
     batcher: batch::Batcher,
     cache: cache::OverLimitCache,
     leases: lease::Leases,
-    /// Leased units waiting for Redis to come back (see `refund`).
+    /// Give-backs of leased units never sent, waiting for Redis to come
+    /// back (see `refund`).
     backlog: Mutex<VecDeque<lease::Unused>>,
     local: MemoryStore,
     health: health::Health,

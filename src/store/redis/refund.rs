@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fred::interfaces::ClientLike;
 use fred::types::Value;
 
 use super::scripts::{self, LeaseArgs, Reply, ScriptMode};
@@ -44,8 +45,16 @@ impl Shared {
         tokio::spawn(async move { shared.return_units(unused).await });
     }
 
-    /// Gives leased units back to Redis now, as many as it still counts;
-    /// those an outage keeps from going back wait in the backlog.
+    /// Gives leased units back to Redis now, as many as it still counts.
+    ///
+    /// Only a give-back never sent waits in the backlog for a later try:
+    /// one whose connection is known down (or the store degraded) before
+    /// it leaves. One sent whose call fails is dropped, whatever the
+    /// error: a call that timed out may have run, and running it again
+    /// would give the units back twice and let the key admit past its
+    /// limit. Dropped, its units stay counted until its window ends (a
+    /// bucket's slot counts them as spent when it ends): fewer admitted,
+    /// by at most one lease per key.
     pub(super) async fn return_units(&self, unused: Vec<lease::Unused>) {
         let now = Instant::now();
         let unused: Vec<lease::Unused> = unused.into_iter().filter(|u| u.worth_sending(now)).collect();
@@ -56,24 +65,20 @@ impl Shared {
             self.queue(unused);
             return;
         }
+        let (sending, unsent): (Vec<_>, Vec<_>) =
+            unused.into_iter().map(|u| (u, self.pool.next())).partition(|(_, client)| client.is_connected());
+        self.queue(unsent.into_iter().map(|(u, _)| u).collect());
         let deadline = now + self.timeout;
-        let calls = unused.iter().map(|u| {
-            let args = unused_args(u);
-            call::run(self.pool.next(), self.scripts.get(u.limits.algorithm), &u.key, args, deadline, self.timeout)
+        let calls = sending.iter().map(|(u, client)| {
+            call::run(client, self.scripts.get(u.limits.algorithm), &u.key, unused_args(u), deadline, self.timeout)
         });
         let results = futures::future::join_all(calls).await;
-        let failed: Vec<lease::Unused> = unused
-            .into_iter()
-            .zip(results)
-            .filter_map(|(u, r)| match r {
-                // A bucket's settle is never sent twice: one that did run
-                // and timed out would take other holders' units out of
-                // the slot. Unsent, its slot counts it all when it ends.
-                Err(f) if f.outage && !u.is_bucket() => Some(u),
-                _ => None,
-            })
-            .collect();
-        self.queue(failed);
+        for ((u, _), result) in sending.iter().zip(results) {
+            if let Err(f) = result {
+                self.metrics.lease_give_backs_dropped_total.inc();
+                tracing::debug!(key = u.key, units = u.units, error = %f.error, "give-back failed; not sent again");
+            }
+        }
     }
 
     /// Keeps units for a later give-back, up to [`MAX_BACKLOG`] entries.
@@ -83,9 +88,11 @@ impl Shared {
         }
         let mut backlog = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
         let room = MAX_BACKLOG.saturating_sub(backlog.len());
+        let dropped = unused.len().saturating_sub(room);
         let lost: u64 = unused.iter().skip(room).map(|u| u.units).sum();
         backlog.extend(unused.into_iter().take(room));
-        if lost > 0 {
+        if dropped > 0 {
+            self.metrics.lease_give_backs_dropped_total.inc_by(dropped as u64);
             tracing::warn!(units = lost, "the give-back backlog is full; leased units stay counted in redis");
         }
     }
