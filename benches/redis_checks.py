@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""What one check costs Redis, per algorithm and batch size.
+
+    benches/redis_checks.py                # CPU us per check (a native redis-server)
+    benches/redis_checks.py --callgrind    # also instructions per check (valgrind)
+    benches/redis_checks.py --sizes 1,8,32 --calls 20000
+
+Starts its own redis-server on a free loopback port, loads each algorithm's
+script exactly as tollgate assembles it for a single server (the first
+lines, src/store/lua/prelude.lua, the algorithm, batch.lua; see
+src/store/redis/scripts.rs), and sends redis-benchmark EVALSHA calls of N
+checks each on random keys of 100,000 clients (a rule of 100 per second with
+a burst of 100, cost 1, no lease: the `spread` scenario's checks). Prints
+one line per algorithm and batch size:
+
+    REDISCHECK algorithm=token_bucket batch=32 us_per_check=4.1 instr_per_check=45465 bytes_per_key=72
+
+us_per_check is the server's CPU time (INFO cpu, user + system) over the
+checks decided; it varies with the machine and what else runs.
+instr_per_check (--callgrind) counts the instructions redis-server runs in
+user space, which do not: compare builds with it. bytes_per_key is MEMORY
+USAGE of one key after one check. Needs redis-server, redis-cli and
+redis-benchmark (Debian: redis-server, redis-tools); valgrind for
+--callgrind.
+"""
+
+import argparse
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+LUA = os.path.join(ROOT, "src", "store", "lua")
+ALGORITHMS = {
+    "token_bucket": ("local SHAPING = false\n", "bucket.lua", "tb"),
+    "leaky_bucket": ("local SHAPING = true\n", "bucket.lua", "lb"),
+    "fixed_window": ("", "fixed_window.lua", "fw"),
+    "sliding_window_counter": ("", "sliding_window_counter.lua", "swc"),
+    "sliding_window_log": ("", "sliding_window_log.lua", "swlw"),
+}
+SPEC = "1:100:1000000:100:1"  # consume, 100 per 1 s, burst 100, cost 1
+
+
+def read(name):
+    with open(os.path.join(LUA, name)) as f:
+        return f.read()
+
+
+def source(algorithm):
+    first, body, _ = ALGORITHMS[algorithm]
+    return first + read("prelude.lua") + read(body) + read("batch.lua")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Redis:
+    def __init__(self, work, callgrind):
+        self.port = free_port()
+        cmd = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+               "--dir", work]
+        self.out = os.path.join(work, "callgrind.out")
+        if callgrind:
+            cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.out}"] + cmd
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(600):
+            if self.cli("PING") == "PONG":
+                return
+            time.sleep(0.1)
+        sys.exit("redis_checks.py: redis-server did not start")
+
+    def cli(self, *args):
+        r = subprocess.run(["redis-cli", "-p", str(self.port), *args], capture_output=True, text=True)
+        return r.stdout.strip()
+
+    def cpu(self):
+        info = dict(l.split(":", 1) for l in self.cli("INFO", "cpu").splitlines() if ":" in l)
+        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+    def bench(self, args, calls):
+        subprocess.run(["redis-benchmark", "-p", str(self.port), "-r", "100000", "-n", str(calls), "-c", "4", "-q",
+                        *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+
+    def instructions(self, args, calls):
+        subprocess.run(["callgrind_control", "-z", str(self.proc.pid)], capture_output=True)
+        self.bench(args, calls)
+        subprocess.run(["callgrind_control", "-d", str(self.proc.pid)], capture_output=True)
+        dumps = sorted(glob.glob(self.out + "*"), key=os.path.getmtime)
+        total = 0
+        with open(dumps[-1]) as f:
+            for line in f:
+                if line.startswith(("summary:", "totals:")):
+                    total = int(line.split()[1])
+        return total
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def call_args(sha, algorithm, n):
+    """EVALSHA of n checks, each on its own random client's key."""
+    suffix = ALGORITHMS[algorithm][2]
+    args = ["EVALSHA", sha, "1", f"tollgate:{{bench|c0=__rand_int__}}:{suffix}", str(n)]
+    for i in range(n):
+        tail = "id__rand_int__" if algorithm == "sliding_window_log" else ""
+        args += [f"tollgate:{{bench|c{i}=__rand_int__}}:{suffix}", SPEC, tail]
+    return args
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--sizes", default="1,8,32")
+    p.add_argument("--calls", type=int, default=20000, help="checks per measurement (native)")
+    p.add_argument("--callgrind", action="store_true")
+    p.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    a = p.parse_args()
+    for tool in ["redis-server", "redis-cli", "redis-benchmark"] + (["valgrind"] if a.callgrind else []):
+        if not shutil.which(tool):
+            sys.exit(f"redis_checks.py: {tool} not found (apt-get install redis-server redis-tools valgrind)")
+    sizes = [int(s) for s in a.sizes.split(",")]
+    with tempfile.TemporaryDirectory(prefix="redis-checks.") as work:
+        native = Redis(work, callgrind=False)
+        traced = Redis(tempfile.mkdtemp(dir=work), callgrind=True) if a.callgrind else None
+        try:
+            for algorithm in a.algorithms.split(","):
+                src = source(algorithm)
+                for n in sizes:
+                    sha = native.cli("SCRIPT", "LOAD", src)
+                    args = call_args(sha, algorithm, n)
+                    native.bench(args, max(a.calls // (10 * n), 10))  # warm-up
+                    calls = max(a.calls // n, 10)
+                    c0 = native.cpu()
+                    native.bench(args, calls)
+                    us = (native.cpu() - c0) * 1e6 / (calls * n)
+                    key = f"tollgate:{{one|c=1}}:{ALGORITHMS[algorithm][2]}"
+                    native.cli("EVALSHA", sha, "1", key, "1", key, SPEC, "id1")
+                    size = native.cli("MEMORY", "USAGE", key)
+                    line = f"REDISCHECK algorithm={algorithm} batch={n} us_per_check={us:.2f}"
+                    if traced:
+                        traced.cli("SCRIPT", "LOAD", src)
+                        traced.bench(args, 20)
+                        traced_calls = max(2000 // n, 20)
+                        line += f" instr_per_check={traced.instructions(args, traced_calls) // (traced_calls * n)}"
+                    print(f"{line} bytes_per_key={size}", flush=True)
+        finally:
+            native.stop()
+            if traced:
+                traced.stop()
+
+
+if __name__ == "__main__":
+    main()
