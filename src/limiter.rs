@@ -250,6 +250,17 @@ pub fn evaluate(cell: Cell, now: Nanos, limits: &Limits, cost: u64) -> (Verdict,
 /// twenty times from missing `20.0` by a rounding error.
 const EPSILON: f64 = 1e-9;
 
+/// The slack for levels of up to `capacity`: EPSILON, or a millionth of a
+/// millionth of the capacity when that is more. Rounding errors grow with
+/// the magnitude (a bucket of five billion is off by ~1e-7 after a few
+/// operations, and the Lua scripts, which compute in microseconds, by a
+/// different ~1e-7), and a fixed slack would let them decide which whole
+/// number a level rounds to. A relative one cannot admit a whole unit more.
+/// `src/store/lua/prelude.lua` has the same function.
+fn slack(capacity: f64) -> f64 {
+    (capacity * 1e-12).max(EPSILON)
+}
+
 /// Token and leaky bucket share their state: a level that rises by `cost`
 /// per admitted request and falls at `limit / window`. The token bucket's
 /// level is the tokens taken; the leaky bucket's is the queue, and an
@@ -261,20 +272,21 @@ fn bucket(cell: Cell, now: Nanos, limits: &Limits, cost: u64, shaping: bool) -> 
     let level = (stored - elapsed * rate).max(0.0);
     let capacity = limits.burst as f64;
     let cost_f = cost as f64;
+    let tol = slack(capacity);
     // Keep the later of the two timestamps so that a clock that steps back
     // (another instance, NTP) never refills a bucket twice.
     let t = now.max(cell.t);
     // Time for `tokens` to drain, rounded up. Like the admission test below,
-    // it ignores up to EPSILON of accumulated rounding error in the level,
+    // it ignores the slack of accumulated rounding error in the level,
     // so that a request at `now + retry_after` is admitted and one a
     // nanosecond earlier is not.
-    let drain = |tokens: f64| ns_ceil((tokens - EPSILON) / rate);
+    let drain = |tokens: f64| ns_ceil((tokens - tol) / rate);
 
-    if level + cost_f <= capacity + EPSILON {
+    if level + cost_f <= capacity + tol {
         let new_level = level + cost_f;
         let verdict = Verdict {
             allowed: true,
-            remaining: (capacity - new_level + EPSILON).max(0.0).floor() as u64,
+            remaining: (capacity - new_level + tol).max(0.0).floor() as u64,
             reset_after: drain(new_level),
             retry_after: 0,
             delay: if shaping { drain(level) } else { 0 },
@@ -327,12 +339,13 @@ fn sliding_counter(cell: Cell, now: Nanos, limits: &Limits, cost: u64) -> (Verdi
     let estimate = prev as f64 * (1.0 - into) + curr as f64;
     let limit = limits.limit as f64;
     let cost_f = cost as f64;
+    let tol = slack(limit);
 
-    if estimate + cost_f <= limit + EPSILON {
+    if estimate + cost_f <= limit + tol {
         let curr = curr + cost;
         let verdict = Verdict {
             allowed: true,
-            remaining: (limit - estimate - cost_f + EPSILON).max(0.0).floor() as u64,
+            remaining: (limit - estimate - cost_f + tol).max(0.0).floor() as u64,
             // The estimate reaches zero once both windows holding requests
             // have slid out.
             reset_after: start + 2 * w - now,

@@ -88,56 +88,63 @@ fn the_lua_scripts_and_the_limiter_agree() {
         client
     });
     let cases = std::sync::atomic::AtomicU64::new(0);
-    // A fixed seed: the same 256 cases on every run. With a random one, CI
-    // met a case at the billions scale where the two sides' float rounding
-    // put `remaining` one apart (Lua 1278992295, Rust 1278992294: a token
-    // bucket of 5e9 at 1e9 per 360 ms); see the issue note. Change the seed
-    // to explore more cases.
-    let config = ProptestConfig {
-        cases: 256,
-        failure_persistence: None,
-        rng_seed: proptest::test_runner::RngSeed::Fixed(0x7011_6a7e),
-        ..ProptestConfig::default()
+    // Fixed seeds: the same cases on every run, so that CI is
+    // repeatable; LML_SEED=<n> explores another seed instead. Seeds 8 and 33
+    // meet buckets of billions whose `remaining` the two sides' rounding put
+    // one apart while the slack was a fixed 1e-9 (Lua 1994342295, Rust
+    // 1994342294: a bucket of 5e9 at 1e9 per 2.536 s); random seeds met
+    // such a case in about one run of 3,000 cases in three.
+    let seeds: Vec<u64> = match std::env::var("LML_SEED").ok().and_then(|s| s.parse().ok()) {
+        Some(seed) => vec![seed],
+        None => vec![0x7011_6a7e, 8, 33],
     };
-    proptest!(config, |(
-        algorithm in algorithm(),
-        limit in 1u64..40,
-        burst in 1u64..40,
-        window_ms in 1u64..3_000,
-        // Microseconds since the previous request (up to about two
-        // windows), and the request's cost.
-        steps in prop::collection::vec((0u64..6_000_000, 1u64..4), 1..40),
-        // Small counts, or counts in billions: limits past 2^32 included.
-        scale in prop_oneof![Just(1u64), Just(1_000_000_000u64)],
-    )| {
-        let case = cases.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        // The log's script adds one entry per unit: billions would fill the
-        // server, so the log stays small.
-        let scale = if algorithm == Algorithm::SlidingWindowLog { 1 } else { scale };
-        let (limit, burst) = (limit * scale, burst * scale);
-        let limits = Limits { algorithm, limit, window: window_ms * 1_000_000, burst };
-        let source = script(algorithm);
-        let key = format!("prop:{case}");
-        let mut cell = Cell::default();
-        let mut log = Log::new();
-        let mut now_us = T0_US;
-        for (i, &(gap, cost)) in steps.iter().enumerate() {
-            let cost = cost * scale;
-            now_us += gap % (2 * window_ms * 1_000 + 1);
-            let now = now_us * 1_000;
-            let rust = if algorithm == Algorithm::SlidingWindowLog {
-                let v = evaluate_log(&mut log, now, &limits, cost, true);
-                Decision { allowed: v.allowed, remaining: v.remaining, delay_us: v.delay.div_ceil(1_000) }
-            } else {
-                let (v, next) = evaluate(cell, now, &limits, cost);
-                if v.allowed {
-                    cell = next;
-                }
-                Decision { allowed: v.allowed, remaining: v.remaining, delay_us: v.delay.div_ceil(1_000) }
-            };
-            let id = format!("{case}-{i}");
-            let redis = runtime.block_on(lua(&client, &source, &key, &limits, cost, &id, now_us));
-            prop_assert_eq!(&redis, &rust, "step {} of {:?} at +{} us", i, limits, now_us - T0_US);
-        }
-    });
+    for seed in seeds {
+        let config = ProptestConfig {
+            cases: 256,
+            failure_persistence: None,
+            rng_seed: proptest::test_runner::RngSeed::Fixed(seed),
+            ..ProptestConfig::default()
+        };
+        proptest!(config, |(
+            algorithm in algorithm(),
+            limit in 1u64..40,
+            burst in 1u64..40,
+            window_ms in 1u64..3_000,
+            // Microseconds since the previous request (up to about two
+            // windows), and the request's cost.
+            steps in prop::collection::vec((0u64..6_000_000, 1u64..4), 1..40),
+            // Small counts, or counts in billions: limits past 2^32 included.
+            scale in prop_oneof![Just(1u64), Just(1_000_000_000u64)],
+        )| {
+            let case = cases.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            // The log's script adds one entry per unit: billions would fill the
+            // server, so the log stays small.
+            let scale = if algorithm == Algorithm::SlidingWindowLog { 1 } else { scale };
+            let (limit, burst) = (limit * scale, burst * scale);
+            let limits = Limits { algorithm, limit, window: window_ms * 1_000_000, burst };
+            let source = script(algorithm);
+            let key = format!("prop:{case}");
+            let mut cell = Cell::default();
+            let mut log = Log::new();
+            let mut now_us = T0_US;
+            for (i, &(gap, cost)) in steps.iter().enumerate() {
+                let cost = cost * scale;
+                now_us += gap % (2 * window_ms * 1_000 + 1);
+                let now = now_us * 1_000;
+                let rust = if algorithm == Algorithm::SlidingWindowLog {
+                    let v = evaluate_log(&mut log, now, &limits, cost, true);
+                    Decision { allowed: v.allowed, remaining: v.remaining, delay_us: v.delay.div_ceil(1_000) }
+                } else {
+                    let (v, next) = evaluate(cell, now, &limits, cost);
+                    if v.allowed {
+                        cell = next;
+                    }
+                    Decision { allowed: v.allowed, remaining: v.remaining, delay_us: v.delay.div_ceil(1_000) }
+                };
+                let id = format!("{case}-{i}");
+                let redis = runtime.block_on(lua(&client, &source, &key, &limits, cost, &id, now_us));
+                prop_assert_eq!(&redis, &rust, "step {} of {:?} at +{} us", i, limits, now_us - T0_US);
+            }
+        });
+    }
 }

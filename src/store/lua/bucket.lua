@@ -29,12 +29,14 @@
 -- shifted by a per-key phase, between one and two periods after the grant,
 -- so at most two are live at a time.
 --
--- The arguments, `now` (server clock, µs), EPSILON and ns_ceil come from
+-- The values, `now` (server clock, µs), slack and ns_ceil come from
 -- prelude.lua, which Rust prepends.
 
-local rate -- level drained per microsecond, of the check being decided
+-- Of the check being decided: the level drained per microsecond, and the
+-- slack of its capacity.
+local rate, tol
 local function drain_ns(tokens)
-  return ns_ceil((tokens - EPSILON) / rate * 1000)
+  return ns_ceil((tokens - tol) / rate * 1000)
 end
 
 -- Escrow slots, reused from check to check: ends (µs) and units as stored,
@@ -54,7 +56,7 @@ local function save(t, new_level, escrow, drain)
       last = live_ends[i]
     end
   end
-  if new_level <= EPSILON and slots == '' then
+  if new_level <= tol and slots == '' then
     call('DEL', key)
     return
   end
@@ -63,11 +65,15 @@ local function save(t, new_level, escrow, drain)
   local ttl_ms = ceil((drain / 1000 + (last - now)) / 1000) + 1
   local stamp = NOW
   if t ~= now then stamp = format('%d', t) end
-  call('SET', key, stamp .. ':' .. format('%.17g', new_level) .. slots, 'PX', ttl_ms)
+  -- A whole level (a fresh bucket's first request) as an integer: floating
+  -- point formatting costs twice as much.
+  local level = new_level
+  if level == floor(level) then level = format('%d', level) else level = format('%.17g', level) end
+  call('SET', key, stamp .. ':' .. level .. slots, 'PX', ttl_ms)
 end
 
 local function decide()
-  rate = limit / window
+  rate, tol = limit / window, slack(capacity)
   local stored_t, stored = now, 0
   if #ends > 0 then
     clear(ends)
@@ -136,9 +142,9 @@ local function decide()
   end
 
   local used = level + escrow
-  if used + cost <= capacity + EPSILON then
+  if used + cost <= capacity + tol then
     local granted, token, ttl = 0, 0, 0
-    if not SHAPING and period > 0 then granted = lease(floor(capacity - used - cost + EPSILON)) end
+    if not SHAPING and period > 0 then granted = lease(floor(capacity - used - cost + tol)) end
     if granted > 0 then
       -- The slot ending between one and two periods from now.
       token = floor((now - phase) / period + 2) * period + phase
@@ -164,7 +170,7 @@ local function decide()
     local new_level = level + cost
     local drain = drain_ns(new_level + escrow)
     if mode == 1 then save(t, new_level, escrow, drain) end
-    local remaining = floor(max(capacity - new_level - escrow + EPSILON, 0))
+    local remaining = floor(max(capacity - new_level - escrow + tol, 0))
     local delay = 0
     if SHAPING then delay = drain_ns(level) end
     return 1, remaining, drain, 0, delay, token, granted, ttl

@@ -13,7 +13,7 @@
 -- millisecond resolution, TIME does not, and the two must never disagree
 -- about which window a request falls in.
 --
--- The arguments, `now` (server clock, µs), EPSILON and ns_ceil come from
+-- The values, `now` (server clock, µs), slack and ns_ceil come from
 -- prelude.lua, which Rust prepends.
 
 local function decide()

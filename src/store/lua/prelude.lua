@@ -49,8 +49,15 @@ local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 -- `now` as stored in keys, written once per call.
 local NOW = format('%d', now)
 
--- Floating point slack when comparing levels, as in src/limiter.rs.
+-- Floating point slack when comparing levels of up to `capacity`, as
+-- `slack` in src/limiter.rs: EPSILON, or 1e-12 of the capacity when that is
+-- more, since rounding errors grow with the magnitude.
 local EPSILON = 1e-9
+local function slack(capacity)
+  local tol = capacity * 1e-12
+  if tol < EPSILON then return EPSILON end
+  return tol
+end
 
 -- Rounds nanoseconds up, except that rounding noise just above a whole
 -- number does not add one (`ns_ceil` in src/limiter.rs).

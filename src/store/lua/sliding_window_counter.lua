@@ -11,7 +11,7 @@
 --          spent within it, its units weigh on the estimate as if they had
 --          come at the moment they were counted, which only over-counts
 --
--- The arguments, `now` (server clock, µs), EPSILON and ns_ceil come from
+-- The values, `now` (server clock, µs), slack and ns_ceil come from
 -- prelude.lua, which Rust prepends.
 
 local function save(start, prev, curr, px)
@@ -53,18 +53,19 @@ local function decide()
   elseif stored_start + window == start then
     prev, curr = stored_curr, 0
   end
+  local tol = slack(limit)
   local into = max(now - start, 0) / window
   local estimate = prev * (1 - into) + curr
 
-  if estimate + cost <= limit + EPSILON then
-    local granted = lease(floor(limit - estimate - cost + EPSILON))
+  if estimate + cost <= limit + tol then
+    local granted = lease(floor(limit - estimate - cost + tol))
     curr = curr + cost + granted
     local reset_us = start + 2 * window - now
     if mode == 1 then
       -- The key lives until both windows holding requests have slid out.
       save(start, prev, curr, max(ceil(reset_us / 1000), 1))
     end
-    local remaining = floor(max(limit - estimate - cost - granted + EPSILON, 0))
+    local remaining = floor(max(limit - estimate - cost - granted + tol, 0))
     return 1, remaining, reset_us * 1000, 0, 0, start, granted, (start + window - now) * 1000
   end
 

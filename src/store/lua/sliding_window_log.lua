@@ -17,7 +17,7 @@
 local TOTAL = '#'
 local WALK = 1000
 --
--- The arguments, `now` (server clock, µs), EPSILON and ns_ceil come from
+-- The values, `now` (server clock, µs), slack and ns_ceil come from
 -- prelude.lua, which Rust prepends.
 
 local function cost_of(member)

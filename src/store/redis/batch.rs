@@ -239,7 +239,8 @@ impl Shared {
 }
 
 /// Marks a queue idle if its task ends without doing so (a panic, or the
-/// runtime shutting down), so that the next check starts a new one.
+/// runtime shutting down), and fails the checks still waiting in it: no
+/// check waits for a call nobody will send.
 struct Sending<'a> {
     shared: &'a Shared,
     queue: usize,
@@ -251,8 +252,16 @@ impl Drop for Sending<'_> {
         if self.done {
             return;
         }
-        if let Some(q) = self.shared.batcher.lock().queues.get_mut(self.queue) {
-            q.sending = false;
+        let waiting = match self.shared.batcher.lock().queues.get_mut(self.queue) {
+            Some(q) => {
+                q.sending = false;
+                std::mem::take(&mut q.waiting)
+            }
+            None => Vec::new(),
+        };
+        for w in waiting {
+            let error = StoreError::Unavailable("the check's call was dropped".into());
+            let _ = w.reply.send(Err(Failure { error, outage: false }));
         }
     }
 }
