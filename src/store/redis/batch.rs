@@ -21,6 +21,7 @@
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use fred::bytes_utils::Str;
 use fred::interfaces::ClusterInterface;
 use fred::types::Value;
 use tokio::sync::oneshot;
@@ -67,7 +68,7 @@ struct Queue {
 
 /// A check waiting for its call.
 struct Waiting {
-    key: String,
+    key: Str,
     args: [Value; scripts::ARGS],
     deadline: Instant,
     reply: oneshot::Sender<Result<Reply, Failure>>,
@@ -96,6 +97,7 @@ impl Shared {
     ) -> impl Future<Output = Result<Reply, Failure>> + use<> {
         let (reply, answer) = oneshot::channel();
         let queue = self.queue_of(&key, algorithm);
+        let key = Str::from(key);
         let start = {
             let mut state = self.batcher.lock();
             if state.queues.len() <= queue {
@@ -189,7 +191,7 @@ impl Shared {
             let _ = w.reply.send(Err(Failure { error: StoreError::Timeout(self.timeout), outage: true }));
         }
         let Some(deadline) = batch.iter().map(|w| w.deadline).min() else { return };
-        let jobs: Vec<call::Job<'_>> = batch.iter().map(|w| (w.key.as_str(), &w.args)).collect();
+        let jobs: Vec<call::Job<'_>> = batch.iter().map(|w| (&w.key, &w.args)).collect();
         let script = self.scripts.get(algorithm);
         self.metrics.redis_calls_total.inc();
         self.metrics.redis_call_checks_total.inc_by(jobs.len() as u64);

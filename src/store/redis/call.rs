@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use fred::bytes_utils::Str;
 use fred::clients::Client;
 use fred::error::{Error as FredError, ErrorKind};
 use fred::interfaces::ClientLike;
@@ -14,8 +15,9 @@ use fred::types::{ClusterHash, CustomCommand, Value};
 use super::scripts::{self, Outcome, Reply, Script};
 use crate::store::StoreError;
 
-/// One check of a call: its key and the values after it.
-pub(super) type Job<'a> = (&'a str, &'a [Value; scripts::ARGS]);
+/// One check of a call: its key and the values after it. The key is
+/// fred's shared string, so that building a call copies no key.
+pub(super) type Job<'a> = (&'a Str, &'a [Value; scripts::ARGS]);
 
 /// One check in a call of its own, routed by its key.
 pub(super) async fn run(
@@ -26,7 +28,7 @@ pub(super) async fn run(
     deadline: Instant,
     timeout: Duration,
 ) -> Result<Reply, Failure> {
-    let outcome = run_batch(client, script, &[(key, &args)], deadline, timeout).await?.pop();
+    let outcome = run_batch(client, script, &[(&Str::from(key), &args)], deadline, timeout).await?.pop();
     match outcome {
         Some(Outcome::Decided(reply)) => Ok(reply),
         // Routed by this very key: its node is moving (a slot migration).
@@ -71,14 +73,15 @@ async fn eval(
 ) -> Result<Value, FredError> {
     let Some(&(first, _)) = jobs.first() else { return Ok(Value::Array(Vec::new())) };
     let slot = fred::util::redis_keyslot(first.as_bytes());
+    let first: &str = first;
     let argv = || {
         let mut argv: Vec<Value> = Vec::with_capacity(4 + jobs.len() * (1 + scripts::ARGS));
         argv.push(Value::String(script.into()));
         argv.push(Value::Integer(1));
-        argv.push(Value::String(first.into()));
+        argv.push(Value::String(jobs[0].0.clone()));
         argv.push(Value::Integer(jobs.len() as i64));
         for (key, args) in jobs {
-            argv.push(Value::String((*key).into()));
+            argv.push(Value::String((*key).clone()));
             argv.extend(args.iter().cloned());
         }
         argv
