@@ -4,11 +4,12 @@
 //! One script call per check costs Redis a command's parsing, a scripting
 //! entry, a `TIME` and a socket write, and costs this process a fred
 //! command; all of that is paid once per call, whatever it decides. So
-//! checks queue per node and algorithm, and one call at a time per queue
-//! takes everything queued: a check that arrives while its queue is idle
-//! goes out on the next turn of the runtime (with whatever else arrived in
-//! that turn), one that arrives while a call is out goes in the next call.
-//! Under light load nothing waits; under heavy load batches grow with it.
+//! checks queue per node and algorithm, and each call takes everything
+//! queued, with up to [`IN_FLIGHT`] calls out per queue: a check that
+//! arrives while its queue is idle goes out on the next turn of the runtime
+//! (with whatever else arrived in that turn), one that arrives while the
+//! queue's calls are all out goes in the next one. Under light load nothing
+//! waits; under heavy load batches grow with it.
 //!
 //! In a cluster, a call goes to the node owning its first key and its
 //! other keys travel as arguments, so a batch may span every slot of one
@@ -41,6 +42,15 @@ const ROUTES_EVERY: Duration = Duration::from_secs(1);
 
 const SLOTS: usize = 16_384;
 
+/// Calls out at once per queue. One at a time makes the biggest batches
+/// but leaves the connection idle while a reply travels back: on edge-bench
+/// `spread`, four in flight gave more requests per second and less CPU per
+/// request, for tollgate and for Redis, than one or two (single server
+/// 26.3 against 26.7 µs per request, Redis 6.6 against 7.5; cluster 27.9
+/// against 30.8, Redis 11.4 against 12.9), though each call carries fewer
+/// checks (6.6 against 8.2 in the cluster).
+const IN_FLIGHT: usize = 4;
+
 const ALGORITHMS: usize = 5;
 
 /// The queues of checks waiting for a call, per node and algorithm.
@@ -62,8 +72,8 @@ struct State {
 #[derive(Default)]
 struct Queue {
     waiting: Vec<Waiting>,
-    /// Whether a task is sending this queue's checks.
-    sending: bool,
+    /// Tasks sending this queue's checks, a call each at a time.
+    senders: usize,
 }
 
 /// A check waiting for its call.
@@ -105,7 +115,11 @@ impl Shared {
             }
             let q = &mut state.queues[queue];
             q.waiting.push(Waiting { key, args, deadline, reply });
-            !std::mem::replace(&mut q.sending, true)
+            let start = q.senders < IN_FLIGHT;
+            if start {
+                q.senders += 1;
+            }
+            start
         };
         if start {
             tokio::spawn(self.clone().send_queue(queue, algorithm));
@@ -168,7 +182,7 @@ impl Shared {
                 let mut state = self.batcher.lock();
                 let q = &mut state.queues[queue];
                 if q.waiting.is_empty() {
-                    q.sending = false;
+                    q.senders -= 1;
                     sending.done = true;
                     return;
                 }
@@ -256,8 +270,8 @@ impl Drop for Sending<'_> {
         }
         let waiting = match self.shared.batcher.lock().queues.get_mut(self.queue) {
             Some(q) => {
-                q.sending = false;
-                std::mem::take(&mut q.waiting)
+                q.senders = q.senders.saturating_sub(1);
+                if q.senders == 0 { std::mem::take(&mut q.waiting) } else { Vec::new() }
             }
             None => Vec::new(),
         };
