@@ -16,10 +16,12 @@
 //!
 //! # One check
 //!
-//! Each check is one Lua script call (`src/store/lua/<algorithm>.lua`) on
-//! one key, deciding and counting atomically on the server with the
-//! server's clock (`TIME`), so instances with skewed clocks agree and no
-//! read-then-write race exists between them. Scripts are called by SHA
+//! Each check runs the `decide` function of its algorithm's Lua script
+//! (`src/store/lua/<algorithm>.lua`) on one key, deciding and counting
+//! atomically on the server with the server's clock (`TIME`), so instances
+//! with skewed clocks agree and no read-then-write race exists between them.
+//! One call decides a batch of checks (see [`batch`]): those of concurrent
+//! requests bound for the same node and algorithm. Scripts are called by SHA
 //! (`EVALSHA`); a node that answers `NOSCRIPT` (first use, a restart, or a
 //! replica just promoted: the script cache is not replicated) gets the same
 //! call as `EVAL`, on the same node, since it is routed by the same key.
@@ -39,10 +41,10 @@
 //!
 //! # Several rules in one request
 //!
-//! The checks of one request are sent at once and fred pipelines them over
-//! its connection to each node: one round trip for all rules, whatever
-//! nodes their keys live on. One script cannot span slots (each rule's key
-//! has its own hash tag), so "a rejected request consumes no quota" is kept
+//! The checks of one request are queued at once and go out in the next
+//! calls to their nodes: one round trip for all rules, whatever nodes their
+//! keys live on. Each rule's key has its own hash tag and the rules of one
+//! request are not one transaction, so "a rejected request consumes no quota" is kept
 //! by consume-and-refund rather than by one transaction: every script
 //! counts the request if its own rule admits it, and when another enforced
 //! rule rejects the request, the rules that counted it get a refund call
@@ -53,7 +55,7 @@
 //! admitting more than the limit. Check-then-commit (peek every rule, then
 //! consume) would cost every multi-rule request a second round trip and
 //! still race between the two. A request with one rule (the common case)
-//! is decided exactly by one script.
+//! is decided exactly by one check.
 //!
 //! # When Redis fails
 //!
