@@ -180,14 +180,23 @@ async fn once_the_last_unit_is_admitted_a_concurrent_flood_sends_one_probe_to_re
 }
 
 fn evalsha_calls() -> u64 {
-    let stats = server().cli(&["INFO", "commandstats"]);
-    stats
-        .lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| l.split("calls=").nth(1))
-        .and_then(|s| s.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+    calls_of(server(), &["fcall", "evalsha"])
+}
+
+/// How many times `server` ran the `commands` (lower case), summed.
+fn calls_of(server: &RedisServer, commands: &[&str]) -> u64 {
+    let stats = server.cli(&["INFO", "commandstats"]);
+    commands
+        .iter()
+        .filter_map(|c| {
+            stats
+                .lines()
+                .find(|l| l.starts_with(&format!("cmdstat_{c}:")))
+                .and_then(|l| l.split("calls=").nth(1))
+                .and_then(|s| s.split(',').next())
+                .and_then(|n| n.parse::<u64>().ok())
+        })
+        .sum()
 }
 
 #[tokio::test]
@@ -195,13 +204,35 @@ async fn checks_recover_from_a_flushed_script_cache() {
     let up = Upstream::start().await;
     let tg = tollgate(&up, "t-noscript:", &rule("noscript", "token_bucket", 100, "1s", 100)).await;
     assert_eq!(status(&tg, "192.0.2.8").await, 200);
-    // What a restarted node or a promoted replica looks like: no scripts.
+    assert!(server().cli(&["FUNCTION", "LIST"]).contains("tollgate_"), "checks run as functions");
+    // What a node restarted without persistence looks like: no functions,
+    // no scripts.
+    assert_eq!(server().cli(&["FUNCTION", "FLUSH"]).trim(), "OK");
     assert_eq!(server().cli(&["SCRIPT", "FLUSH"]).trim(), "OK");
     for _ in 0..3 {
-        assert_eq!(status(&tg, "192.0.2.8").await, 200, "NOSCRIPT falls back to EVAL");
+        assert_eq!(status(&tg, "192.0.2.8").await, 200, "the functions are loaded again");
     }
+    assert!(server().cli(&["FUNCTION", "LIST"]).contains("tollgate_"));
     let errors = metric(&tg.metrics().await, "tollgate_store_errors_total", &[("backend", "redis")]).unwrap_or(0.0);
     assert_eq!(errors, 0.0);
+}
+
+/// Before Redis 7 there are no functions (`FCALL` renamed away here to
+/// stand for such a server): checks go as scripts, exact all the same.
+#[tokio::test]
+async fn a_server_without_functions_runs_the_checks_as_scripts() {
+    let redis = RedisServer::start_with(&["--rename-command", "FCALL", ""]);
+    let up = Upstream::start().await;
+    let config = tollgate_config(up.addr, &redis.url(), "key_prefix = \"t-nofn:\"\non_error = \"deny\"");
+    let tg = Tollgate::with(&config, &[("rules.toml", &rule("nofn", "token_bucket", 3, "1h", 3))]).await;
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        statuses.push(status(&tg, "192.0.2.11").await);
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+    assert!(calls_of(&redis, &["evalsha", "eval"]) >= 2, "{}", redis.cli(&["INFO", "commandstats"]));
+    let errors = metric(&tg.metrics().await, "tollgate_store_errors_total", &[("backend", "redis")]).unwrap_or(0.0);
+    assert_eq!(errors, 0.0, "the call that found no FCALL went on as a script");
 }
 
 #[tokio::test]

@@ -249,6 +249,14 @@ impl RedisServer {
         RedisServer { port, processes }
     }
 
+    /// [`RedisServer::start`] with `extra` arguments for redis-server.
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        let port = free_ports(1)[0];
+        let processes = Processes::new(&[port], false);
+        processes.start_with(port, &extra.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        RedisServer { port, processes }
+    }
+
     /// A port with nothing listening, for "Redis is down from the start":
     /// [`RedisServer::start_on`] can bring a node up there later.
     pub fn unused_port() -> u16 {

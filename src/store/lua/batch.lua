@@ -1,6 +1,8 @@
--- Appended by Rust to every script, after the algorithm's `decide`: runs
--- `decide` for each check of the call, so that one call (one round trip,
--- one TIME, one scripting entry on the server) decides many checks.
+-- Appended by Rust to every script and function library, after the
+-- algorithm's `decide`: `run` runs `decide` for each check of the call, so
+-- that one call (one round trip, one TIME, one scripting entry on the
+-- server) decides many checks. A script ends with `return run(ARGV)`; a
+-- library registers `run` as a function (see scripts.rs).
 --
 -- KEYS[1]  the key of the first check: it routes the call to the node that
 --          owns it. The other checks' keys travel in ARGV; in a cluster they
@@ -24,47 +26,65 @@
 -- A key this node does not own fails on its first read, before any write
 -- of its check.
 local STRIDE = 8
-local specs = {}
+-- The specs of this call, parsed (a function library keeps its locals from
+-- call to call: a table kept longer would grow with every cost clients
+-- send).
+local specs
 local function spec(text)
   local parsed = specs[text]
   if not parsed then
     local m, l, w, b, c = match(text, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
-    parsed = {tonumber(m), tonumber(l), tonumber(w), tonumber(b), tonumber(c)}
+    parsed = {tonum(m), tonum(l), tonum(w), tonum(b), tonum(c)}
     specs[text] = parsed
   end
   return parsed
 end
-local out = {}
-local count = tonumber(ARGV[1])
-for c = 0, count - 1 do
-  local at = 2 + c * 3
-  key = ARGV[at]
-  local s = spec(ARGV[at + 1])
-  mode, limit, window, capacity, cost = s[1], s[2], s[3], s[4], s[5]
-  local tail = ARGV[at + 2]
-  extra, want, period, phase, settle_at, taken, unspent = '', 0, 0, 0, 0, 0, 0
-  if tail ~= '' then
-    local leasing
-    extra, leasing = match(tail, '^([^|]*)|?(.*)$')
-    if leasing ~= '' then
-      local w, p, f, t, u, n = match(leasing, '^(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')
-      want, period, phase = tonumber(w) or 0, tonumber(p) or 0, tonumber(f) or 0
-      settle_at, taken, unspent = tonumber(t) or 0, tonumber(u) or 0, tonumber(n) or 0
+-- One call: binds the library's names, reads the clock, and decides the
+-- checks in `args` (ARGV).
+local function run(args)
+  max, min, floor, ceil, abs, fmod = math.max, math.min, math.floor, math.ceil, math.abs, math.fmod
+  format, match, gmatch, find = string.format, string.match, string.gmatch, string.find
+  call, tonum, try, kind, tostr = redis.call, tonumber, pcall, type, tostring
+  -- The clock line: tests/lua_matches_limiter.rs swaps the TIME call below
+  -- for a time of its choosing, to drive these scripts and src/limiter.rs
+  -- through the same instants. Production scripts always read the server,
+  -- once per call: every check of a batch is decided at the same instant.
+  local time = redis.call('TIME')
+  now = tonum(time[1]) * 1000000 + tonum(time[2])
+  NOW = format('%d', now)
+  specs = {}
+  local out = {}
+  local count = tonum(args[1])
+  for c = 0, count - 1 do
+    local at = 2 + c * 3
+    key = args[at]
+    local s = spec(args[at + 1])
+    mode, limit, window, capacity, cost = s[1], s[2], s[3], s[4], s[5]
+    local tail = args[at + 2]
+    extra, want, period, phase, settle_at, taken, unspent = '', 0, 0, 0, 0, 0, 0
+    if tail ~= '' then
+      local leasing
+      extra, leasing = match(tail, '^([^|]*)|?(.*)$')
+      if leasing ~= '' then
+        local w, p, f, t, u, n = match(leasing, '^(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')
+        want, period, phase = tonum(w) or 0, tonum(p) or 0, tonum(f) or 0
+        settle_at, taken, unspent = tonum(t) or 0, tonum(u) or 0, tonum(n) or 0
+      end
+    end
+    local ok, a, b, d, r, y, k, g, l = try(decide)
+    local o = c * STRIDE
+    if ok then
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = a, b, d, r
+      out[o + 5], out[o + 6], out[o + 7], out[o + 8] = y, k, g or 0, l or 0
+    else
+      local message = a
+      if kind(a) == 'table' then message = a.err end
+      message = tostr(message)
+      local code = -2
+      if find(message, 'non local key', 1, true) then code = -1 end
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = code, message, 0, 0
+      out[o + 5], out[o + 6], out[o + 7], out[o + 8] = 0, 0, 0, 0
     end
   end
-  local ok, a, b, d, r, y, k, g, l = pcall(decide)
-  local o = c * STRIDE
-  if ok then
-    out[o + 1], out[o + 2], out[o + 3], out[o + 4] = a, b, d, r
-    out[o + 5], out[o + 6], out[o + 7], out[o + 8] = y, k, g or 0, l or 0
-  else
-    local message = a
-    if type(a) == 'table' then message = a.err end
-    message = tostring(message)
-    local code = -2
-    if find(message, 'non local key', 1, true) then code = -1 end
-    out[o + 1], out[o + 2], out[o + 3], out[o + 4] = code, message, 0, 0
-    out[o + 5], out[o + 6], out[o + 7], out[o + 8] = 0, 0, 0, 0
-  end
+  return out
 end
-return out

@@ -87,10 +87,10 @@ local function decide()
   if state then
     local t, l, rest = match(state, '^(%d+):([^:]+)(.*)$')
     if t then
-      stored_t, stored = tonumber(t), tonumber(l)
+      stored_t, stored = tonum(t), tonum(l)
       if rest ~= '' then
         for e, u in gmatch(rest, ':(%d+):(%d+)') do
-          ends[#ends + 1], units[#units + 1] = tonumber(e), tonumber(u)
+          ends[#ends + 1], units[#units + 1] = tonum(e), tonum(u)
         end
       end
     end

@@ -22,13 +22,13 @@ local function decide()
   if state then
     local s, c = match(state, '^(%d+):(%d+)$')
     if s then
-      stored_start, stored_count = tonumber(s), tonumber(c)
+      stored_start, stored_count = tonum(s), tonum(c)
     end
   end
 
   if mode == 2 then
     -- Refund, only if the window it was counted in is still the stored one.
-    if stored_start == tonumber(extra) then
+    if stored_start == tonum(extra) then
       local count = max(stored_count - cost, 0)
       if count == 0 then
         call('DEL', key)

@@ -1,7 +1,8 @@
--- Prepended by Rust (src/store/redis/scripts.rs) to every script: the
--- values each check takes, the server's clock, and the rounding rules of
--- src/limiter.rs, written once. Then comes the algorithm's `decide`, then
--- batch.lua, which runs `decide` once per check of the call.
+-- Prepended by Rust (src/store/redis/scripts.rs) to every script and
+-- function library: the values each check takes, the server's clock, and
+-- the rounding rules of src/limiter.rs, written once. Then comes the
+-- algorithm's `decide`, then batch.lua, whose `run` decides the checks of
+-- one call.
 --
 -- A call decides a batch of checks on keys of one node (see batch.lua for
 -- the layout of ARGV and of the reply). The values below are those of the
@@ -23,9 +24,15 @@
 -- epoch (~1.7e15) are exact in a Lua double; nanoseconds would not be.
 -- The library functions the scripts use, as locals: a global lookup
 -- costs a table access (and, in a script, a metatable's) on every call.
-local max, min, floor, ceil, abs, fmod = math.max, math.min, math.floor, math.ceil, math.abs, math.fmod
-local format, match, gmatch, find = string.format, string.match, string.gmatch, string.find
-local call, tonumber, pcall, type, tostring = redis.call, tonumber, pcall, type, tostring
+-- Bound at the start of every call (`run` in batch.lua): a function
+-- library cannot read them while it loads. Named apart from the globals
+-- they hold, so that binding them can read those.
+local max, min, floor, ceil, abs, fmod
+local format, match, gmatch, find
+local call, tonum, try, kind, tostr
+
+-- The server's clock at the start of the call, in µs and as stored in keys.
+local now, NOW
 
 local key, mode, limit, window, capacity, cost, extra
 local want, period, phase, settle_at, taken, unspent = 0, 0, 0, 0, 0, 0
@@ -39,15 +46,6 @@ local function lease(room)
   if mode ~= 1 or want <= 0 or room < 2 * want then return 0 end
   return want
 end
-
--- The clock line: tests/lua_matches_limiter.rs swaps the TIME call below
--- for a time of its choosing, to drive these scripts and src/limiter.rs
--- through the same instants. Production scripts always read the server,
--- once per call: every check of a batch is decided at the same instant.
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
--- `now` as stored in keys, written once per call.
-local NOW = format('%d', now)
 
 -- Floating point slack when comparing levels of up to `capacity`, as
 -- `slack` in src/limiter.rs: EPSILON, or 1e-12 of the capacity when that is

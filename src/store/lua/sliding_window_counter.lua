@@ -29,14 +29,14 @@ local function decide()
   if state then
     local s, p, c = match(state, '^(%d+):(%d+):(%d+)$')
     if s then
-      stored_start, stored_prev, stored_curr = tonumber(s), tonumber(p), tonumber(c)
+      stored_start, stored_prev, stored_curr = tonum(s), tonum(p), tonum(c)
     end
   end
 
   if mode == 2 then
     -- Refund from the window the request was counted in, which may have
     -- become the previous one since.
-    local counted_in = tonumber(extra)
+    local counted_in = tonum(extra)
     if stored_start == counted_in then
       save(stored_start, stored_prev, max(stored_curr - cost, 0))
     elseif stored_start == counted_in + window then

@@ -21,11 +21,11 @@ local WALK = 1000
 -- prelude.lua, which Rust prepends.
 
 local function cost_of(member)
-  return tonumber(match(member, ':(%d+)$')) or 0
+  return tonum(match(member, ':(%d+)$')) or 0
 end
 
 local function stored_total()
-  local s = tonumber(call('ZSCORE', key, TOTAL))
+  local s = tonum(call('ZSCORE', key, TOTAL))
   if not s then return 0 end
   return max(-1 - s, 0)
 end
@@ -65,7 +65,7 @@ local function decide()
   end
   local cutoff = '(' .. edge
   -- The newest entry still in the window, if any.
-  local last = tonumber(call('ZREVRANGEBYSCORE', key, '+inf', cutoff, 'WITHSCORES', 'LIMIT', 0, 1)[2])
+  local last = tonum(call('ZREVRANGEBYSCORE', key, '+inf', cutoff, 'WITHSCORES', 'LIMIT', 0, 1)[2])
 
   if total + cost <= limit then
     -- Timestamps never go backwards within a log, as in src/limiter.rs.
@@ -92,7 +92,7 @@ local function decide()
       if #batch == 0 then break end
       for i = 1, #batch, 2 do
         freed = freed + cost_of(batch[i])
-        retry = tonumber(batch[i + 1]) + window - now
+        retry = tonum(batch[i + 1]) + window - now
         if freed >= need then
           found = true
           break

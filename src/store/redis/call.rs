@@ -1,8 +1,9 @@
-//! Script calls: a batch of checks in one `EVALSHA` on the node owning the
-//! first check's key, the same call as `EVAL` when that node answers
-//! `NOSCRIPT`, bounded by a deadline with fred's own timer, and re-sent only
-//! after a cluster redirection.
+//! Calls: a batch of checks in one `FCALL` (or `EVALSHA`) on the node
+//! owning the first check's key, after loading the function (or as `EVAL`)
+//! when that node does not know it, bounded by a deadline with fred's own
+//! timer, and re-sent only after a cluster redirection.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use fred::bytes_utils::Str;
@@ -42,8 +43,10 @@ pub(super) async fn run(
 }
 
 /// The checks of `jobs` in one call of `script` (at least one check), on
-/// the node owning the first one's key, by SHA, then by source if that
-/// node does not know the script.
+/// the node owning the first one's key: its function (`FCALL`), loaded on
+/// that node first if the node does not know it (first use, a restart
+/// without persistence, a node added), or on a server without functions
+/// the script by SHA, then by source if that node does not know it.
 pub(super) async fn run_batch(
     client: &Client,
     script: &Script,
@@ -51,9 +54,25 @@ pub(super) async fn run_batch(
     deadline: Instant,
     timeout: Duration,
 ) -> Result<Vec<Outcome>, Failure> {
-    let mut result = eval(client, "EVALSHA", &script.sha, jobs, deadline).await;
-    if result.as_ref().is_err_and(|e| e.details().starts_with("NOSCRIPT")) {
-        result = eval(client, "EVAL", script.source, jobs, deadline).await;
+    let mut result = Err(FredError::new(ErrorKind::Unknown, "no call made"));
+    if script.functions.load(Ordering::Relaxed) {
+        result = eval(client, "FCALL", &script.function, jobs, deadline).await;
+        if result.as_ref().is_err_and(|e| e.details().contains("Function not found")) {
+            match load(client, script, jobs, deadline).await {
+                Ok(()) => result = eval(client, "FCALL", &script.function, jobs, deadline).await,
+                Err(e) => result = Err(e),
+            }
+        }
+        if result.as_ref().is_err_and(|e| e.details().contains("unknown command")) {
+            tracing::info!("redis has no functions (before 7.0): calling scripts instead");
+            script.functions.store(false, Ordering::Relaxed);
+        }
+    }
+    if !script.functions.load(Ordering::Relaxed) {
+        result = eval(client, "EVALSHA", &script.sha, jobs, deadline).await;
+        if result.as_ref().is_err_and(|e| e.details().starts_with("NOSCRIPT")) {
+            result = eval(client, "EVAL", &script.source, jobs, deadline).await;
+        }
     }
     match result {
         Ok(value) => scripts::parse_batch(value, jobs.len()).map_err(|error| Failure { error, outage: false }),
@@ -61,9 +80,27 @@ pub(super) async fn run_batch(
     }
 }
 
-/// Sends `EVALSHA sha 1 <first key> <count> <key args...>...` (or `EVAL
-/// source ...`) to the node owning the first key's slot, bounded by
-/// `deadline`.
+/// `FUNCTION LOAD REPLACE` of `script`'s library on the node owning the
+/// first job's key (`REPLACE`: another instance may load it at the same
+/// time).
+async fn load(client: &Client, script: &Script, jobs: &[Job<'_>], deadline: Instant) -> Result<(), FredError> {
+    let Some(&(first, _)) = jobs.first() else { return Ok(()) };
+    let slot = fred::util::redis_keyslot(first.as_bytes());
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(FredError::new(ErrorKind::Timeout, "store timeout"));
+    }
+    let options = Options { timeout: Some(left), max_attempts: Some(1), ..Default::default() };
+    let cmd = CustomCommand::new_static("FUNCTION", ClusterHash::Custom(slot), false);
+    let args = vec![Value::from("LOAD"), Value::from("REPLACE"), Value::String(script.library.as_str().into())];
+    let _: Value = client.with_options(&options).custom(cmd, args).await?;
+    tracing::debug!(function = %script.function, "loaded the rate-limit functions on a redis node");
+    Ok(())
+}
+
+/// Sends `FCALL function 1 <first key> <count> <key args...>...` (or
+/// `EVALSHA sha ...`, `EVAL source ...`) to the node owning the first key's
+/// slot, bounded by `deadline`.
 async fn eval(
     client: &Client,
     command: &'static str,

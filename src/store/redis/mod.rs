@@ -21,10 +21,10 @@
 //! atomically on the server with the server's clock (`TIME`), so instances
 //! with skewed clocks agree and no read-then-write race exists between them.
 //! One call decides a batch of checks (see [`batch`]): those of concurrent
-//! requests bound for the same node and algorithm. Scripts are called by SHA
-//! (`EVALSHA`); a node that answers `NOSCRIPT` (first use, a restart, or a
-//! replica just promoted: the script cache is not replicated) gets the same
-//! call as `EVAL`, on the same node, since it is routed by the same key.
+//! requests bound for the same node and algorithm. The code is a Redis
+//! function (`FCALL`), loaded on a node that does not know it yet, or on a
+//! server without functions a script called by SHA (`EVALSHA`, then `EVAL`
+//! on a node that answers `NOSCRIPT`); see `call`.
 //!
 //! # Bounded, never re-sent
 //!
