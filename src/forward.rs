@@ -10,7 +10,6 @@
 //! back untouched.
 
 use std::collections::VecDeque;
-use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,6 +28,7 @@ use hyper_util::rt::TokioExecutor;
 use prometheus::IntCounter;
 use tokio::time::{Instant, Sleep};
 
+use crate::client::Peer;
 use crate::config::Upstream;
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
@@ -83,9 +83,7 @@ impl Drop for InflightGuard<'_> {
 /// What [`UpstreamClient::forward`] needs to know about the client side.
 pub struct Downstream<'a> {
     /// The socket peer.
-    pub peer: IpAddr,
-    /// Whether the peer is one of `trusted_proxies`.
-    pub trusted: bool,
+    pub peer: &'a Peer,
     /// The host the client asked for, for `X-Forwarded-Host`.
     pub host: Option<&'a str>,
     /// The `Host` header to send instead of the client's: the host that was
@@ -170,7 +168,7 @@ impl UpstreamClient {
         if let Some(h) = down.host_header.take() {
             parts.headers.insert(header::HOST, h);
         }
-        set_forwarded(&mut parts.headers, down.peer, down.trusted, down.host);
+        set_forwarded(&mut parts.headers, down.peer, down.host);
         // The pooled client speaks HTTP/1.1 to upstreams whatever the client
         // spoke to us.
         parts.version = Version::HTTP_11;
@@ -475,6 +473,12 @@ pub fn undecodable_transfer_coding(headers: &HeaderMap) -> bool {
 }
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none of these: one pass over the names they do
+    // carry is much cheaper than looking each of ten names up (every
+    // lookup hashes the name).
+    if !headers.keys().any(|n| HOP_BY_HOP.contains(n)) {
+        return;
+    }
     // Headers named in Connection are hop-by-hop too.
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
@@ -493,40 +497,67 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// is replaced by the peer otherwise: an untrusted client's claim about who
 /// it is must not reach the upstream either, so its `Forwarded` and
 /// `X-Real-IP` are dropped too. Likewise for `-Proto` and `-Host`.
-fn set_forwarded(headers: &mut HeaderMap, peer: IpAddr, trusted_peer: bool, host: Option<&str>) {
-    let peer = crate::client::canonical(peer);
-    let mut xff: Vec<u8> = Vec::new();
-    if trusted_peer {
+fn set_forwarded(headers: &mut HeaderMap, peer: &Peer, host: Option<&str>) {
+    // Which of the headers are there, in one pass over the names (as in
+    // `strip_hop_by_hop`): removing a header that is not there costs a
+    // lookup all the same.
+    let (mut xff, mut forwarded, mut real_ip, mut proto, mut fhost) = (false, false, false, false, false);
+    for name in headers.keys() {
+        if *name == X_FORWARDED_FOR {
+            xff = true;
+        } else if *name == header::FORWARDED {
+            forwarded = true;
+        } else if *name == X_REAL_IP {
+            real_ip = true;
+        } else if *name == X_FORWARDED_PROTO {
+            proto = true;
+        } else if *name == X_FORWARDED_HOST {
+            fhost = true;
+        }
+    }
+    let trusted = peer.trusted;
+    let mut joined: Vec<u8> = Vec::new();
+    if trusted && xff {
         for line in headers.get_all(&X_FORWARDED_FOR) {
             let line = line.as_bytes().trim_ascii();
             if !line.is_empty() {
-                if !xff.is_empty() {
-                    xff.extend_from_slice(b", ");
+                if !joined.is_empty() {
+                    joined.extend_from_slice(b", ");
                 }
-                xff.extend_from_slice(line);
+                joined.extend_from_slice(line);
             }
         }
     }
-    if !xff.is_empty() {
-        xff.extend_from_slice(b", ");
+    let value = if joined.is_empty() {
+        peer.forwarded_for.clone()
+    } else {
+        joined.extend_from_slice(b", ");
+        joined.extend_from_slice(peer.forwarded_for.as_bytes());
+        // Made of header values and an address: always a valid value.
+        HeaderValue::from_bytes(&joined).unwrap_or_else(|_| peer.forwarded_for.clone())
+    };
+    // `insert` replaces every line already there.
+    headers.insert(X_FORWARDED_FOR, value);
+    if !trusted {
+        if forwarded {
+            headers.remove(header::FORWARDED);
+        }
+        if real_ip {
+            headers.remove(&X_REAL_IP);
+        }
     }
-    xff.extend_from_slice(peer.to_string().as_bytes());
-    headers.remove(&X_FORWARDED_FOR);
-    // Made of header values and an address: always a valid value.
-    if let Ok(v) = HeaderValue::from_bytes(&xff) {
-        headers.insert(X_FORWARDED_FOR, v);
-    }
-    if !trusted_peer {
-        headers.remove(header::FORWARDED);
-        headers.remove(&X_REAL_IP);
-    }
-    if !trusted_peer || !headers.contains_key(&X_FORWARDED_PROTO) {
+    if !trusted || !proto {
         headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     }
-    if !trusted_peer || !headers.contains_key(&X_FORWARDED_HOST) {
-        headers.remove(&X_FORWARDED_HOST);
-        if let Some(v) = host.and_then(|h| HeaderValue::from_str(h).ok()) {
-            headers.insert(X_FORWARDED_HOST, v);
+    if !trusted || !fhost {
+        match host.and_then(|h| HeaderValue::from_str(h).ok()) {
+            Some(v) => {
+                headers.insert(X_FORWARDED_HOST, v);
+            }
+            None if fhost => {
+                headers.remove(&X_FORWARDED_HOST);
+            }
+            None => {}
         }
     }
 }

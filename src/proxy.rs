@@ -17,7 +17,7 @@ use http::{Request, Response};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
-use crate::client;
+use crate::client::{self, Peer};
 use crate::config::{ClientConfig, Config, InvalidToken, KeyPart, Normalization, OnError, Route};
 use crate::error::ProxyError;
 use crate::forward::{Downstream, UpstreamClient};
@@ -121,9 +121,15 @@ impl Proxy {
         self.rules.store(Arc::new(rules));
     }
 
+    /// The peer of a connection just accepted from `addr`, for every
+    /// request on it.
+    pub fn peer(&self, addr: SocketAddr) -> Peer {
+        Peer::new(addr.ip(), &self.client.trusted_proxies)
+    }
+
     /// Serves one request from `peer`; never fails (every failure is an
     /// answer).
-    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
+    pub async fn handle(&self, req: Request<Incoming>, peer: &Peer) -> Response<ProxyBody> {
         let started = Instant::now();
         let resp = self.serve(req, peer).await;
         self.metrics.request_duration_seconds.observe(started.elapsed().as_secs_f64());
@@ -136,7 +142,7 @@ impl Proxy {
         })
     }
 
-    async fn serve(&self, mut req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
+    async fn serve(&self, mut req: Request<Incoming>, peer: &Peer) -> Response<ProxyBody> {
         // One spelling of the request before anything reads it (see
         // crate::normalize): what is refused here is refused before routing
         // and counts as a rejection of no route.
@@ -166,7 +172,7 @@ impl Proxy {
             counters.rejected.inc();
             return e.into_response().map(Either::Right);
         }
-        let client_ip = match client::client_addr(peer.ip(), req.headers(), &self.client.trusted_proxies) {
+        let client_ip = match client::client_addr(peer.ip, req.headers(), &self.client.trusted_proxies) {
             Ok(ip) => ip,
             Err(client::BadForwarding) => {
                 return bad(counters, "The forwarding headers from a trusted proxy name no client address.".into());
@@ -340,8 +346,7 @@ impl Proxy {
         let upstream = &self.upstreams[self.routes[route].0.upstream];
         let version = req.version();
         let down = Downstream {
-            peer: peer.ip(),
-            trusted: client::is_trusted_peer(peer.ip(), &self.client.trusted_proxies),
+            peer,
             host: host.as_ref().map(|h| h.name.as_str()),
             host_header: host.as_ref().and_then(|h| h.rewrite.clone()),
             path: canonical_path,
