@@ -60,6 +60,8 @@ pub struct Rule {
     pub policy: String,
     /// The same as a header value, for the common one-rule response.
     pub policy_value: Option<http::HeaderValue>,
+    /// The limit as the `X-RateLimit-Limit` value.
+    pub limit_value: http::HeaderValue,
     /// The name, quoted as a structured-field string: `"name"`.
     pub quoted_name: String,
     /// The window in whole seconds (at least 1), for headers and bodies.
@@ -228,7 +230,8 @@ impl Rule {
         key_prefix.push('|');
         let counters = metrics.rule_counters(&spec.name);
         let policy_value = http::HeaderValue::from_str(&policy).ok();
-        Rule { spec, nominal, policy, policy_value, quoted_name, window_secs, key_prefix, counters }
+        let limit_value = http::HeaderValue::from(spec.limit);
+        Rule { spec, nominal, policy, policy_value, limit_value, quoted_name, window_secs, key_prefix, counters }
     }
 
     /// Whether the rule reads the user: it keys on it, or `exempt` names
