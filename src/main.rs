@@ -10,11 +10,13 @@ use tollgate::clock::SystemClock;
 use tollgate::config::Config;
 use tollgate::server::{Server, StartError};
 
+mod allocator;
+
 /// mimalloc rather than glibc's malloc: the request path allocates and frees
 /// many small buffers (headers, keys, bodies), which mimalloc's per-thread
 /// free lists serve faster; measured with edge-bench, see docs/benchmarks.md.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: allocator::Mimalloc = allocator::Mimalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
