@@ -1,5 +1,5 @@
-//! Forwarding to upstreams: pooled clients, hop-by-hop headers,
-//! `X-Forwarded-*`, timeouts, and the request body limit.
+//! Forwarding to upstreams (over [`crate::pool`]'s connections): hop-by-hop
+//! headers, `X-Forwarded-*`, timeouts, and the request body limit.
 //!
 //! A request body up to the route's `buffer_body` is read whole before a
 //! connection to the upstream is taken, so a slow client never holds one of
@@ -22,9 +22,7 @@ use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, Version};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use prometheus::IntCounter;
 use tokio::time::{Instant, Sleep};
 
@@ -32,6 +30,7 @@ use crate::client::Peer;
 use crate::config::Upstream;
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
+use crate::pool::{Pool, PoolError, UpstreamBody};
 
 /// Headers that describe one connection, not the message (RFC 9110 7.6.1):
 /// never forwarded in either direction.
@@ -58,10 +57,10 @@ const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 /// (nginx's default is 4 or 8 KiB).
 pub const UPSTREAM_READ_BUFFER: usize = 16 * 1024;
 
-/// One upstream: its pooled client, in-flight count and error counters.
+/// One upstream: its connection pool, in-flight count and error counters.
 pub struct UpstreamClient {
     pub config: Upstream,
-    client: Client<HttpConnector, RequestBody>,
+    pool: Pool,
     inflight: AtomicUsize,
     connect_errors: IntCounter,
     timeouts: IntCounter,
@@ -107,16 +106,18 @@ impl UpstreamClient {
         connector.set_connect_timeout(Some(config.connect_timeout));
         connector.set_nodelay(true);
         connector.set_keepalive(Some(Duration::from_secs(60)));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(1024)
-            .http1_max_buf_size(UPSTREAM_READ_BUFFER)
-            .build(connector);
+        let mut origin = http::uri::Parts::default();
+        origin.scheme = Some(config.scheme.clone());
+        origin.authority = Some(config.authority.clone());
+        origin.path_and_query = Some(PathAndQuery::from_static("/"));
+        // Made of a validated scheme and authority.
+        let origin = Uri::from_parts(origin).unwrap_or_default();
+        let pool = Pool::new(connector, origin, UPSTREAM_READ_BUFFER);
         let err = |kind: &str| metrics.upstream_errors_total.with_label_values(&[config.name.as_str(), kind]);
         let client_err = |kind: &str| metrics.client_errors_total.with_label_values(&[kind]);
         UpstreamClient {
             config: config.clone(),
-            client,
+            pool,
             inflight: AtomicUsize::new(0),
             connect_errors: err("connect"),
             timeouts: err("timeout"),
@@ -139,7 +140,7 @@ impl UpstreamClient {
         &self,
         req: Request<Incoming>,
         mut down: Downstream<'_>,
-    ) -> Result<Response<Incoming>, ProxyError> {
+    ) -> Result<Response<UpstreamBody>, ProxyError> {
         let (mut parts, body) = req.into_parts();
         let invalid = || ProxyError::BadRequest("The request target is not a valid path.".into());
         let pq = match (&down.path, parts.uri.query()) {
@@ -155,11 +156,8 @@ impl UpstreamClient {
             }
         }
         .map_err(|_| invalid())?;
-        let mut uri = http::uri::Parts::default();
-        uri.scheme = Some(self.config.scheme.clone());
-        uri.authority = Some(self.config.authority.clone());
-        uri.path_and_query = Some(pq);
-        parts.uri = Uri::from_parts(uri).map_err(|_| invalid())?;
+        // Origin form, as an origin server expects it.
+        parts.uri = Uri::from(pq);
 
         strip_hop_by_hop(&mut parts.headers);
         // The host that was matched goes to the upstream (virtual hosts
@@ -169,7 +167,7 @@ impl UpstreamClient {
             parts.headers.insert(header::HOST, h);
         }
         set_forwarded(&mut parts.headers, down.peer, down.host);
-        // The pooled client speaks HTTP/1.1 to upstreams whatever the client
+        // The pool speaks HTTP/1.1 to upstreams whatever the client
         // spoke to us.
         parts.version = Version::HTTP_11;
 
@@ -185,7 +183,7 @@ impl UpstreamClient {
         self.inflight.fetch_add(1, Ordering::Relaxed);
         let _guard = InflightGuard(&self.inflight);
         let result = tokio::select! {
-            r = self.client.request(req) => Some(r),
+            r = self.pool.send(req) => Some(r),
             () = upstream_deadline(self.config.timeout, &watch) => None,
         };
         let name = &self.config.name;
@@ -200,12 +198,12 @@ impl UpstreamClient {
             Some(Err(_)) if watch.failure().is_some() => {
                 Err(self.client_error(watch.failure().unwrap_or(BodyFailure::Malformed)))
             }
-            Some(Err(e)) if e.is_connect() && is_timeout(&e) => {
+            Some(Err(e @ PoolError::Connect(_))) if is_timeout(&e) => {
                 self.timeouts.inc();
                 tracing::warn!(upstream = %name, "upstream connect timed out");
                 Err(ProxyError::GatewayTimeout)
             }
-            Some(Err(e)) if e.is_connect() => {
+            Some(Err(e @ PoolError::Connect(_))) => {
                 self.connect_errors.inc();
                 tracing::warn!(upstream = %name, error = %e, "upstream connect failed");
                 Err(ProxyError::BadGateway)
@@ -269,7 +267,7 @@ pub enum BodyFailure {
 }
 
 /// What the forwarding side learns about a [`RequestBody`] it handed to the
-/// pooled client: how it failed, and how long it waited on the client.
+/// pool: how it failed, and how long it waited on the client.
 #[derive(Debug, Default)]
 pub struct BodyWatch {
     failure: AtomicU8,

@@ -16,7 +16,8 @@
 //! | [`send_budget`] | at most 128 KiB of response bodies held per client connection, whatever its HTTP/2 streams |
 //! | [`normalize`] | one spelling per request: canonical path, host, method and header names, or 400 |
 //! | [`proxy`] | the request path: route, decide, forward or reject |
-//! | [`forward`] | pooled upstream clients, hop-by-hop and `X-Forwarded-*` headers, request bodies (read ahead up to `buffer_body`, `max_body`, `body_read_timeout`) |
+//! | [`forward`] | hop-by-hop and `X-Forwarded-*` headers, request bodies (read ahead up to `buffer_body`, `max_body`, `body_read_timeout`) |
+//! | [`pool`] | keep-alive connections to one upstream, reused request after request |
 //! | [`client`] | who the client is: trusted proxies, `X-Forwarded-For`, IPv6 prefixes |
 //! | [`identity`] | verified user identity from a JWT (`[client] jwt`) |
 //! | [`rules`] | the compiled rule set: which rules match, the bucket key of each |
@@ -52,6 +53,7 @@ pub mod idle;
 pub mod limiter;
 pub mod metrics;
 pub mod normalize;
+pub mod pool;
 pub mod proxy;
 pub mod reload;
 pub mod rules;

@@ -1,7 +1,7 @@
 //! The request path: route, match rules, ask the store once, then answer
 //! 429 or forward to the upstream with rate-limit headers.
 //!
-//! Forwarding itself (pooled clients, streaming bodies, hop-by-hop and
+//! Forwarding itself (streaming bodies, hop-by-hop and
 //! `X-Forwarded-*` headers) is in [`crate::forward`]. Anything tollgate
 //! answers itself goes through [`ProxyError`], which alone decides statuses
 //! and bodies.
@@ -26,12 +26,13 @@ use crate::identity::{Identity, JwtVerifier};
 use crate::limiter::{Verdict, ceil_secs};
 use crate::metrics::{Metrics, RouteCounters};
 use crate::normalize;
+use crate::pool::UpstreamBody;
 use crate::rules::{RequestFacts, Rule, RuleSet};
 use crate::store::{Answer, AnyStore, Check, Mode, Store, StoreError};
 
 /// The body of every response tollgate sends: the upstream's, streamed, or
 /// one tollgate wrote.
-pub type ProxyBody = Either<Incoming, Full<Bytes>>;
+pub type ProxyBody = Either<UpstreamBody, Full<Bytes>>;
 
 /// Everything the request path shares: built once at start-up, the rules
 /// swapped on reload.
