@@ -146,13 +146,13 @@ impl UpstreamClient {
         let pq = match (&down.path, parts.uri.query()) {
             (Some(path), Some(query)) => PathAndQuery::try_from(format!("{}{path}?{query}", self.config.base_path)),
             (Some(path), None) => PathAndQuery::try_from(format!("{}{path}", self.config.base_path)),
+            // The client's target, parsed already: shared, not parsed again.
+            (None, _) if self.config.base_path.is_empty() => {
+                Ok(parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/")))
+            }
             (None, _) => {
                 let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-                if self.config.base_path.is_empty() {
-                    PathAndQuery::try_from(pq)
-                } else {
-                    PathAndQuery::try_from(format!("{}{}", self.config.base_path, pq))
-                }
+                PathAndQuery::try_from(format!("{}{}", self.config.base_path, pq))
             }
         }
         .map_err(|_| invalid())?;
