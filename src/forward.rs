@@ -22,7 +22,6 @@ use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, Version};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper_util::client::legacy::connect::HttpConnector;
 use prometheus::IntCounter;
 use tokio::time::{Instant, Sleep};
 
@@ -60,7 +59,7 @@ pub const UPSTREAM_READ_BUFFER: usize = 16 * 1024;
 /// One upstream: its connection pool, in-flight count and error counters.
 pub struct UpstreamClient {
     pub config: Upstream,
-    pool: Pool,
+    pool: Pool<RequestBody>,
     inflight: AtomicUsize,
     connect_errors: IntCounter,
     timeouts: IntCounter,
@@ -102,17 +101,7 @@ pub struct Downstream<'a> {
 
 impl UpstreamClient {
     pub fn new(config: &Upstream, metrics: &Metrics) -> UpstreamClient {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(config.connect_timeout));
-        connector.set_nodelay(true);
-        connector.set_keepalive(Some(Duration::from_secs(60)));
-        let mut origin = http::uri::Parts::default();
-        origin.scheme = Some(config.scheme.clone());
-        origin.authority = Some(config.authority.clone());
-        origin.path_and_query = Some(PathAndQuery::from_static("/"));
-        // Made of a validated scheme and authority.
-        let origin = Uri::from_parts(origin).unwrap_or_default();
-        let pool = Pool::new(connector, origin, UPSTREAM_READ_BUFFER);
+        let pool = Pool::for_upstream(config, UPSTREAM_READ_BUFFER);
         let err = |kind: &str| metrics.upstream_errors_total.with_label_values(&[config.name.as_str(), kind]);
         let client_err = |kind: &str| metrics.client_errors_total.with_label_values(&[kind]);
         UpstreamClient {
@@ -140,7 +129,7 @@ impl UpstreamClient {
         &self,
         req: Request<Incoming>,
         mut down: Downstream<'_>,
-    ) -> Result<Response<UpstreamBody>, ProxyError> {
+    ) -> Result<Response<UpstreamBody<RequestBody>>, ProxyError> {
         let (mut parts, body) = req.into_parts();
         let invalid = || ProxyError::BadRequest("The request target is not a valid path.".into());
         let pq = match (&down.path, parts.uri.query()) {

@@ -37,6 +37,8 @@
 //! | [`summary`] | a periodic `info` log line: requests allowed and limited since the last one |
 //! | [`clock`] | wall-clock time, or a manual clock for tests |
 //! | [`cli`] | the `tollgate` command line: run, `check`, `explain` |
+//! | [`process`] | what the binaries share: the async runtime, logging, the shutdown signal |
+//! | [`floor`] | `tollgate-floor`: the same server setup and upstream pool with nothing between them, a bench target |
 
 #![forbid(unsafe_code)]
 
@@ -46,6 +48,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod floor;
 pub mod forward;
 pub mod headers;
 pub mod identity;
@@ -54,6 +57,7 @@ pub mod limiter;
 pub mod metrics;
 pub mod normalize;
 pub mod pool;
+pub mod process;
 pub mod proxy;
 pub mod reload;
 pub mod rules;

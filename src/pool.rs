@@ -30,10 +30,13 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use tokio::time::Instant;
 use tower_service::Service;
 
-use crate::forward::RequestBody;
+use crate::config::Upstream;
 
 /// How long a connection may sit unused before it is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// TCP keepalive probes on upstream connections start after this long idle.
+const KEEPALIVE: Duration = Duration::from_secs(60);
 
 /// The most idle connections kept per upstream; more are closed as they
 /// come back.
@@ -52,12 +55,12 @@ pub enum PoolError {
     Request(#[source] hyper::Error),
 }
 
-/// One upstream's connections.
-pub struct Pool {
-    shared: Arc<Shared>,
+/// One upstream's connections, carrying request bodies of type `B`.
+pub struct Pool<B> {
+    shared: Arc<Shared<B>>,
 }
 
-struct Shared {
+struct Shared<B> {
     connector: HttpConnector,
     /// `scheme://authority`, what the connector dials.
     origin: Uri,
@@ -67,20 +70,41 @@ struct Shared {
     /// Read buffer of each connection (`http1_max_buf_size`).
     max_buf_size: usize,
     /// Most recently returned last.
-    idle: Mutex<Vec<Idle>>,
+    idle: Mutex<Vec<Idle<B>>>,
     /// Whether the task that closes idle connections runs.
     reaping: std::sync::Once,
 }
 
-struct Idle {
-    sender: SendRequest<RequestBody>,
+struct Idle<B> {
+    sender: SendRequest<B>,
     since: Instant,
 }
 
-impl Pool {
+impl<B> Pool<B>
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    /// Connections to `upstream`, each reading at most `max_buf_size` ahead
+    /// of the client.
+    pub fn for_upstream(upstream: &Upstream, max_buf_size: usize) -> Pool<B> {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(upstream.connect_timeout));
+        connector.set_nodelay(true);
+        connector.set_keepalive(Some(KEEPALIVE));
+        let mut origin = http::uri::Parts::default();
+        origin.scheme = Some(upstream.scheme.clone());
+        origin.authority = Some(upstream.authority.clone());
+        origin.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
+        // Made of a validated scheme and authority.
+        let origin = Uri::from_parts(origin).unwrap_or_default();
+        Pool::new(connector, origin, max_buf_size)
+    }
+
     /// Connections to `origin` (an `http://` URI with an authority), opened by
     /// `connector`, each reading at most `max_buf_size` ahead.
-    pub fn new(connector: HttpConnector, origin: Uri, max_buf_size: usize) -> Pool {
+    fn new(connector: HttpConnector, origin: Uri, max_buf_size: usize) -> Pool<B> {
         let host = match (origin.host(), origin.port_u16()) {
             (Some(h), Some(p)) if p != 80 => HeaderValue::try_from(format!("{h}:{p}")),
             (h, _) => HeaderValue::try_from(h.unwrap_or_default()),
@@ -101,7 +125,7 @@ impl Pool {
 
     /// Sends `req` (its target in origin form) on an idle connection, or a
     /// new one, and returns the response head, its body still streaming.
-    pub async fn send(&self, mut req: Request<RequestBody>) -> Result<Response<UpstreamBody>, PoolError> {
+    pub async fn send(&self, mut req: Request<B>) -> Result<Response<UpstreamBody<B>>, PoolError> {
         if !req.headers().contains_key(HOST) {
             req.headers_mut().insert(HOST, self.shared.host.clone());
         }
@@ -125,12 +149,12 @@ impl Pool {
         }
     }
 
-    async fn connect(&self) -> Result<SendRequest<RequestBody>, PoolError> {
+    async fn connect(&self) -> Result<SendRequest<B>, PoolError> {
         let io = self.shared.connector.clone().call(self.shared.origin.clone()).await;
         let io = io.map_err(|e| PoolError::Connect(e.into()))?;
         let (sender, conn) = http1::Builder::new()
             .max_buf_size(self.shared.max_buf_size)
-            .handshake::<_, RequestBody>(io)
+            .handshake::<_, B>(io)
             .await
             .map_err(|e| PoolError::Connect(e.into()))?;
         tokio::spawn(async move {
@@ -145,13 +169,13 @@ impl Pool {
     }
 }
 
-impl Shared {
-    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
+impl<B: Send + 'static> Shared<B> {
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Idle<B>>> {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The most recently used idle connection that can take a request.
-    fn checkout(&self) -> Option<SendRequest<RequestBody>> {
+    fn checkout(&self) -> Option<SendRequest<B>> {
         let mut idle = self.idle();
         while let Some(Idle { sender, since }) = idle.pop() {
             if since.elapsed() >= IDLE_TIMEOUT {
@@ -168,7 +192,7 @@ impl Shared {
     }
 
     /// Takes back a connection whose response has ended.
-    fn put(self: Arc<Self>, sender: SendRequest<RequestBody>) {
+    fn put(self: Arc<Self>, sender: SendRequest<B>) {
         if sender.is_ready() {
             let mut idle = self.idle();
             if idle.len() < MAX_IDLE {
@@ -196,7 +220,7 @@ impl Shared {
 }
 
 /// Closes connections idle for [`IDLE_TIMEOUT`], until the pool is gone.
-async fn reap(shared: Weak<Shared>) {
+async fn reap<B: Send + 'static>(shared: Weak<Shared<B>>) {
     let mut every = tokio::time::interval(IDLE_TIMEOUT / 4);
     loop {
         every.tick().await;
@@ -208,12 +232,12 @@ async fn reap(shared: Weak<Shared>) {
 /// An upstream response body. Its connection goes back to the pool once
 /// the body has been read to its end, and is closed if it never is (its
 /// rest is unread on the wire).
-pub struct UpstreamBody {
+pub struct UpstreamBody<B: Send + 'static> {
     body: Incoming,
-    conn: Option<(SendRequest<RequestBody>, Arc<Shared>)>,
+    conn: Option<(SendRequest<B>, Arc<Shared<B>>)>,
 }
 
-impl UpstreamBody {
+impl<B: Send + 'static> UpstreamBody<B> {
     fn release(&mut self) {
         if let Some((sender, shared)) = self.conn.take() {
             shared.put(sender);
@@ -221,7 +245,7 @@ impl UpstreamBody {
     }
 }
 
-impl Body for UpstreamBody {
+impl<B: Send + 'static> Body for UpstreamBody<B> {
     type Data = Bytes;
     type Error = hyper::Error;
 
@@ -247,7 +271,7 @@ impl Body for UpstreamBody {
     }
 }
 
-impl Drop for UpstreamBody {
+impl<B: Send + 'static> Drop for UpstreamBody<B> {
     fn drop(&mut self) {
         // A body with nothing to read (HEAD, 204, 304, an empty one) may
         // never be polled.

@@ -20,7 +20,7 @@ use hyper::body::Incoming;
 use crate::client::{self, Peer};
 use crate::config::{ClientConfig, Config, InvalidToken, KeyPart, Normalization, OnError, Route};
 use crate::error::ProxyError;
-use crate::forward::{Downstream, UpstreamClient};
+use crate::forward::{Downstream, RequestBody, UpstreamClient};
 use crate::headers::{self, RuleReport};
 use crate::identity::{Identity, JwtVerifier};
 use crate::limiter::{Verdict, ceil_secs};
@@ -32,7 +32,7 @@ use crate::store::{Answer, AnyStore, Check, Mode, Store, StoreError};
 
 /// The body of every response tollgate sends: the upstream's, streamed, or
 /// one tollgate wrote.
-pub type ProxyBody = Either<UpstreamBody, Full<Bytes>>;
+pub type ProxyBody = Either<UpstreamBody<RequestBody>, Full<Bytes>>;
 
 /// Everything the request path shares: built once at start-up, the rules
 /// swapped on reload.

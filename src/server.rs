@@ -140,7 +140,7 @@ const H2_SEND_BUFFER: usize = 64 * 1024;
 /// and no shared budget (tests/h2_slow_readers.rs).
 const H2_MAX_STREAMS: u32 = 100;
 
-fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
+pub(crate) fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
