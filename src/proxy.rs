@@ -212,12 +212,19 @@ impl Proxy {
                 headers: req.headers(),
                 client: client::key_addr(client_ip, self.client.ipv6_prefix),
                 client_ip,
+                // Looked up only when some rule or deny entry reads them
+                // (each lookup hashes the header's name).
                 user: match &identity {
                     Some(Identity::Verified(id)) => Some(id.as_bytes()),
                     Some(_) => None,
-                    None => req.headers().get(&self.client.user_header).map(|v| v.as_bytes()),
+                    None if rules.any_needs_user => req.headers().get(&self.client.user_header).map(|v| v.as_bytes()),
+                    None => None,
                 },
-                api_key: req.headers().get(&self.client.api_key_header).map(|v| v.as_bytes()),
+                api_key: if rules.any_reads_api_key {
+                    req.headers().get(&self.client.api_key_header).map(|v| v.as_bytes())
+                } else {
+                    None
+                },
             };
             if let Some(deny) = rules.denied(&facts) {
                 counters.denied.inc();

@@ -39,6 +39,10 @@ pub struct RuleSet {
     pub any_needs_user: bool,
     /// Whether a `[[deny]]` entry names users.
     denies_name_users: bool,
+    /// Whether any rule or `[[deny]]` entry reads the API key (a rule keys
+    /// on it, or a deny or `exempt` list names keys): without one, a
+    /// request's API key header is not looked up.
+    pub any_reads_api_key: bool,
     /// The files they were read from.
     pub files: Vec<PathBuf>,
     pub loaded_at: SystemTime,
@@ -125,6 +129,8 @@ impl RuleSet {
             }
         }
         let any_needs_user = rules.iter().any(Rule::needs_user);
+        let any_reads_api_key =
+            rules.iter().any(|r| r.spec.key.contains(&KeyPart::ApiKey) || !r.spec.exempt.api_keys.is_empty());
         let reads_method =
             rules.iter().any(|r| !r.spec.matcher.methods.is_empty() || r.spec.key.contains(&KeyPart::Method));
         let mut by_path: std::collections::HashMap<String, Vec<usize>, foldhash::fast::RandomState> =
@@ -144,6 +150,7 @@ impl RuleSet {
             reads_method,
             any_needs_user,
             denies_name_users: false,
+            any_reads_api_key,
             files,
             loaded_at: SystemTime::now(),
             idle_horizon,
@@ -158,6 +165,7 @@ impl RuleSet {
         set.denies = loaded.denies;
         set.denies_name_users = set.denies.iter().any(|d| !d.clients.users.is_empty());
         set.any_needs_user |= set.denies_name_users;
+        set.any_reads_api_key |= set.denies.iter().any(|d| !d.clients.api_keys.is_empty());
         set
     }
 
