@@ -1,5 +1,5 @@
-//! Forwarding to upstreams: pooled clients, hop-by-hop headers,
-//! `X-Forwarded-*`, timeouts, and the request body limit.
+//! Forwarding to upstreams (over [`crate::pool`]'s connections): hop-by-hop
+//! headers, `X-Forwarded-*`, timeouts, and the request body limit.
 //!
 //! A request body up to the route's `buffer_body` is read whole before a
 //! connection to the upstream is taken, so a slow client never holds one of
@@ -10,7 +10,6 @@
 //! back untouched.
 
 use std::collections::VecDeque;
-use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,15 +22,14 @@ use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, Version};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use prometheus::IntCounter;
 use tokio::time::{Instant, Sleep};
 
+use crate::client::Peer;
 use crate::config::Upstream;
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
+use crate::pool::{Pool, PoolError, UpstreamBody};
 
 /// Headers that describe one connection, not the message (RFC 9110 7.6.1):
 /// never forwarded in either direction.
@@ -58,10 +56,10 @@ const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 /// (nginx's default is 4 or 8 KiB).
 pub const UPSTREAM_READ_BUFFER: usize = 16 * 1024;
 
-/// One upstream: its pooled client, in-flight count and error counters.
+/// One upstream: its connection pool, in-flight count and error counters.
 pub struct UpstreamClient {
     pub config: Upstream,
-    client: Client<HttpConnector, RequestBody>,
+    pool: Pool<RequestBody>,
     inflight: AtomicUsize,
     connect_errors: IntCounter,
     timeouts: IntCounter,
@@ -83,9 +81,7 @@ impl Drop for InflightGuard<'_> {
 /// What [`UpstreamClient::forward`] needs to know about the client side.
 pub struct Downstream<'a> {
     /// The socket peer.
-    pub peer: IpAddr,
-    /// Whether the peer is one of `trusted_proxies`.
-    pub trusted: bool,
+    pub peer: &'a Peer,
     /// The host the client asked for, for `X-Forwarded-Host`.
     pub host: Option<&'a str>,
     /// The `Host` header to send instead of the client's: the host that was
@@ -105,20 +101,12 @@ pub struct Downstream<'a> {
 
 impl UpstreamClient {
     pub fn new(config: &Upstream, metrics: &Metrics) -> UpstreamClient {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(config.connect_timeout));
-        connector.set_nodelay(true);
-        connector.set_keepalive(Some(Duration::from_secs(60)));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(1024)
-            .http1_max_buf_size(UPSTREAM_READ_BUFFER)
-            .build(connector);
+        let pool = Pool::for_upstream(config, UPSTREAM_READ_BUFFER);
         let err = |kind: &str| metrics.upstream_errors_total.with_label_values(&[config.name.as_str(), kind]);
         let client_err = |kind: &str| metrics.client_errors_total.with_label_values(&[kind]);
         UpstreamClient {
             config: config.clone(),
-            client,
+            pool,
             inflight: AtomicUsize::new(0),
             connect_errors: err("connect"),
             timeouts: err("timeout"),
@@ -141,27 +129,24 @@ impl UpstreamClient {
         &self,
         req: Request<Incoming>,
         mut down: Downstream<'_>,
-    ) -> Result<Response<Incoming>, ProxyError> {
+    ) -> Result<Response<UpstreamBody<RequestBody>>, ProxyError> {
         let (mut parts, body) = req.into_parts();
         let invalid = || ProxyError::BadRequest("The request target is not a valid path.".into());
         let pq = match (&down.path, parts.uri.query()) {
             (Some(path), Some(query)) => PathAndQuery::try_from(format!("{}{path}?{query}", self.config.base_path)),
             (Some(path), None) => PathAndQuery::try_from(format!("{}{path}", self.config.base_path)),
+            // The client's target, parsed already: shared, not parsed again.
+            (None, _) if self.config.base_path.is_empty() => {
+                Ok(parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/")))
+            }
             (None, _) => {
                 let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-                if self.config.base_path.is_empty() {
-                    PathAndQuery::try_from(pq)
-                } else {
-                    PathAndQuery::try_from(format!("{}{}", self.config.base_path, pq))
-                }
+                PathAndQuery::try_from(format!("{}{}", self.config.base_path, pq))
             }
         }
         .map_err(|_| invalid())?;
-        let mut uri = http::uri::Parts::default();
-        uri.scheme = Some(self.config.scheme.clone());
-        uri.authority = Some(self.config.authority.clone());
-        uri.path_and_query = Some(pq);
-        parts.uri = Uri::from_parts(uri).map_err(|_| invalid())?;
+        // Origin form, as an origin server expects it.
+        parts.uri = Uri::from(pq);
 
         strip_hop_by_hop(&mut parts.headers);
         // The host that was matched goes to the upstream (virtual hosts
@@ -170,8 +155,8 @@ impl UpstreamClient {
         if let Some(h) = down.host_header.take() {
             parts.headers.insert(header::HOST, h);
         }
-        set_forwarded(&mut parts.headers, down.peer, down.trusted, down.host);
-        // The pooled client speaks HTTP/1.1 to upstreams whatever the client
+        set_forwarded(&mut parts.headers, down.peer, down.host);
+        // The pool speaks HTTP/1.1 to upstreams whatever the client
         // spoke to us.
         parts.version = Version::HTTP_11;
 
@@ -187,7 +172,7 @@ impl UpstreamClient {
         self.inflight.fetch_add(1, Ordering::Relaxed);
         let _guard = InflightGuard(&self.inflight);
         let result = tokio::select! {
-            r = self.client.request(req) => Some(r),
+            r = self.pool.send(req) => Some(r),
             () = upstream_deadline(self.config.timeout, &watch) => None,
         };
         let name = &self.config.name;
@@ -202,12 +187,12 @@ impl UpstreamClient {
             Some(Err(_)) if watch.failure().is_some() => {
                 Err(self.client_error(watch.failure().unwrap_or(BodyFailure::Malformed)))
             }
-            Some(Err(e)) if e.is_connect() && is_timeout(&e) => {
+            Some(Err(e @ PoolError::Connect(_))) if is_timeout(&e) => {
                 self.timeouts.inc();
                 tracing::warn!(upstream = %name, "upstream connect timed out");
                 Err(ProxyError::GatewayTimeout)
             }
-            Some(Err(e)) if e.is_connect() => {
+            Some(Err(e @ PoolError::Connect(_))) => {
                 self.connect_errors.inc();
                 tracing::warn!(upstream = %name, error = %e, "upstream connect failed");
                 Err(ProxyError::BadGateway)
@@ -271,7 +256,7 @@ pub enum BodyFailure {
 }
 
 /// What the forwarding side learns about a [`RequestBody`] it handed to the
-/// pooled client: how it failed, and how long it waited on the client.
+/// pool: how it failed, and how long it waited on the client.
 #[derive(Debug, Default)]
 pub struct BodyWatch {
     failure: AtomicU8,
@@ -475,6 +460,12 @@ pub fn undecodable_transfer_coding(headers: &HeaderMap) -> bool {
 }
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none of these: one pass over the names they do
+    // carry is much cheaper than looking each of ten names up (every
+    // lookup hashes the name).
+    if !headers.keys().any(|n| HOP_BY_HOP.contains(n)) {
+        return;
+    }
     // Headers named in Connection are hop-by-hop too.
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
@@ -493,40 +484,67 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// is replaced by the peer otherwise: an untrusted client's claim about who
 /// it is must not reach the upstream either, so its `Forwarded` and
 /// `X-Real-IP` are dropped too. Likewise for `-Proto` and `-Host`.
-fn set_forwarded(headers: &mut HeaderMap, peer: IpAddr, trusted_peer: bool, host: Option<&str>) {
-    let peer = crate::client::canonical(peer);
-    let mut xff: Vec<u8> = Vec::new();
-    if trusted_peer {
+fn set_forwarded(headers: &mut HeaderMap, peer: &Peer, host: Option<&str>) {
+    // Which of the headers are there, in one pass over the names (as in
+    // `strip_hop_by_hop`): removing a header that is not there costs a
+    // lookup all the same.
+    let (mut xff, mut forwarded, mut real_ip, mut proto, mut fhost) = (false, false, false, false, false);
+    for name in headers.keys() {
+        if *name == X_FORWARDED_FOR {
+            xff = true;
+        } else if *name == header::FORWARDED {
+            forwarded = true;
+        } else if *name == X_REAL_IP {
+            real_ip = true;
+        } else if *name == X_FORWARDED_PROTO {
+            proto = true;
+        } else if *name == X_FORWARDED_HOST {
+            fhost = true;
+        }
+    }
+    let trusted = peer.trusted;
+    let mut joined: Vec<u8> = Vec::new();
+    if trusted && xff {
         for line in headers.get_all(&X_FORWARDED_FOR) {
             let line = line.as_bytes().trim_ascii();
             if !line.is_empty() {
-                if !xff.is_empty() {
-                    xff.extend_from_slice(b", ");
+                if !joined.is_empty() {
+                    joined.extend_from_slice(b", ");
                 }
-                xff.extend_from_slice(line);
+                joined.extend_from_slice(line);
             }
         }
     }
-    if !xff.is_empty() {
-        xff.extend_from_slice(b", ");
+    let value = if joined.is_empty() {
+        peer.forwarded_for.clone()
+    } else {
+        joined.extend_from_slice(b", ");
+        joined.extend_from_slice(peer.forwarded_for.as_bytes());
+        // Made of header values and an address: always a valid value.
+        HeaderValue::from_bytes(&joined).unwrap_or_else(|_| peer.forwarded_for.clone())
+    };
+    // `insert` replaces every line already there.
+    headers.insert(X_FORWARDED_FOR, value);
+    if !trusted {
+        if forwarded {
+            headers.remove(header::FORWARDED);
+        }
+        if real_ip {
+            headers.remove(&X_REAL_IP);
+        }
     }
-    xff.extend_from_slice(peer.to_string().as_bytes());
-    headers.remove(&X_FORWARDED_FOR);
-    // Made of header values and an address: always a valid value.
-    if let Ok(v) = HeaderValue::from_bytes(&xff) {
-        headers.insert(X_FORWARDED_FOR, v);
-    }
-    if !trusted_peer {
-        headers.remove(header::FORWARDED);
-        headers.remove(&X_REAL_IP);
-    }
-    if !trusted_peer || !headers.contains_key(&X_FORWARDED_PROTO) {
+    if !trusted || !proto {
         headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     }
-    if !trusted_peer || !headers.contains_key(&X_FORWARDED_HOST) {
-        headers.remove(&X_FORWARDED_HOST);
-        if let Some(v) = host.and_then(|h| HeaderValue::from_str(h).ok()) {
-            headers.insert(X_FORWARDED_HOST, v);
+    if !trusted || !fhost {
+        match host.and_then(|h| HeaderValue::from_str(h).ok()) {
+            Some(v) => {
+                headers.insert(X_FORWARDED_HOST, v);
+            }
+            None if fhost => {
+                headers.remove(&X_FORWARDED_HOST);
+            }
+            None => {}
         }
     }
 }

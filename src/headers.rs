@@ -5,8 +5,7 @@
 //! IETF draft-10 `RateLimit-Policy` / `RateLimit` structured fields with one
 //! item per matching rule.
 
-use std::fmt::Write as _;
-
+use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
 use crate::limiter::{Verdict, ceil_secs};
@@ -42,31 +41,50 @@ impl<'r> RuleReport<'r> {
 }
 
 fn number(n: u64) -> HeaderValue {
-    // `itoa`-formatted digits are always a valid header value.
-    HeaderValue::from(n)
+    // Digits are always a valid header value. Copied from the stack:
+    // `HeaderValue::from(u64)` grows a `BytesMut` for them, which costs
+    // more than the digits do.
+    HeaderValue::from_bytes(itoa::Buffer::new().format(n).as_bytes()).unwrap_or(HeaderValue::from_static("0"))
+}
+
+/// How many decimal digits `n` takes.
+fn digits(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |d| d as usize + 1)
 }
 
 /// Adds the rate-limit headers for `reports` (the matching enforced rules,
-/// in rule order: shadow rules never show) to `headers`. `primary` is the index of the rule the `X-RateLimit-*`
-/// trio describes. Nothing is added when no rule matched.
+/// in rule order: shadow rules never show) to `headers`. `primary` is the
+/// index of the rule the `X-RateLimit-*` trio describes. Nothing is added
+/// when no rule matched.
 pub fn write(headers: &mut HeaderMap, reports: &[RuleReport<'_>], primary: usize) {
     let Some(p) = reports.get(primary) else { return };
-    headers.insert(X_RATELIMIT_LIMIT, number(p.rule.spec.limit));
+    headers.insert(X_RATELIMIT_LIMIT, p.rule.limit_value.clone());
     headers.insert(X_RATELIMIT_REMAINING, number(p.remaining));
     headers.insert(X_RATELIMIT_RESET, number(p.reset_secs));
 
+    // `RateLimit` is written on every response: into a buffer of its exact
+    // length, which then becomes the header value without another copy.
+    let len = reports
+        .iter()
+        .map(|r| r.rule.quoted_name.len() + 6 + digits(r.remaining) + digits(r.reset_secs))
+        .sum::<usize>()
+        + 2 * (reports.len() - 1);
+    let mut state = Vec::with_capacity(len);
     let mut policy = String::new();
-    let mut state = String::with_capacity(reports.len() * 32);
+    let mut buffer = itoa::Buffer::new();
     for (i, r) in reports.iter().enumerate() {
         if i > 0 {
             policy.push_str(", ");
-            state.push_str(", ");
+            state.extend_from_slice(b", ");
         }
         if reports.len() > 1 {
             policy.push_str(&r.rule.policy);
         }
-        // Writing to a String cannot fail.
-        let _ = write!(state, "{};r={};t={}", r.rule.quoted_name, r.remaining, r.reset_secs);
+        state.extend_from_slice(r.rule.quoted_name.as_bytes());
+        state.extend_from_slice(b";r=");
+        state.extend_from_slice(buffer.format(r.remaining).as_bytes());
+        state.extend_from_slice(b";t=");
+        state.extend_from_slice(buffer.format(r.reset_secs).as_bytes());
     }
     // One rule, the common case: its policy value was rendered at reload.
     if let [only] = reports
@@ -83,7 +101,7 @@ pub fn write(headers: &mut HeaderMap, reports: &[RuleReport<'_>], primary: usize
     {
         headers.insert(RATELIMIT_POLICY, v);
     }
-    if let Ok(v) = HeaderValue::from_str(&state) {
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(state)) {
         headers.insert(RATELIMIT, v);
     }
 }
@@ -98,4 +116,17 @@ pub fn write_retry_after(headers: &mut HeaderMap, secs: u64) {
 /// The index of the most restrictive report: least remaining, first on ties.
 pub fn most_restrictive(reports: &[RuleReport<'_>]) -> usize {
     reports.iter().enumerate().min_by_key(|(i, r)| (r.remaining, *i)).map_or(0, |(i, _)| i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digits_counts_what_itoa_writes() {
+        for n in [0, 1, 9, 10, 99, 100, 999_999, 1_000_000, u64::MAX] {
+            assert_eq!(digits(n), itoa::Buffer::new().format(n).len(), "{n}");
+        }
+        assert_eq!(number(1_000_000_000), "1000000000");
+    }
 }

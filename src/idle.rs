@@ -28,7 +28,7 @@ use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -68,6 +68,8 @@ pub struct IdleIo<T> {
     inflight: Inflight,
     last_activity: Instant,
     timer: Pin<Box<Sleep>>,
+    /// The waker `timer` was last polled with.
+    timer_waker: Option<Waker>,
     send_timeout: Duration,
     /// Armed while a write is blocked.
     send_timer: Option<Pin<Box<Sleep>>>,
@@ -89,6 +91,7 @@ impl<T> IdleIo<T> {
             inflight,
             last_activity: now,
             timer: Box::pin(tokio::time::sleep_until(now + timeout)),
+            timer_waker: None,
             send_timeout,
             send_timer: None,
             budget,
@@ -139,6 +142,19 @@ impl<T> IdleIo<T> {
     /// Whether the connection has been idle for the timeout. Registers the
     /// waker with the timer when it has not.
     fn idle_expired(&mut self, cx: &mut Context<'_>) -> bool {
+        // A connection with a request in flight cannot expire: while its
+        // timer is armed for this task and has not fired, it is not polled
+        // again (each poll registers the waker anew, on every read that
+        // waits). Once it fires, the loop below moves it on as before.
+        if self.inflight.busy()
+            && !self.timer.is_elapsed()
+            && self.timer_waker.as_ref().is_some_and(|w| w.will_wake(cx.waker()))
+        {
+            return false;
+        }
+        if !self.timer_waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            self.timer_waker = Some(cx.waker().clone());
+        }
         loop {
             if self.timer.as_mut().poll(cx).is_pending() {
                 return false;

@@ -16,7 +16,8 @@
 //! | [`send_budget`] | at most 128 KiB of response bodies held per client connection, whatever its HTTP/2 streams |
 //! | [`normalize`] | one spelling per request: canonical path, host, method and header names, or 400 |
 //! | [`proxy`] | the request path: route, decide, forward or reject |
-//! | [`forward`] | pooled upstream clients, hop-by-hop and `X-Forwarded-*` headers, request bodies (read ahead up to `buffer_body`, `max_body`, `body_read_timeout`) |
+//! | [`forward`] | hop-by-hop and `X-Forwarded-*` headers, request bodies (read ahead up to `buffer_body`, `max_body`, `body_read_timeout`) |
+//! | [`pool`] | keep-alive connections to one upstream, reused request after request |
 //! | [`client`] | who the client is: trusted proxies, `X-Forwarded-For`, IPv6 prefixes |
 //! | [`identity`] | verified user identity from a JWT (`[client] jwt`) |
 //! | [`rules`] | the compiled rule set: which rules match, the bucket key of each |
@@ -36,6 +37,8 @@
 //! | [`summary`] | a periodic `info` log line: requests allowed and limited since the last one |
 //! | [`clock`] | wall-clock time, or a manual clock for tests |
 //! | [`cli`] | the `tollgate` command line: run, `check`, `explain` |
+//! | [`process`] | what the binaries share: the async runtime, logging, the shutdown signal |
+//! | [`floor`] | `tollgate-floor`: the same server setup and upstream pool with nothing between them, a bench target |
 
 #![forbid(unsafe_code)]
 
@@ -45,6 +48,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod floor;
 pub mod forward;
 pub mod headers;
 pub mod identity;
@@ -52,6 +56,8 @@ pub mod idle;
 pub mod limiter;
 pub mod metrics;
 pub mod normalize;
+pub mod pool;
+pub mod process;
 pub mod proxy;
 pub mod reload;
 pub mod rules;

@@ -1,7 +1,7 @@
 //! The request path: route, match rules, ask the store once, then answer
 //! 429 or forward to the upstream with rate-limit headers.
 //!
-//! Forwarding itself (pooled clients, streaming bodies, hop-by-hop and
+//! Forwarding itself (streaming bodies, hop-by-hop and
 //! `X-Forwarded-*` headers) is in [`crate::forward`]. Anything tollgate
 //! answers itself goes through [`ProxyError`], which alone decides statuses
 //! and bodies.
@@ -17,21 +17,22 @@ use http::{Request, Response};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
-use crate::client;
+use crate::client::{self, Peer};
 use crate::config::{ClientConfig, Config, InvalidToken, KeyPart, Normalization, OnError, Route};
 use crate::error::ProxyError;
-use crate::forward::{Downstream, UpstreamClient};
+use crate::forward::{Downstream, RequestBody, UpstreamClient};
 use crate::headers::{self, RuleReport};
 use crate::identity::{Identity, JwtVerifier};
 use crate::limiter::{Verdict, ceil_secs};
 use crate::metrics::{Metrics, RouteCounters};
 use crate::normalize;
+use crate::pool::UpstreamBody;
 use crate::rules::{RequestFacts, Rule, RuleSet};
 use crate::store::{Answer, AnyStore, Check, Mode, Store, StoreError};
 
 /// The body of every response tollgate sends: the upstream's, streamed, or
 /// one tollgate wrote.
-pub type ProxyBody = Either<Incoming, Full<Bytes>>;
+pub type ProxyBody = Either<UpstreamBody<RequestBody>, Full<Bytes>>;
 
 /// Everything the request path shares: built once at start-up, the rules
 /// swapped on reload.
@@ -121,9 +122,15 @@ impl Proxy {
         self.rules.store(Arc::new(rules));
     }
 
+    /// The peer of a connection just accepted from `addr`, for every
+    /// request on it.
+    pub fn peer(&self, addr: SocketAddr) -> Peer {
+        Peer::new(addr.ip(), &self.client.trusted_proxies)
+    }
+
     /// Serves one request from `peer`; never fails (every failure is an
     /// answer).
-    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
+    pub async fn handle(&self, req: Request<Incoming>, peer: &Peer) -> Response<ProxyBody> {
         let started = Instant::now();
         let resp = self.serve(req, peer).await;
         self.metrics.request_duration_seconds.observe(started.elapsed().as_secs_f64());
@@ -136,7 +143,7 @@ impl Proxy {
         })
     }
 
-    async fn serve(&self, mut req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
+    async fn serve(&self, mut req: Request<Incoming>, peer: &Peer) -> Response<ProxyBody> {
         // One spelling of the request before anything reads it (see
         // crate::normalize): what is refused here is refused before routing
         // and counts as a rejection of no route.
@@ -166,7 +173,7 @@ impl Proxy {
             counters.rejected.inc();
             return e.into_response().map(Either::Right);
         }
-        let client_ip = match client::client_addr(peer.ip(), req.headers(), &self.client.trusted_proxies) {
+        let client_ip = match client::client_addr(peer.ip, req.headers(), &self.client.trusted_proxies) {
             Ok(ip) => ip,
             Err(client::BadForwarding) => {
                 return bad(counters, "The forwarding headers from a trusted proxy name no client address.".into());
@@ -205,12 +212,19 @@ impl Proxy {
                 headers: req.headers(),
                 client: client::key_addr(client_ip, self.client.ipv6_prefix),
                 client_ip,
+                // Looked up only when some rule or deny entry reads them
+                // (each lookup hashes the header's name).
                 user: match &identity {
                     Some(Identity::Verified(id)) => Some(id.as_bytes()),
                     Some(_) => None,
-                    None => req.headers().get(&self.client.user_header).map(|v| v.as_bytes()),
+                    None if rules.any_needs_user => req.headers().get(&self.client.user_header).map(|v| v.as_bytes()),
+                    None => None,
                 },
-                api_key: req.headers().get(&self.client.api_key_header).map(|v| v.as_bytes()),
+                api_key: if rules.any_reads_api_key {
+                    req.headers().get(&self.client.api_key_header).map(|v| v.as_bytes())
+                } else {
+                    None
+                },
             };
             if let Some(deny) = rules.denied(&facts) {
                 counters.denied.inc();
@@ -340,8 +354,7 @@ impl Proxy {
         let upstream = &self.upstreams[self.routes[route].0.upstream];
         let version = req.version();
         let down = Downstream {
-            peer: peer.ip(),
-            trusted: client::is_trusted_peer(peer.ip(), &self.client.trusted_proxies),
+            peer,
             host: host.as_ref().map(|h| h.name.as_str()),
             host_header: host.as_ref().and_then(|h| h.rewrite.clone()),
             path: canonical_path,

@@ -39,6 +39,10 @@ pub struct RuleSet {
     pub any_needs_user: bool,
     /// Whether a `[[deny]]` entry names users.
     denies_name_users: bool,
+    /// Whether any rule or `[[deny]]` entry reads the API key (a rule keys
+    /// on it, or a deny or `exempt` list names keys): without one, a
+    /// request's API key header is not looked up.
+    pub any_reads_api_key: bool,
     /// The files they were read from.
     pub files: Vec<PathBuf>,
     pub loaded_at: SystemTime,
@@ -60,6 +64,8 @@ pub struct Rule {
     pub policy: String,
     /// The same as a header value, for the common one-rule response.
     pub policy_value: Option<http::HeaderValue>,
+    /// The limit as the `X-RateLimit-Limit` value.
+    pub limit_value: http::HeaderValue,
     /// The name, quoted as a structured-field string: `"name"`.
     pub quoted_name: String,
     /// The window in whole seconds (at least 1), for headers and bodies.
@@ -123,6 +129,8 @@ impl RuleSet {
             }
         }
         let any_needs_user = rules.iter().any(Rule::needs_user);
+        let any_reads_api_key =
+            rules.iter().any(|r| r.spec.key.contains(&KeyPart::ApiKey) || !r.spec.exempt.api_keys.is_empty());
         let reads_method =
             rules.iter().any(|r| !r.spec.matcher.methods.is_empty() || r.spec.key.contains(&KeyPart::Method));
         let mut by_path: std::collections::HashMap<String, Vec<usize>, foldhash::fast::RandomState> =
@@ -142,6 +150,7 @@ impl RuleSet {
             reads_method,
             any_needs_user,
             denies_name_users: false,
+            any_reads_api_key,
             files,
             loaded_at: SystemTime::now(),
             idle_horizon,
@@ -156,6 +165,7 @@ impl RuleSet {
         set.denies = loaded.denies;
         set.denies_name_users = set.denies.iter().any(|d| !d.clients.users.is_empty());
         set.any_needs_user |= set.denies_name_users;
+        set.any_reads_api_key |= set.denies.iter().any(|d| !d.clients.api_keys.is_empty());
         set
     }
 
@@ -228,7 +238,8 @@ impl Rule {
         key_prefix.push('|');
         let counters = metrics.rule_counters(&spec.name);
         let policy_value = http::HeaderValue::from_str(&policy).ok();
-        Rule { spec, nominal, policy, policy_value, quoted_name, window_secs, key_prefix, counters }
+        let limit_value = http::HeaderValue::from(spec.limit);
+        Rule { spec, nominal, policy, policy_value, limit_value, quoted_name, window_secs, key_prefix, counters }
     }
 
     /// Whether the rule reads the user: it keys on it, or `exempt` names

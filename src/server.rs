@@ -140,7 +140,7 @@ const H2_SEND_BUFFER: usize = 64 * 1024;
 /// and no shared budget (tests/h2_slow_readers.rs).
 const H2_MAX_STREAMS: u32 = 100;
 
-fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
+pub(crate) fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -196,15 +196,17 @@ async fn serve_proxy(listener: TcpListener, proxy: Arc<Proxy>, config: &Config, 
             inflight.clone(),
             budget.clone(),
         );
+        let client = Arc::new(proxy.peer(peer));
         let svc = service_fn(move |req| {
             let proxy = proxy.clone();
+            let client = client.clone();
             let busy = inflight.start();
             // HTTP/1.1 sends one response at a time and hyper bounds what
             // it queues: only HTTP/2's streams share a budget (and the
             // per-piece count costs HTTP/1.1 nothing).
             let budget = (req.version() == hyper::Version::HTTP_2).then(|| budget.clone());
             async move {
-                let resp = proxy.handle(req, peer).await;
+                let resp = proxy.handle(req, &client).await;
                 drop(busy);
                 Ok::<_, Infallible>(resp.map(|body| match budget {
                     Some(budget) => Either::Left(budget.body(body)),

@@ -887,3 +887,13 @@ fn the_user_is_needed_under_every_spelling_of_a_rules_path() {
     assert!(prefix.needs_user("/api/x"));
     assert!(!prefix.needs_user("/apix"));
 }
+
+#[test]
+fn the_user_and_api_key_are_read_only_when_something_reads_them() {
+    let ip = one("key = [\"ip\"]\n");
+    assert!(!ip.any_needs_user && !ip.any_reads_api_key);
+    assert!(one("key = [\"user\"]\n").any_needs_user);
+    assert!(one("key = [\"api_key\"]\n").any_reads_api_key);
+    assert!(one("key = [\"ip\"]\nexempt = { api_keys = [\"k\"] }\n").any_reads_api_key);
+    assert!(one("key = [\"ip\"]\nexempt = { users = [\"u\"] }\n").any_needs_user);
+}

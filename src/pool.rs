@@ -1,0 +1,282 @@
+//! Keep-alive HTTP/1.1 connections to one upstream, reused request after
+//! request.
+//!
+//! hyper-util's pooled `Client` serves any number of origins, and pays for
+//! it on every request: it hashes the origin (SipHash, one byte at a time)
+//! to check a connection out and again to put it back, boxes the request
+//! future, copies connection details into the response, and spawns a task
+//! to return the connection. An upstream has one origin, so its idle
+//! connections are one stack: a request takes the most recently used one,
+//! and its response body puts it back when it ends.
+//!
+//! What the pooled `Client` did is kept: the connector (connect timeout,
+//! `TCP_NODELAY`, keepalive probes, name resolution), origin-form targets
+//! and a `Host` header for requests without one, a request retried on
+//! another connection when a reused one closed before it was sent, idle
+//! connections closed after [`IDLE_TIMEOUT`] and at most [`MAX_IDLE`] of
+//! them.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HOST, HeaderValue};
+use http::{Request, Response, Uri};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::client::legacy::connect::HttpConnector;
+use tokio::time::Instant;
+use tower_service::Service;
+
+use crate::config::Upstream;
+
+/// How long a connection may sit unused before it is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// TCP keepalive probes on upstream connections start after this long idle.
+const KEEPALIVE: Duration = Duration::from_secs(60);
+
+/// The most idle connections kept per upstream; more are closed as they
+/// come back.
+pub const MAX_IDLE: usize = 1024;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a request got no response from the upstream.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// No connection could be opened.
+    #[error("{0}")]
+    Connect(#[source] BoxError),
+    /// The connection failed while the request was sent or answered.
+    #[error("{0}")]
+    Request(#[source] hyper::Error),
+}
+
+/// One upstream's connections, carrying request bodies of type `B`.
+pub struct Pool<B> {
+    shared: Arc<Shared<B>>,
+}
+
+struct Shared<B> {
+    connector: HttpConnector,
+    /// `scheme://authority`, what the connector dials.
+    origin: Uri,
+    /// The `Host` for requests that carry none: the authority, without
+    /// port 80.
+    host: HeaderValue,
+    /// Read buffer of each connection (`http1_max_buf_size`).
+    max_buf_size: usize,
+    /// Most recently returned last.
+    idle: Mutex<Vec<Idle<B>>>,
+    /// Whether the task that closes idle connections runs.
+    reaping: std::sync::Once,
+}
+
+struct Idle<B> {
+    sender: SendRequest<B>,
+    since: Instant,
+}
+
+impl<B> Pool<B>
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    /// Connections to `upstream`, each reading at most `max_buf_size` ahead
+    /// of the client.
+    pub fn for_upstream(upstream: &Upstream, max_buf_size: usize) -> Pool<B> {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(upstream.connect_timeout));
+        connector.set_nodelay(true);
+        connector.set_keepalive(Some(KEEPALIVE));
+        let mut origin = http::uri::Parts::default();
+        origin.scheme = Some(upstream.scheme.clone());
+        origin.authority = Some(upstream.authority.clone());
+        origin.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
+        // Made of a validated scheme and authority.
+        let origin = Uri::from_parts(origin).unwrap_or_default();
+        Pool::new(connector, origin, max_buf_size)
+    }
+
+    /// Connections to `origin` (an `http://` URI with an authority), opened by
+    /// `connector`, each reading at most `max_buf_size` ahead.
+    fn new(connector: HttpConnector, origin: Uri, max_buf_size: usize) -> Pool<B> {
+        let host = match (origin.host(), origin.port_u16()) {
+            (Some(h), Some(p)) if p != 80 => HeaderValue::try_from(format!("{h}:{p}")),
+            (h, _) => HeaderValue::try_from(h.unwrap_or_default()),
+        }
+        // An authority's host and port are always a valid value.
+        .unwrap_or(HeaderValue::from_static("localhost"));
+        Pool {
+            shared: Arc::new(Shared {
+                connector,
+                origin,
+                host,
+                max_buf_size,
+                idle: Mutex::new(Vec::new()),
+                reaping: std::sync::Once::new(),
+            }),
+        }
+    }
+
+    /// Sends `req` (its target in origin form) on an idle connection, or a
+    /// new one, and returns the response head, its body still streaming.
+    pub async fn send(&self, mut req: Request<B>) -> Result<Response<UpstreamBody<B>>, PoolError> {
+        if !req.headers().contains_key(HOST) {
+            req.headers_mut().insert(HOST, self.shared.host.clone());
+        }
+        loop {
+            let (mut sender, reused) = match self.shared.checkout() {
+                Some(s) => (s, true),
+                None => (self.connect().await?, false),
+            };
+            match sender.try_send_request(req).await {
+                Ok(resp) => {
+                    let shared = self.shared.clone();
+                    return Ok(resp.map(|body| UpstreamBody { body, conn: Some((sender, shared)) }));
+                }
+                Err(mut e) => match e.take_message() {
+                    // Not sent: the idle connection closed under it. A new
+                    // connection cannot have that excuse.
+                    Some(unsent) if reused => req = unsent,
+                    _ => return Err(PoolError::Request(e.into_error())),
+                },
+            }
+        }
+    }
+
+    async fn connect(&self) -> Result<SendRequest<B>, PoolError> {
+        let io = self.shared.connector.clone().call(self.shared.origin.clone()).await;
+        let io = io.map_err(|e| PoolError::Connect(e.into()))?;
+        let (sender, conn) = http1::Builder::new()
+            .max_buf_size(self.shared.max_buf_size)
+            .handshake::<_, B>(io)
+            .await
+            .map_err(|e| PoolError::Connect(e.into()))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "upstream connection ended with an error");
+            }
+        });
+        self.shared.reaping.call_once(|| {
+            tokio::spawn(reap(Arc::downgrade(&self.shared)));
+        });
+        Ok(sender)
+    }
+}
+
+impl<B: Send + 'static> Shared<B> {
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Idle<B>>> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The most recently used idle connection that can take a request.
+    fn checkout(&self) -> Option<SendRequest<B>> {
+        let mut idle = self.idle();
+        while let Some(Idle { sender, since }) = idle.pop() {
+            if since.elapsed() >= IDLE_TIMEOUT {
+                // Everything below it has been idle longer.
+                idle.clear();
+                return None;
+            }
+            // Not ready: the upstream closed it while it was idle.
+            if sender.is_ready() {
+                return Some(sender);
+            }
+        }
+        None
+    }
+
+    /// Takes back a connection whose response has ended.
+    fn put(self: Arc<Self>, sender: SendRequest<B>) {
+        if sender.is_ready() {
+            let mut idle = self.idle();
+            if idle.len() < MAX_IDLE {
+                idle.push(Idle { sender, since: Instant::now() });
+            }
+            return;
+        }
+        if sender.is_closed() {
+            return;
+        }
+        // Still finishing the exchange (writing the rest of a request body
+        // the upstream answered early): pooled once it is done.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let mut sender = sender;
+            rt.spawn(async move {
+                if sender.ready().await.is_ok() {
+                    let mut idle = self.idle();
+                    if idle.len() < MAX_IDLE {
+                        idle.push(Idle { sender, since: Instant::now() });
+                    }
+                }
+            });
+        }
+    }
+}
+
+/// Closes connections idle for [`IDLE_TIMEOUT`], until the pool is gone.
+async fn reap<B: Send + 'static>(shared: Weak<Shared<B>>) {
+    let mut every = tokio::time::interval(IDLE_TIMEOUT / 4);
+    loop {
+        every.tick().await;
+        let Some(shared) = shared.upgrade() else { return };
+        shared.idle().retain(|i| i.since.elapsed() < IDLE_TIMEOUT);
+    }
+}
+
+/// An upstream response body. Its connection goes back to the pool once
+/// the body has been read to its end, and is closed if it never is (its
+/// rest is unread on the wire).
+pub struct UpstreamBody<B: Send + 'static> {
+    body: Incoming,
+    conn: Option<(SendRequest<B>, Arc<Shared<B>>)>,
+}
+
+impl<B: Send + 'static> UpstreamBody<B> {
+    fn release(&mut self) {
+        if let Some((sender, shared)) = self.conn.take() {
+            shared.put(sender);
+        }
+    }
+}
+
+impl<B: Send + 'static> Body for UpstreamBody<B> {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let frame = ready!(Pin::new(&mut this.body).poll_frame(cx));
+        match &frame {
+            None => this.release(),
+            Some(Ok(_)) if this.body.is_end_stream() => this.release(),
+            // An error ends the connection with it.
+            Some(Err(_)) => this.conn = None,
+            Some(Ok(_)) => {}
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl<B: Send + 'static> Drop for UpstreamBody<B> {
+    fn drop(&mut self) {
+        // A body with nothing to read (HEAD, 204, 304, an empty one) may
+        // never be polled.
+        if self.body.is_end_stream() {
+            self.release();
+        }
+    }
+}
