@@ -6,9 +6,10 @@
     benches/redis_checks.py --sizes 1,8,32 --calls 20000
 
 Starts its own redis-server on a free loopback port, loads each algorithm's
-script exactly as tollgate assembles it for a single server (the first
-lines, src/store/lua/prelude.lua, the algorithm, batch.lua; see
-src/store/redis/scripts.rs), and sends redis-benchmark EVALSHA calls of N
+function library exactly as tollgate assembles it (the first lines,
+src/store/lua/prelude.lua, the algorithm, batch.lua; see
+src/store/redis/scripts.rs; --scripts: the script a server without
+functions gets), and sends redis-benchmark FCALL (EVALSHA) calls of N
 checks each on random keys of 100,000 clients (a rule of 100 per second with
 a burst of 100, cost 1, no lease: the `spread` scenario's checks). Prints
 one line per algorithm and batch size:
@@ -26,6 +27,7 @@ redis-benchmark (Debian: redis-server, redis-tools); valgrind for
 
 import argparse
 import glob
+import hashlib
 import os
 import shutil
 import socket
@@ -51,9 +53,23 @@ def read(name):
         return f.read()
 
 
+def body(algorithm):
+    first, code, _ = ALGORITHMS[algorithm]
+    return first + read("prelude.lua") + read(code) + read("batch.lua")
+
+
 def source(algorithm):
-    first, body, _ = ALGORITHMS[algorithm]
-    return first + read("prelude.lua") + read(body) + read("batch.lua")
+    """The script, as tollgate sends it to a server without functions."""
+    return body(algorithm) + "return run(ARGV)\n"
+
+
+def library(algorithm):
+    """The function library and its function's name, as tollgate loads them."""
+    code = body(algorithm)
+    name = "tollgate_" + hashlib.sha1(code.encode()).hexdigest()[:16]
+    lib = (f"#!lua name={name}\n{code}redis.register_function{{function_name = '{name}', "
+           f"callback = function(_, args) return run(args) end, flags = {{'allow-cross-slot-keys'}}}}\n")
+    return lib, name
 
 
 def free_port():
@@ -108,10 +124,11 @@ class Redis:
         self.proc.wait()
 
 
-def call_args(sha, algorithm, n):
-    """EVALSHA of n checks, each on its own random client's key."""
+def call_args(call, algorithm, n):
+    """`call` (["FCALL", name] or ["EVALSHA", sha]) of n checks, each on
+    its own random client's key."""
     suffix = ALGORITHMS[algorithm][2]
-    args = ["EVALSHA", sha, "1", f"tollgate:{{bench|c0=__rand_int__}}:{suffix}", str(n)]
+    args = [*call, "1", f"tollgate:{{bench|c0=__rand_int__}}:{suffix}", str(n)]
     for i in range(n):
         tail = "id__rand_int__" if algorithm == "sliding_window_log" else ""
         args += [f"tollgate:{{bench|c{i}=__rand_int__}}:{suffix}", SPEC, tail]
@@ -124,6 +141,7 @@ def main():
     p.add_argument("--calls", type=int, default=20000, help="checks per measurement (native)")
     p.add_argument("--callgrind", action="store_true")
     p.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    p.add_argument("--scripts", action="store_true", help="EVALSHA, as for a server without functions")
     a = p.parse_args()
     for tool in ["redis-server", "redis-cli", "redis-benchmark"] + (["valgrind"] if a.callgrind else []):
         if not shutil.which(tool):
@@ -135,9 +153,15 @@ def main():
         try:
             for algorithm in a.algorithms.split(","):
                 src = source(algorithm)
+                lib, name = library(algorithm)
                 for n in sizes:
-                    sha = native.cli("SCRIPT", "LOAD", src)
-                    args = call_args(sha, algorithm, n)
+                    if a.scripts:
+                        call = ["EVALSHA", native.cli("SCRIPT", "LOAD", src)]
+                    else:
+                        subprocess.run(["redis-cli", "-p", str(native.port), "-x", "FUNCTION", "LOAD", "REPLACE"],
+                                       input=lib, capture_output=True, text=True, check=True)
+                        call = ["FCALL", name]
+                    args = call_args(call, algorithm, n)
                     native.bench(args, max(a.calls // (10 * n), 10))  # warm-up
                     calls = max(a.calls // n, 10)
                     c0 = native.cpu()
@@ -146,11 +170,13 @@ def main():
                     # An hour-long window, so that the key is still there
                     # to be measured.
                     key = f"tollgate:{{bench|ip=203.0.113.7}}:{ALGORITHMS[algorithm][2]}"
-                    native.cli("EVALSHA", sha, "1", key, "1", key, "1:100:3600000000:100:1", "id1")
+                    native.cli(*call, "1", key, "1", key, "1:100:3600000000:100:1", "id1")
                     size = native.cli("MEMORY", "USAGE", key)
                     line = f"REDISCHECK algorithm={algorithm} batch={n} us_per_check={us:.2f}"
                     if traced:
                         traced.cli("SCRIPT", "LOAD", src)
+                        subprocess.run(["redis-cli", "-p", str(traced.port), "-x", "FUNCTION", "LOAD", "REPLACE"],
+                                       input=lib, capture_output=True, text=True, check=True)
                         traced.bench(args, 20)
                         traced_calls = max(2000 // n, 20)
                         line += f" instr_per_check={traced.instructions(args, traced_calls) // (traced_calls * n)}"
