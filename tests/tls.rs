@@ -7,7 +7,6 @@ mod support;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Output;
-use std::time::Duration;
 
 use support::tls::{Issued, TestCa};
 use support::{DEADLINE, Tollgate, Upstream, eventually, metric, write_atomic};
