@@ -367,3 +367,37 @@ fn check_rejects_a_key_that_does_not_go_with_its_certificate() {
     let err = text(&out.stderr);
     assert!(err.contains("tollgate.toml:3:17: listen.http_redirect redirects to HTTPS"), "{err}");
 }
+
+#[test]
+fn the_gateway_examples_tls_section_passes_check_once_uncommented() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let example = std::fs::read_to_string(repo.join("examples/gateway/tollgate.toml")).expect("read the example");
+    let ca = TestCa::new();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (api_cert, api_key) = ca.issue("api", &["api.example.com"]).write(dir.path(), "api");
+    let (partners_cert, partners_key) = ca.issue("partners", &["*.partners.example.com"]).write(dir.path(), "partners");
+    let mut uncommented = 0;
+    let config: String = example
+        .lines()
+        .map(|line| {
+            let key = ["# http_redirect", "# [[listen.tls]]", "# cert_file", "# key_file"];
+            if key.iter().any(|k| line.starts_with(k)) {
+                uncommented += 1;
+                line[2..].to_string()
+            } else {
+                line.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace("/etc/letsencrypt/live/api.example.com/fullchain.pem", &api_cert.to_string_lossy())
+        .replace("/etc/letsencrypt/live/api.example.com/privkey.pem", &api_key.to_string_lossy())
+        .replace("/etc/tollgate/tls/partners.crt", &partners_cert.to_string_lossy())
+        .replace("/etc/tollgate/tls/partners.key", &partners_key.to_string_lossy())
+        .replace("path = \"rules\"", &format!("path = {:?}", repo.join("examples/gateway/rules")));
+    assert_eq!(uncommented, 7, "the example's TLS section changed shape:\n{config}");
+    let path = dir.path().join("tollgate.toml");
+    std::fs::write(&path, &config).expect("write config");
+    let out = tollgate_check(&path);
+    assert!(out.status.success(), "{}\n{config}", text(&out.stderr));
+}
