@@ -21,12 +21,19 @@ struct Site {
     a: Issued,
     wild: Issued,
     tollgate: Tollgate,
-    _upstream: Upstream,
+    _upstream: Option<Upstream>,
 }
 
 /// `extra` goes into `[listen]`.
 async fn site(extra: &str) -> Site {
     let upstream = Upstream::start().await;
+    let mut site = site_for(upstream.addr, extra).await;
+    site._upstream = Some(upstream);
+    site
+}
+
+/// [`site`] in front of the upstream at `upstream`.
+async fn site_for(upstream: SocketAddr, extra: &str) -> Site {
     let ca = TestCa::new();
     let a = ca.issue("a", &["a.test"]);
     let wild = ca.issue("wild", &["*.wild.test"]);
@@ -37,9 +44,9 @@ async fn site(extra: &str) -> Site {
     wild.write(dir.path(), "wild");
     let tls = "[[listen.tls]]\ncert_file = \"a.crt\"\nkey_file = \"a.key\"\n\n\
                [[listen.tls]]\ncert_file = \"wild.crt\"\nkey_file = \"wild.key\"\n\n[rules]";
-    let config = support::config(upstream.addr).replacen("[rules]", &format!("{extra}\n{tls}"), 1);
+    let config = support::config(upstream).replacen("[rules]", &format!("{extra}\n{tls}"), 1);
     let tollgate = Tollgate::start_in(dir, &config).await;
-    Site { ca, a, wild, tollgate, _upstream: upstream }
+    Site { ca, a, wild, tollgate, _upstream: None }
 }
 
 impl Site {
@@ -400,4 +407,59 @@ fn the_gateway_examples_tls_section_passes_check_once_uncommented() {
     std::fs::write(&path, &config).expect("write config");
     let out = tollgate_check(&path);
     assert!(out.status.success(), "{}\n{config}", text(&out.stderr));
+}
+
+/// tests/support/h2_slow_client.py over TLS against `site`: its first line
+/// of output, then a receiver of the rest. The child is killed on drop.
+struct SlowH2 {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl SlowH2 {
+    async fn start(site: &Site, mode: &str) -> SlowH2 {
+        use tokio::io::AsyncBufReadExt;
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/h2_slow_client.py");
+        let mut child = Command::new("python3")
+            .args([script, &site.port().to_string(), "256", mode, "tls"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python3 runs (scripts/test installs its h2 package)");
+        let lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let mut client = SlowH2 { child, lines };
+        let first = client.next_line().await;
+        assert!(first.starts_with("sent "), "the client did not send its requests: {first:?}");
+        client
+    }
+
+    async fn next_line(&mut self) -> String {
+        let line = tokio::time::timeout(DEADLINE, self.lines.next_line()).await;
+        line.ok().and_then(|l| l.ok().flatten()).unwrap_or_else(|| {
+            let _ = self.child.start_kill();
+            panic!("no word from the h2 client within {DEADLINE:?}")
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_over_tls_keeps_the_slow_reader_protections() {
+    use std::sync::atomic::Ordering;
+    use support::big_upstream::BigUpstream;
+
+    // A client that grants no flow-control window: its connection holds
+    // response data none of which leaves, and is closed after send_timeout.
+    let upstream = BigUpstream::start(16 * 1024 * 1024).await;
+    let site = site_for(upstream.addr, "send_timeout = \"1s\"").await;
+    let mut client = SlowH2::start(&site, "nowindow").await;
+    assert_eq!(client.next_line().await, "closed", "tollgate should close the connection");
+
+    // A client that stops reading its socket: tollgate's writes (through
+    // TLS) stay blocked, the connection is closed and the upstream
+    // responses it relayed are dropped.
+    let upstream = BigUpstream::start(16 * 1024 * 1024).await;
+    let site = site_for(upstream.addr, "send_timeout = \"1s\"").await;
+    let _client = SlowH2::start(&site, "noread").await;
+    eventually("the upstream connections are closed", || async { upstream.broken.load(Ordering::SeqCst) }).await;
 }
