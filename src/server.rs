@@ -140,6 +140,10 @@ impl Server {
         let admin_task = tokio::spawn(serve_admin(admin_listener, admin));
 
         let slots = Arc::new(Semaphore::new(config.listen.max_connections));
+        if let Some(tls) = &tls {
+            let names: Vec<Vec<String>> = tls.resolver.current().iter().map(|c| c.names.clone()).collect();
+            tracing::info!(certificates = ?names, http_redirect = ?config.listen.http_redirect, "the proxy listener speaks TLS");
+        }
         let cert_watch = tls.as_ref().map(|tls| {
             let watcher = CertWatcher::new(tls.resolver.clone(), proxy.metrics.tls_reload_failures_total.clone());
             tokio::spawn(Arc::new(watcher).watch())
