@@ -294,3 +294,52 @@ fn recently_modified(path: &Path) -> bool {
         .and_then(|m| m.modified())
         .is_ok_and(|m| m.elapsed().is_ok_and(|age| age < Duration::from_millis(50)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cert(names: &[&str]) -> Certificate {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let params =
+            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).expect("params");
+        let pem = params.self_signed(&key).expect("certificate").pem();
+        Certificate::from_pem(Path::new("c.pem"), pem.as_bytes(), Path::new("k.pem"), key.serialize_pem().as_bytes())
+            .expect("a matching pair loads")
+    }
+
+    #[test]
+    fn sni_prefers_an_exact_name_then_a_wildcard_then_the_first() {
+        let certs = vec![cert(&["default.test"]), cert(&["*.example.com"]), cert(&["api.example.com"])];
+        let keys: Vec<Arc<CertifiedKey>> = certs.iter().map(|c| c.key.clone()).collect();
+        let resolver = CertResolver { certs: ArcSwap::from_pointee(certs) };
+        let chosen = |name: Option<&str>| {
+            let key = resolver.choose(name).expect("always a certificate");
+            keys.iter().position(|k| Arc::ptr_eq(k, &key)).expect("one of ours")
+        };
+        assert_eq!(chosen(Some("api.example.com")), 2, "exact beats an earlier wildcard");
+        assert_eq!(chosen(Some("API.Example.COM")), 2, "names compare without case");
+        assert_eq!(chosen(Some("www.example.com")), 1);
+        assert_eq!(chosen(Some("a.b.example.com")), 0, "a wildcard covers one label");
+        assert_eq!(chosen(Some("example.com")), 0, "nor the bare domain");
+        assert_eq!(chosen(Some("default.test")), 0);
+        assert_eq!(chosen(None), 0);
+    }
+
+    #[test]
+    fn a_key_of_another_certificate_is_refused() {
+        let a = rcgen::KeyPair::generate().expect("key");
+        let b = rcgen::KeyPair::generate().expect("key");
+        let pem = rcgen::CertificateParams::new(vec!["a.test".to_string()])
+            .expect("params")
+            .self_signed(&a)
+            .expect("certificate")
+            .pem();
+        let err =
+            Certificate::from_pem(Path::new("a.crt"), pem.as_bytes(), Path::new("b.key"), b.serialize_pem().as_bytes())
+                .expect_err("mismatched pair");
+        assert_eq!(err, "the private key in b.key does not go with the certificate in a.crt");
+        let err = Certificate::from_pem(Path::new("a.crt"), b"", Path::new("b.key"), b"").expect_err("empty");
+        assert!(err.contains("a.crt holds no PEM certificate"), "{err}");
+    }
+}
