@@ -540,7 +540,7 @@ fn set_forwarded(headers: &mut HeaderMap, peer: &Peer, host: Option<&str>) {
         }
     }
     if !trusted || !proto {
-        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(if peer.https { "https" } else { "http" }));
     }
     if !trusted || !fhost {
         match host.and_then(|h| HeaderValue::from_str(h).ok()) {

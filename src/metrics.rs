@@ -32,6 +32,7 @@ pub struct Metrics {
     pub redis_calls_total: IntCounter,
     pub redis_call_checks_total: IntCounter,
     pub redis_misrouted_total: IntCounter,
+    pub tls_reload_failures_total: IntCounter,
 }
 
 /// Per-rule decision counters, resolved once per rule per reload.
@@ -207,6 +208,14 @@ impl Metrics {
                 IntCounter::new(
                     "tollgate_redis_misrouted_total",
                     "Checks a batch took to a Redis node that did not own their key (the cluster's layout changed), asked again of the owner.",
+                )
+                .expect("valid metric definition"),
+            ),
+            tls_reload_failures_total: reg(
+                &registry,
+                IntCounter::new(
+                    "tollgate_tls_reload_failures_total",
+                    "Changed [[listen.tls]] certificate or key files that did not load; the previous certificate stays in force.",
                 )
                 .expect("valid metric definition"),
             ),
