@@ -19,7 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
-use http::{Request, Response, Version};
+use http::{Request, Response, StatusCode, Version};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use prometheus::IntCounter;
@@ -30,6 +30,7 @@ use crate::config::Upstream;
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
 use crate::pool::{Pool, PoolError, UpstreamBody};
+use crate::tunnel;
 
 /// Headers that describe one connection, not the message (RFC 9110 7.6.1):
 /// never forwarded in either direction.
@@ -42,7 +43,7 @@ const HOP_BY_HOP: [HeaderName; 9] = [
     header::TE,
     header::TRAILER,
     header::TRANSFER_ENCODING,
-    // tollgate does not tunnel protocol upgrades.
+    // An upgrade tollgate tunnels is asked for again (crate::tunnel).
     header::UPGRADE,
 ];
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -97,6 +98,9 @@ pub struct Downstream<'a> {
     pub buffer_body: u64,
     /// `listen.body_read_timeout`.
     pub body_read_timeout: Duration,
+    /// The protocol the client asked to switch to, when tollgate will
+    /// tunnel it (see [`crate::tunnel::requested`]).
+    pub upgrade: Option<HeaderValue>,
 }
 
 impl UpstreamClient {
@@ -149,6 +153,10 @@ impl UpstreamClient {
         parts.uri = Uri::from(pq);
 
         strip_hop_by_hop(&mut parts.headers);
+        let upgrading = down.upgrade.is_some();
+        if let Some(protocol) = down.upgrade.take() {
+            tunnel::ask_upstream(&mut parts.headers, protocol);
+        }
         // The host that was matched goes to the upstream (virtual hosts
         // behind the proxy keep working): the client's Host, or the
         // target's authority (absolute form, HTTP/2's :authority).
@@ -179,6 +187,19 @@ impl UpstreamClient {
         };
         let name = &self.config.name;
         match result {
+            Some(Ok(mut resp)) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                // A switch nobody asked for would leave the client reading
+                // a protocol it does not speak.
+                if !upgrading {
+                    self.resets.inc();
+                    tracing::warn!(upstream = %name, "upstream switched protocols unasked");
+                    return Err(ProxyError::BadGateway);
+                }
+                let protocol = resp.headers().get(header::UPGRADE).cloned();
+                strip_hop_by_hop(resp.headers_mut());
+                tunnel::answer_client(resp.headers_mut(), protocol);
+                Ok(resp)
+            }
             Some(Ok(mut resp)) => {
                 strip_hop_by_hop(resp.headers_mut());
                 Ok(resp)

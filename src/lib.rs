@@ -19,6 +19,7 @@
 //! | [`normalize`] | one spelling per request: canonical path, host, method and header names, or 400 |
 //! | [`proxy`] | the request path: route, decide, forward or reject |
 //! | [`forward`] | hop-by-hop and `X-Forwarded-*` headers, request bodies (read ahead up to `buffer_body`, `max_body`, `body_read_timeout`) |
+//! | [`tunnel`] | WebSocket and other upgrades: after the upstream's 101, bytes copied both ways |
 //! | [`pool`] | keep-alive connections to one upstream, reused request after request |
 //! | [`client`] | who the client is: trusted proxies, `X-Forwarded-For`, IPv6 prefixes |
 //! | [`identity`] | verified user identity from a JWT (`[client] jwt`) |
@@ -69,3 +70,4 @@ pub mod server;
 pub mod store;
 pub mod summary;
 pub mod tls;
+pub mod tunnel;

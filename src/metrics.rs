@@ -27,6 +27,7 @@ pub struct Metrics {
     pub lease_give_backs_dropped_total: IntCounter,
     pub store_fallback_transitions_total: IntCounterVec,
     pub connections_active: IntGauge,
+    pub tunnels_active: IntGauge,
     pub connections_refused_total: IntCounter,
     pub store_evictions_total: IntCounter,
     pub redis_calls_total: IntCounter,
@@ -171,6 +172,11 @@ impl Metrics {
                 &["direction"],
             ),
             connections_active: gauge(&registry, "tollgate_connections_active", "Client connections open now."),
+            tunnels_active: gauge(
+                &registry,
+                "tollgate_tunnels_active",
+                "WebSocket and other upgraded connections being relayed now (each also counts in tollgate_connections_active).",
+            ),
             connections_refused_total: reg(
                 &registry,
                 IntCounter::new(

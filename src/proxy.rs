@@ -29,6 +29,7 @@ use crate::normalize;
 use crate::pool::UpstreamBody;
 use crate::rules::{RequestFacts, Rule, RuleSet};
 use crate::store::{Answer, AnyStore, Check, Mode, Store, StoreError};
+use crate::tunnel;
 
 /// The body of every response tollgate sends: the upstream's, streamed, or
 /// one tollgate wrote.
@@ -353,6 +354,10 @@ impl Proxy {
         let primary = headers::most_restrictive(&reports);
         let upstream = &self.upstreams[self.routes[route].0.upstream];
         let version = req.version();
+        // Taken before the request moves on: hyper completes the client's
+        // side once the 101 has been written.
+        let upgrade = tunnel::requested(&req).map(|protocol| (protocol, hyper::upgrade::on(&mut req)));
+        let (upgrade, client_upgrade) = upgrade.unzip();
         let down = Downstream {
             peer,
             host: host.as_ref().map(|h| h.name.as_str()),
@@ -361,11 +366,18 @@ impl Proxy {
             max_body: self.routes[route].0.max_body,
             buffer_body: self.routes[route].0.buffer_body,
             body_read_timeout: self.body_read_timeout,
+            upgrade,
         };
         let mut resp = match upstream.forward(req, down).await {
             Ok(mut resp) => {
                 // Answer in the client's protocol, not the upstream's.
                 *resp.version_mut() = version;
+                if let Some(client) = client_upgrade
+                    && resp.status() == http::StatusCode::SWITCHING_PROTOCOLS
+                {
+                    let upstream = hyper::upgrade::on(&mut resp);
+                    resp.extensions_mut().insert(tunnel::Pending { client, upstream });
+                }
                 resp.map(Either::Left)
             }
             Err(e) => e.into_response().map(Either::Right),

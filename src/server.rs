@@ -17,9 +17,10 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use prometheus::IntGauge;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::admin::Admin;
 use crate::client::Peer;
@@ -33,6 +34,7 @@ use crate::rules::RuleSet;
 use crate::send_budget::SendBudget;
 use crate::store::{AnyStore, MemoryStore, RedisStore};
 use crate::tls::{CertWatcher, Tls};
+use crate::tunnel::{self, Tunnels};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -206,10 +208,13 @@ async fn serve_proxy(
     slots: Arc<Semaphore>,
     shutdown: impl Future<Output = ()>,
 ) {
+    let (tunnels, close_tunnels) =
+        tunnel::tunnels(config.listen.tunnel_idle_timeout, proxy.metrics.tunnels_active.clone());
     let setup = Arc::new(ConnectionSetup {
         builder: connection_builder(config),
         idle_timeout: config.listen.idle_timeout,
         send_timeout: config.listen.send_timeout,
+        tunnels,
     });
     let graceful = GracefulShutdown::new();
     let handshake_timeout = config.listen.header_read_timeout;
@@ -242,16 +247,13 @@ async fn serve_proxy(
         client.https = tls.is_some();
         let client = Arc::new(client);
         let watcher = graceful.watcher();
-        let active = proxy.metrics.connections_active.clone();
-        active.inc();
+        let slot = Arc::new(Slot::new(permit, proxy.metrics.connections_active.clone()));
         let proxy = proxy.clone();
         let setup = setup.clone();
         match &tls {
             None => {
                 tokio::spawn(async move {
-                    serve_connection(stream, peer, proxy, client, &setup, watcher).await;
-                    active.dec();
-                    drop(permit);
+                    serve_connection(stream, peer, proxy, client, &setup, watcher, slot).await;
                 });
             }
             Some(tls) => {
@@ -260,12 +262,10 @@ async fn serve_proxy(
                     // The handshake holds a connection slot: bounded like the
                     // request headers that follow it.
                     match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                        Ok(Ok(stream)) => serve_connection(stream, peer, proxy, client, &setup, watcher).await,
+                        Ok(Ok(stream)) => serve_connection(stream, peer, proxy, client, &setup, watcher, slot).await,
                         Ok(Err(e)) => tracing::debug!(error = %e, %peer, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                     }
-                    active.dec();
-                    drop(permit);
                 });
             }
         }
@@ -275,6 +275,9 @@ async fn serve_proxy(
     if tokio::time::timeout(config.listen.drain_timeout, graceful.shutdown()).await.is_err() {
         tracing::warn!("drain timeout reached; closing the remaining connections");
     }
+    // Tunnels never end the way requests do: they are closed once the
+    // requests have drained.
+    close_tunnels.close(Duration::from_secs(1)).await;
 }
 
 /// What every client connection is served with.
@@ -282,6 +285,27 @@ struct ConnectionSetup {
     builder: auto::Builder<TokioExecutor>,
     idle_timeout: Duration,
     send_timeout: Duration,
+    tunnels: Tunnels,
+}
+
+/// A client connection's place under `max_connections`, held by the
+/// connection and by a tunnel it turned into, until both are gone.
+struct Slot {
+    _permit: OwnedSemaphorePermit,
+    active: IntGauge,
+}
+
+impl Slot {
+    fn new(permit: OwnedSemaphorePermit, active: IntGauge) -> Slot {
+        active.inc();
+        Slot { _permit: permit, active }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.active.dec();
+    }
 }
 
 /// Serves one client connection (plain TCP, or TLS once its handshake is
@@ -293,12 +317,14 @@ async fn serve_connection<IO>(
     client: Arc<Peer>,
     setup: &ConnectionSetup,
     watcher: Watcher,
+    slot: Arc<Slot>,
 ) where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let inflight = Inflight::default();
     let budget = SendBudget::default();
     let io = IdleIo::new(stream, setup.idle_timeout, setup.send_timeout, inflight.clone(), budget.clone());
+    let tunnels = setup.tunnels.clone();
     let svc = service_fn(move |req| {
         let proxy = proxy.clone();
         let client = client.clone();
@@ -307,16 +333,27 @@ async fn serve_connection<IO>(
         // it queues: only HTTP/2's streams share a budget (and the
         // per-piece count costs HTTP/1.1 nothing).
         let budget = (req.version() == hyper::Version::HTTP_2).then(|| budget.clone());
+        let tunnel = (tunnels.clone(), slot.clone());
         async move {
-            let resp = proxy.handle(req, &client).await;
-            drop(busy);
+            let mut resp = proxy.handle(req, &client).await;
+            if resp.status() == hyper::StatusCode::SWITCHING_PROTOCOLS
+                && let Some(pending) = resp.extensions_mut().remove::<tunnel::Pending>()
+            {
+                // The tunnel keeps the connection's slot, and its request
+                // stays in flight so that the connection's own idle timeout
+                // leaves it to the tunnel's.
+                let (tunnels, slot) = tunnel;
+                tokio::spawn(pending.run(tunnels, (slot, busy)));
+            } else {
+                drop(busy);
+            }
             Ok::<_, Infallible>(resp.map(|body| match budget {
                 Some(budget) => Either::Left(budget.body(body)),
                 None => Either::Right(body),
             }))
         }
     });
-    let conn = setup.builder.serve_connection(TokioIo::new(io), svc).into_owned();
+    let conn = setup.builder.serve_connection_with_upgrades(TokioIo::new(io), svc).into_owned();
     if let Err(e) = watcher.watch(conn).await {
         tracing::debug!(error = %e, %peer, "connection ended with an error");
     }

@@ -95,6 +95,9 @@ pub struct Listen {
     /// A client that takes none of the response's bytes for this long is
     /// disconnected.
     pub send_timeout: Duration,
+    /// A WebSocket (or other upgraded) tunnel that moves no byte for this
+    /// long is closed.
+    pub tunnel_idle_timeout: Duration,
     /// `[[listen.tls]]`, read and checked: when not empty the proxy
     /// listener speaks TLS only, and the first is the default certificate.
     pub tls: Vec<crate::tls::Certificate>,
@@ -381,6 +384,11 @@ impl Validator<'_> {
                 listen.send_timeout.as_ref(),
                 "listen.send_timeout",
                 Duration::from_secs(60),
+            ),
+            tunnel_idle_timeout: self.opt_duration(
+                listen.tunnel_idle_timeout.as_ref(),
+                "listen.tunnel_idle_timeout",
+                Duration::from_secs(3600),
             ),
         };
 

@@ -36,6 +36,7 @@ pub struct RawListen {
     pub underscores_in_headers: Option<bool>,
     pub body_read_timeout: Option<Spanned<String>>,
     pub send_timeout: Option<Spanned<String>>,
+    pub tunnel_idle_timeout: Option<Spanned<String>>,
     pub tls: Option<Vec<Spanned<RawTls>>>,
     pub http_redirect: Option<Spanned<String>>,
 }
