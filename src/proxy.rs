@@ -355,6 +355,7 @@ impl Proxy {
         let version = req.version();
         let down = Downstream {
             peer,
+            client_ip,
             host: host.as_ref().map(|h| h.name.as_str()),
             host_header: host.as_ref().and_then(|h| h.rewrite.clone()),
             path: canonical_path,

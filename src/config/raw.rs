@@ -15,7 +15,7 @@ pub struct RawConfig {
     pub store: Option<RawStore>,
     pub client: Option<RawClient>,
     #[serde(default)]
-    pub upstream: Vec<Spanned<RawUpstream>>,
+    pub upstream: Vec<Spanned<super::upstream::RawUpstream>>,
     #[serde(default)]
     pub route: Vec<Spanned<RawRoute>>,
 }
@@ -70,15 +70,6 @@ pub struct RawClient {
     pub ipv6_prefix: Option<Spanned<i64>>,
     pub user_header: Option<Spanned<String>>,
     pub api_key_header: Option<Spanned<String>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawUpstream {
-    pub name: Spanned<String>,
-    pub url: Spanned<String>,
-    pub connect_timeout: Option<Spanned<String>>,
-    pub timeout: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
