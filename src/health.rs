@@ -125,7 +125,10 @@ pub fn spawn_check(health: &Arc<Health>, server: &Server, check: &HealthCheck, u
                 (good, bad) = (0, bad.saturating_add(1));
             }
             let down = health.check_down.load(Ordering::Relaxed);
-            if down && good >= check.healthy {
+            // Out after failed checks, or after failed requests (passive):
+            // either way, answering its checks brings it back.
+            let out = down || health.failures.load(Ordering::Relaxed) != 0;
+            if out && good >= check.healthy {
                 health.check_down.store(false, Ordering::Relaxed);
                 // Reachable again: a passive backoff from before is over too.
                 health.failures.store(0, Ordering::Relaxed);

@@ -297,7 +297,9 @@ fn unknown_key_in_a_table() {
     );
     assert_eq!(
         errors("[[upstream]]\nname = \"a\"\nurl = \"http://a\"\nretries = 3\n"),
-        ["t.toml:4:1: unknown field `retries`, expected one of `name`, `url`, `servers`, `balance`, `hash_key`, `health_check`, `connect_timeout`, `timeout`"]
+        [
+            "t.toml:4:1: unknown field `retries`, expected one of `name`, `url`, `servers`, `balance`, `hash_key`, `health_check`, `connect_timeout`, `timeout`"
+        ]
     );
     let route = errors("[[route]]\npath = \"/\"\nupstream = \"a\"\n");
     assert_eq!(route.len(), 1);
