@@ -137,12 +137,13 @@ impl UpstreamClient {
         let name = config.name.as_str();
         let err = |kind: &str| metrics.upstream_errors_total.with_label_values(&[name, kind]);
         let client_err = |kind: &str| metrics.client_errors_total.with_label_values(&[kind]);
+        let epoch = tokio::time::Instant::now();
         let servers: Box<[UpstreamServer]> = config
             .servers
             .iter()
             .map(|s| {
                 let labels = [name, s.address.as_str()];
-                let health = Arc::new(Health::new(metrics.upstream_server_healthy.with_label_values(&labels)));
+                let health = Arc::new(Health::new(metrics.upstream_server_healthy.with_label_values(&labels), epoch));
                 if let Some(check) = &config.health_check {
                     crate::health::spawn_check(&health, s, check, name);
                 }
@@ -268,6 +269,7 @@ impl UpstreamClient {
         watch: &Arc<BodyWatch>,
     ) -> Result<Response<UpstreamBody<RequestBody>>, ProxyError> {
         let n = self.servers.len();
+        // One clock reading for every server (they share an epoch).
         let now = self.servers[0].health.now_ms();
         let up = |i: usize| self.servers[i].health.is_up(now);
         let load = |i: usize| self.servers[i].inflight.get();

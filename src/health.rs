@@ -46,14 +46,15 @@ pub struct Health {
 }
 
 impl Health {
-    /// A server that is up until it fails.
-    pub fn new(gauge: IntGauge) -> Health {
+    /// A server that is up until it fails. Every server of an upstream
+    /// shares `epoch`, so one reading of [`Health::now_ms`] serves them all.
+    pub fn new(gauge: IntGauge, epoch: Instant) -> Health {
         gauge.set(1);
         Health {
             failures: AtomicU32::new(0),
             out_until: AtomicU64::new(0),
             check_down: AtomicBool::new(false),
-            epoch: Instant::now(),
+            epoch,
             gauge,
         }
     }
