@@ -234,7 +234,9 @@ impl UpstreamClient {
         };
         let req = Request::from_parts(parts, body);
         if !self.single {
-            return self.forward_balanced(req, &down, &watch).await;
+            // Boxed: the single-server path's future stays as small as it
+            // was before upstreams had several servers.
+            return Box::pin(self.forward_balanced(req, &down, &watch)).await;
         }
         let server = &self.servers[0];
         server.requests.inc();

@@ -136,15 +136,24 @@ where
         &self,
         mut req: Request<B>,
     ) -> Result<Response<UpstreamBody<B>>, (PoolError, Option<Request<B>>)> {
-        if !req.headers().contains_key(HOST) {
+        let add_host = !req.headers().contains_key(HOST);
+        if add_host {
             req.headers_mut().insert(HOST, self.shared.host.clone());
         }
+        // A request given back goes to another server: without this one's
+        // host.
+        let give_back = |mut req: Request<B>| {
+            if add_host {
+                req.headers_mut().remove(HOST);
+            }
+            req
+        };
         loop {
             let (mut sender, reused) = match self.shared.checkout() {
                 Some(s) => (s, true),
                 None => match self.connect().await {
                     Ok(s) => (s, false),
-                    Err(e) => return Err((e, Some(req))),
+                    Err(e) => return Err((e, Some(give_back(req)))),
                 },
             };
             match sender.try_send_request(req).await {
@@ -156,7 +165,7 @@ where
                     // Not sent: the idle connection closed under it. A new
                     // connection cannot have that excuse.
                     Some(unsent) if reused => req = unsent,
-                    unsent => return Err((PoolError::Request(e.into_error()), unsent)),
+                    unsent => return Err((PoolError::Request(e.into_error()), unsent.map(give_back))),
                 },
             }
         }

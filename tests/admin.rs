@@ -80,11 +80,8 @@ async fn metrics_name_everything_and_pass_promtool() {
     assert_eq!(metric(m, "tollgate_store_duration_seconds_count", &[]), Some(4.0));
     // No label carries a client value. (The upstream server's configured
     // address, in the per-server series, is on 127.0.0.1 too.)
-    let client_labels: String = m
-        .lines()
-        .filter(|l| !l.starts_with("tollgate_upstream_server_"))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let client_labels: String =
+        m.lines().filter(|l| !l.starts_with("tollgate_upstream_server_")).collect::<Vec<_>>().join("\n");
     for client_value in ["203.0.113.50", "203.0.113.51", "127.0.0.1"] {
         assert!(!client_labels.contains(client_value), "{client_value} appears in /metrics");
     }
