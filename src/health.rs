@@ -115,34 +115,59 @@ pub fn spawn_check(health: &Arc<Health>, server: &Server, check: &HealthCheck, u
     rt.spawn(async move {
         let mut every = tokio::time::interval(check.interval);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let (mut good, mut bad) = (0u32, 0u32);
+        let mut streak = Streak::default();
         loop {
             every.tick().await;
             let ok = matches!(tokio::time::timeout(check.timeout, probe(&server, &check)).await, Ok(Ok(true)));
             let Some(health) = weak.upgrade() else { return };
-            if ok {
-                (good, bad) = (good.saturating_add(1), 0);
-            } else {
-                (good, bad) = (0, bad.saturating_add(1));
-            }
-            let down = health.check_down.load(Ordering::Relaxed);
-            // Out after failed checks, or after failed requests (passive):
-            // either way, answering its checks brings it back.
-            let out = down || health.failures.load(Ordering::Relaxed) != 0;
-            if out && good >= check.healthy {
-                health.check_down.store(false, Ordering::Relaxed);
-                // Reachable again: a passive backoff from before is over too.
-                health.failures.store(0, Ordering::Relaxed);
-                health.out_until.store(0, Ordering::Relaxed);
-                health.set_gauge();
-                tracing::info!(upstream = %upstream, server = %server.address, "health check passed: server back in");
-            } else if !down && bad >= check.unhealthy {
-                health.check_down.store(true, Ordering::Relaxed);
-                health.set_gauge();
-                tracing::warn!(upstream = %upstream, server = %server.address, "health check failed: server taken out");
+            match health.checked(&mut streak, ok, &check) {
+                Some(true) => {
+                    tracing::info!(upstream = %upstream, server = %server.address, "health check passed: server back in");
+                }
+                Some(false) => {
+                    tracing::warn!(upstream = %upstream, server = %server.address, "health check failed: server taken out");
+                }
+                None => {}
             }
         }
     });
+}
+
+/// Good or failed checks in a row.
+#[derive(Debug, Default)]
+pub struct Streak {
+    good: u32,
+    bad: u32,
+}
+
+impl Health {
+    /// Records one check: `Some(true)` when it brings the server back in,
+    /// `Some(false)` when it takes it out.
+    pub fn checked(&self, streak: &mut Streak, ok: bool, check: &HealthCheck) -> Option<bool> {
+        if ok {
+            (streak.good, streak.bad) = (streak.good.saturating_add(1), 0);
+        } else {
+            (streak.good, streak.bad) = (0, streak.bad.saturating_add(1));
+        }
+        let down = self.check_down.load(Ordering::Relaxed);
+        // Out after failed checks, or after failed requests (passive):
+        // either way, answering its checks brings it back.
+        let out = down || self.failures.load(Ordering::Relaxed) != 0;
+        if out && streak.good >= check.healthy {
+            self.check_down.store(false, Ordering::Relaxed);
+            // Reachable again: a passive backoff from before is over too.
+            self.failures.store(0, Ordering::Relaxed);
+            self.out_until.store(0, Ordering::Relaxed);
+            self.set_gauge();
+            Some(true)
+        } else if !down && streak.bad >= check.unhealthy {
+            self.check_down.store(true, Ordering::Relaxed);
+            self.set_gauge();
+            Some(false)
+        } else {
+            None
+        }
+    }
 }
 
 /// One check on a new connection: whether the server answered 2xx or 3xx.
@@ -158,4 +183,64 @@ async fn probe(server: &Server, check: &HealthCheck) -> Result<bool, Box<dyn std
     req.headers_mut().insert(USER_AGENT, HeaderValue::from_static("tollgate-health-check"));
     let status = sender.send_request(req).await?.status();
     Ok(status.is_success() || status.is_redirection())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn health() -> Health {
+        Health::new(IntGauge::new("healthy", "test").expect("valid metric definition"), Instant::now())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_server_is_out_for_a_backoff_that_doubles_up_to_30s() {
+        let h = health();
+        let mut expected = Vec::new();
+        let mut got = Vec::new();
+        for want in [1, 2, 4, 8, 16, 30, 30] {
+            h.failed();
+            assert!(!h.is_up(h.now_ms()));
+            assert_eq!(h.gauge.get(), 0);
+            // Failures while it is out (requests that were in flight) do
+            // not grow the backoff.
+            h.failed();
+            let mut waited = 0;
+            while !h.is_up(h.now_ms()) {
+                tokio::time::advance(Duration::from_millis(500)).await;
+                waited += 500;
+            }
+            expected.push(want * 1000);
+            got.push(waited);
+        }
+        assert_eq!(got, expected);
+        // Back in on its own after the backoff; a success ends the streak.
+        h.succeeded();
+        assert_eq!(h.gauge.get(), 1);
+        h.failed();
+        tokio::time::advance(FIRST_BACKOFF).await;
+        assert!(h.is_up(h.now_ms()));
+    }
+
+    #[test]
+    fn checks_take_a_server_out_after_unhealthy_failures_and_back_after_healthy_passes() {
+        let check = HealthCheck {
+            path: http::uri::PathAndQuery::from_static("/healthz"),
+            interval: Duration::from_secs(2),
+            timeout: Duration::from_secs(1),
+            healthy: 2,
+            unhealthy: 3,
+        };
+        let h = health();
+        let mut s = Streak::default();
+        let now = h.now_ms();
+        let results: Vec<Option<bool>> =
+            [false, false, true, false, false, false, false, true, false, true, true, true]
+                .into_iter()
+                .map(|ok| h.checked(&mut s, ok, &check))
+                .collect();
+        assert_eq!(results, [None, None, None, None, None, Some(false), None, None, None, None, Some(true), None]);
+        assert!(h.is_up(now));
+        assert_eq!(h.gauge.get(), 1);
+    }
 }
