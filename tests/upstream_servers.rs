@@ -330,6 +330,45 @@ async fn a_killed_server_fails_no_request_and_is_back_in_when_it_returns() {
 }
 
 #[tokio::test]
+async fn posts_in_flight_on_a_killed_server_are_the_only_requests_that_fail() {
+    let (a, b, c) = (Backend::start("a").await, Backend::start("b").await, Backend::start("c").await);
+    // b holds every request it gets: the workers end up waiting on it, one
+    // request each.
+    b.state.holding.store(true, Ordering::SeqCst);
+    let tg = Arc::new(tollgate(&[&a, &b, &c], "").await);
+    const WORKERS: usize = 4;
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicUsize::new(0));
+    let mut workers = Vec::new();
+    for w in 0..WORKERS {
+        let (tg, stop, sent) = (tg.clone(), stop.clone(), sent.clone());
+        workers.push(tokio::spawn(async move {
+            let mut statuses = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                let reply = tg.call("POST", "/orders").body(format!("worker={w}")).send().await;
+                statuses.push(reply.status.as_u16());
+                sent.fetch_add(1, Ordering::SeqCst);
+            }
+            statuses
+        }));
+    }
+    eventually("every worker waits on b", || async { b.state.held.load(Ordering::SeqCst) == WORKERS }).await;
+    let at_kill = sent.load(Ordering::SeqCst);
+    b.kill().await;
+    eventually("the load goes on", || async { sent.load(Ordering::SeqCst) >= at_kill + 100 }).await;
+    stop.store(true, Ordering::SeqCst);
+    let mut statuses = Vec::new();
+    for w in workers {
+        statuses.extend(w.await.expect("worker"));
+    }
+    // Their bytes reached b: not sent again, 502. Every other POST, before
+    // and after (refused by b, then sent to another server), succeeds.
+    let failed: Vec<&u16> = statuses.iter().filter(|s| **s != 200).collect();
+    assert_eq!(failed, [&502; WORKERS], "of {} requests", statuses.len());
+    assert_eq!(b.hits(), WORKERS);
+}
+
+#[tokio::test]
 async fn a_server_failing_its_health_check_is_taken_out_and_back_in() {
     let (a, b) = (Backend::start("a").await, Backend::start("b").await);
     let tg = tollgate(&[&a, &b], FAST_CHECKS).await;
