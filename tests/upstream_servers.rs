@@ -362,7 +362,7 @@ async fn posts_in_flight_on_a_killed_server_are_the_only_requests_that_fail() {
         statuses.extend(w.await.expect("worker"));
     }
     // Their bytes reached b: not sent again, 502. Every other POST, before
-    // and after (refused by b, then sent to another server), succeeds.
+    // and after (b is out once they failed), succeeds.
     let failed: Vec<&u16> = statuses.iter().filter(|s| **s != 200).collect();
     assert_eq!(failed, [&502; WORKERS], "of {} requests", statuses.len());
     assert_eq!(b.hits(), WORKERS);
