@@ -49,6 +49,8 @@ pub struct Peer {
     pub trusted: bool,
     /// The address as the `X-Forwarded-For` hop it adds.
     pub forwarded_for: HeaderValue,
+    /// Whether it reached tollgate over TLS (`X-Forwarded-Proto: https`).
+    pub https: bool,
 }
 
 impl Peer {
@@ -57,7 +59,7 @@ impl Peer {
         let ip = canonical(addr);
         // An address's text is always a valid header value.
         let forwarded_for = HeaderValue::try_from(ip.to_string()).unwrap_or(HeaderValue::from_static("unknown"));
-        Peer { ip, trusted: is_trusted(ip, trusted), forwarded_for }
+        Peer { ip, trusted: is_trusted(ip, trusted), forwarded_for, https: false }
     }
 }
 

@@ -242,6 +242,8 @@ impl UpstreamClient {
         server.requests.inc();
         let _guard = InflightGuard::new(&self.inflight);
         let result = tokio::select! {
+            // The upstream first: no random draw per poll.
+            biased;
             r = server.pool.send(req) => Some(r),
             () = upstream_deadline(self.config.timeout, &watch) => None,
         };
@@ -294,6 +296,7 @@ impl UpstreamClient {
             let result = {
                 let _guard = InflightGuard::new(&server.inflight);
                 tokio::select! {
+                    biased;
                     r = server.pool.try_send(req) => Some(r),
                     () = upstream_deadline(self.config.timeout, watch) => None,
                 }
@@ -397,14 +400,18 @@ fn idempotent(method: &http::Method) -> bool {
 /// Completes once the upstream has had `timeout` to answer, not counting
 /// the time spent waiting for the client's body.
 async fn upstream_deadline(timeout: Duration, watch: &BodyWatch) {
+    // One clock read for the common case (the upstream answers before the
+    // first deadline): a read costs tens of nanoseconds on a virtual
+    // machine, and every forwarded request pays it.
     let started = Instant::now();
+    let mut now = started;
     loop {
-        let now = Instant::now();
         let deadline = started + timeout + watch.client_wait(now);
         if deadline <= now {
             return;
         }
         tokio::time::sleep_until(deadline).await;
+        now = Instant::now();
     }
 }
 
@@ -711,7 +718,7 @@ fn set_forwarded(headers: &mut HeaderMap, peer: &Peer, host: Option<&str>) {
         }
     }
     if !trusted || !proto {
-        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(if peer.https { "https" } else { "http" }));
     }
     if !trusted || !fhost {
         match host.and_then(|h| HeaderValue::from_str(h).ok()) {

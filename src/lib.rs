@@ -12,6 +12,8 @@
 //! | module | responsibility |
 //! |---|---|
 //! | [`server`] | listeners, connection limits, graceful shutdown |
+//! | [`tls`] | TLS on the proxy listener: certificates chosen by SNI, re-read when their files change |
+//! | [`redirect`] | `listen.http_redirect`: a plain-HTTP listener answering 308 to the `https://` URL |
 //! | [`idle`] | closes connections idle for `listen.idle_timeout`, and clients that read nothing for `listen.send_timeout` |
 //! | [`send_budget`] | at most 128 KiB of response bodies held per client connection, whatever its HTTP/2 streams |
 //! | [`normalize`] | one spelling per request: canonical path, host, method and header names, or 400 |
@@ -63,9 +65,11 @@ pub mod normalize;
 pub mod pool;
 pub mod process;
 pub mod proxy;
+pub mod redirect;
 pub mod reload;
 pub mod rules;
 pub mod send_budget;
 pub mod server;
 pub mod store;
 pub mod summary;
+pub mod tls;

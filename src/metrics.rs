@@ -39,6 +39,7 @@ pub struct Metrics {
     pub upstream_server_inflight: IntGaugeVec,
     pub upstream_server_healthy: IntGaugeVec,
     pub upstream_unavailable_total: IntCounterVec,
+    pub tls_reload_failures_total: IntCounter,
 }
 
 /// Per-rule decision counters, resolved once per rule per reload.
@@ -249,6 +250,14 @@ impl Metrics {
                 "tollgate_upstream_unavailable_total",
                 "Requests answered 503 because every server of their upstream was out.",
                 &["upstream"],
+            ),
+            tls_reload_failures_total: reg(
+                &registry,
+                IntCounter::new(
+                    "tollgate_tls_reload_failures_total",
+                    "Changed [[listen.tls]] certificate or key files that did not load; the previous certificate stays in force.",
+                )
+                .expect("valid metric definition"),
             ),
             registry,
         };

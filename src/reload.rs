@@ -201,7 +201,7 @@ fn watcher(path: &Path, tx: mpsc::UnboundedSender<()>) -> notify::Result<notify:
 
 /// A summary of one file's metadata (0 when it cannot be read): follows
 /// symlinks, so a swapped link shows as another inode.
-fn file_fingerprint(path: &Path) -> u64 {
+pub(crate) fn file_fingerprint(path: &Path) -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = foldhash::quality::FixedState::with_seed(2).build_hasher();
     match std::fs::metadata(path) {

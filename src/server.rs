@@ -16,12 +16,13 @@ use http_body_util::Either;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
 use crate::admin::Admin;
+use crate::client::Peer;
 use crate::clock::SharedClock;
 use crate::config::{Backend, Config, ConfigErrors, load_rules};
 use crate::idle::{IdleIo, Inflight};
@@ -31,6 +32,7 @@ use crate::reload::Reloader;
 use crate::rules::RuleSet;
 use crate::send_budget::SendBudget;
 use crate::store::{AnyStore, MemoryStore, RedisStore};
+use crate::tls::{CertWatcher, Tls};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +43,8 @@ pub enum StartError {
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error("cannot set up the store: {0}")]
     Store(String),
+    #[error("{0}")]
+    Tls(String),
 }
 
 /// A bound, not yet serving, tollgate.
@@ -50,6 +54,10 @@ pub struct Server {
     reloader: Arc<Reloader>,
     proxy_listener: TcpListener,
     admin_listener: TcpListener,
+    /// `[[listen.tls]]`: the proxy listener speaks TLS only.
+    tls: Option<Tls>,
+    /// `[listen] http_redirect`.
+    redirect_listener: Option<TcpListener>,
 }
 
 /// How often idle keys are swept from the memory store (and from the Redis
@@ -74,9 +82,17 @@ impl Server {
         let bind = |addr: SocketAddr| async move {
             TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source })
         };
+        let tls = match config.listen.tls.is_empty() {
+            true => None,
+            false => Some(Tls::new(config.listen.tls.clone()).map_err(StartError::Tls)?),
+        };
         let proxy_listener = bind(config.listen.proxy).await?;
         let admin_listener = bind(config.listen.admin).await?;
-        Ok(Server { config, proxy, reloader, proxy_listener, admin_listener })
+        let redirect_listener = match config.listen.http_redirect {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        };
+        Ok(Server { config, proxy, reloader, proxy_listener, admin_listener, tls, redirect_listener })
     }
 
     /// The address clients connect to (useful when the config said port 0).
@@ -87,6 +103,11 @@ impl Server {
     /// The admin listener's address.
     pub fn admin_addr(&self) -> SocketAddr {
         self.admin_listener.local_addr().unwrap_or(self.config.listen.admin)
+    }
+
+    /// The redirect listener's address, when there is one.
+    pub fn redirect_addr(&self) -> Option<SocketAddr> {
+        self.redirect_listener.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// The request path, for tests that inspect it.
@@ -101,7 +122,8 @@ impl Server {
 
     /// Serves until `shutdown` completes, then drains.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
-        let Server { config, proxy, reloader, proxy_listener, admin_listener } = self;
+        let https_port = self.proxy_addr().port();
+        let Server { config, proxy, reloader, proxy_listener, admin_listener, tls, redirect_listener } = self;
         let watch = tokio::spawn(reloader.clone().watch());
         let _summary = crate::summary::spawn(&proxy.metrics);
         let sweep = tokio::spawn({
@@ -117,9 +139,25 @@ impl Server {
         let admin = Arc::new(Admin { proxy: proxy.clone(), reloader });
         let admin_task = tokio::spawn(serve_admin(admin_listener, admin));
 
-        serve_proxy(proxy_listener, proxy.clone(), &config, shutdown).await;
+        let slots = Arc::new(Semaphore::new(config.listen.max_connections));
+        if let Some(tls) = &tls {
+            let names: Vec<Vec<String>> = tls.resolver.current().iter().map(|c| c.names.clone()).collect();
+            tracing::info!(certificates = ?names, http_redirect = ?config.listen.http_redirect, "the proxy listener speaks TLS");
+        }
+        let cert_watch = tls.as_ref().map(|tls| {
+            let watcher = CertWatcher::new(tls.resolver.clone(), proxy.metrics.tls_reload_failures_total.clone());
+            tokio::spawn(Arc::new(watcher).watch())
+        });
+        let redirect_task = redirect_listener.map(|l| {
+            tokio::spawn(crate::redirect::serve(l, https_port, slots.clone(), config.listen.header_read_timeout))
+        });
+
+        serve_proxy(proxy_listener, proxy.clone(), &config, tls, slots, shutdown).await;
         proxy.store.close().await;
 
+        for task in cert_watch.into_iter().chain(redirect_task) {
+            task.abort();
+        }
         watch.abort();
         sweep.abort();
         admin_task.abort();
@@ -160,11 +198,21 @@ pub(crate) fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor
     builder
 }
 
-async fn serve_proxy(listener: TcpListener, proxy: Arc<Proxy>, config: &Config, shutdown: impl Future<Output = ()>) {
-    let builder = connection_builder(config);
+async fn serve_proxy(
+    listener: TcpListener,
+    proxy: Arc<Proxy>,
+    config: &Config,
+    tls: Option<Tls>,
+    slots: Arc<Semaphore>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let setup = Arc::new(ConnectionSetup {
+        builder: connection_builder(config),
+        idle_timeout: config.listen.idle_timeout,
+        send_timeout: config.listen.send_timeout,
+    });
     let graceful = GracefulShutdown::new();
-    let slots = Arc::new(Semaphore::new(config.listen.max_connections));
-    let proxy_metrics = proxy.metrics.clone();
+    let handshake_timeout = config.listen.header_read_timeout;
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -182,54 +230,95 @@ async fn serve_proxy(listener: TcpListener, proxy: Arc<Proxy>, config: &Config, 
         };
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             proxy.metrics.connections_refused_total.inc();
-            tokio::spawn(refuse(stream));
+            // A TLS client cannot read a plain-text answer, and a handshake
+            // is the work an overloaded server must not take on: closed.
+            if tls.is_none() {
+                tokio::spawn(refuse(stream));
+            }
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let proxy = proxy.clone();
-        let inflight = Inflight::default();
-        let budget = SendBudget::default();
-        let io = IdleIo::new(
-            stream,
-            config.listen.idle_timeout,
-            config.listen.send_timeout,
-            inflight.clone(),
-            budget.clone(),
-        );
-        let client = Arc::new(proxy.peer(peer));
-        let svc = service_fn(move |req| {
-            let proxy = proxy.clone();
-            let client = client.clone();
-            let busy = inflight.start();
-            // HTTP/1.1 sends one response at a time and hyper bounds what
-            // it queues: only HTTP/2's streams share a budget (and the
-            // per-piece count costs HTTP/1.1 nothing).
-            let budget = (req.version() == hyper::Version::HTTP_2).then(|| budget.clone());
-            async move {
-                let resp = proxy.handle(req, &client).await;
-                drop(busy);
-                Ok::<_, Infallible>(resp.map(|body| match budget {
-                    Some(budget) => Either::Left(budget.body(body)),
-                    None => Either::Right(body),
-                }))
-            }
-        });
-        let conn = builder.serve_connection(TokioIo::new(io), svc).into_owned();
-        let conn = graceful.watch(conn);
-        let active = proxy_metrics.connections_active.clone();
+        let mut client = proxy.peer(peer);
+        client.https = tls.is_some();
+        let client = Arc::new(client);
+        let watcher = graceful.watcher();
+        let active = proxy.metrics.connections_active.clone();
         active.inc();
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, %peer, "connection ended with an error");
+        let proxy = proxy.clone();
+        let setup = setup.clone();
+        match &tls {
+            None => {
+                tokio::spawn(async move {
+                    serve_connection(stream, peer, proxy, client, &setup, watcher).await;
+                    active.dec();
+                    drop(permit);
+                });
             }
-            active.dec();
-            drop(permit);
-        });
+            Some(tls) => {
+                let acceptor = tls.acceptor.clone();
+                tokio::spawn(async move {
+                    // The handshake holds a connection slot: bounded like the
+                    // request headers that follow it.
+                    match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => serve_connection(stream, peer, proxy, client, &setup, watcher).await,
+                        Ok(Err(e)) => tracing::debug!(error = %e, %peer, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                    active.dec();
+                    drop(permit);
+                });
+            }
+        }
     }
     drop(listener);
     tracing::info!("shutting down: draining in-flight requests");
     if tokio::time::timeout(config.listen.drain_timeout, graceful.shutdown()).await.is_err() {
         tracing::warn!("drain timeout reached; closing the remaining connections");
+    }
+}
+
+/// What every client connection is served with.
+struct ConnectionSetup {
+    builder: auto::Builder<TokioExecutor>,
+    idle_timeout: Duration,
+    send_timeout: Duration,
+}
+
+/// Serves one client connection (plain TCP, or TLS once its handshake is
+/// done) until it closes, or until shutdown closes it gracefully.
+async fn serve_connection<IO>(
+    stream: IO,
+    peer: SocketAddr,
+    proxy: Arc<Proxy>,
+    client: Arc<Peer>,
+    setup: &ConnectionSetup,
+    watcher: Watcher,
+) where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let inflight = Inflight::default();
+    let budget = SendBudget::default();
+    let io = IdleIo::new(stream, setup.idle_timeout, setup.send_timeout, inflight.clone(), budget.clone());
+    let svc = service_fn(move |req| {
+        let proxy = proxy.clone();
+        let client = client.clone();
+        let busy = inflight.start();
+        // HTTP/1.1 sends one response at a time and hyper bounds what
+        // it queues: only HTTP/2's streams share a budget (and the
+        // per-piece count costs HTTP/1.1 nothing).
+        let budget = (req.version() == hyper::Version::HTTP_2).then(|| budget.clone());
+        async move {
+            let resp = proxy.handle(req, &client).await;
+            drop(busy);
+            Ok::<_, Infallible>(resp.map(|body| match budget {
+                Some(budget) => Either::Left(budget.body(body)),
+                None => Either::Right(body),
+            }))
+        }
+    });
+    let conn = setup.builder.serve_connection(TokioIo::new(io), svc).into_owned();
+    if let Err(e) = watcher.watch(conn).await {
+        tracing::debug!(error = %e, %peer, "connection ended with an error");
     }
 }
 

@@ -13,6 +13,7 @@ mod error;
 mod machine;
 mod raw;
 mod rules_file;
+mod tls;
 mod upstream;
 
 use std::net::SocketAddr;
@@ -95,6 +96,11 @@ pub struct Listen {
     /// A client that takes none of the response's bytes for this long is
     /// disconnected.
     pub send_timeout: Duration,
+    /// `[[listen.tls]]`, read and checked: when not empty the proxy
+    /// listener speaks TLS only, and the first is the default certificate.
+    pub tls: Vec<crate::tls::Certificate>,
+    /// A plain-HTTP listener answering 308 to the `https://` URL.
+    pub http_redirect: Option<SocketAddr>,
 }
 
 /// `[store]`
@@ -325,7 +331,10 @@ impl Validator<'_> {
             Some(n) => *n.get_ref() as usize,
             None => 16 * 1024,
         };
+        let (tls, http_redirect) = self.listen_tls(&listen);
         let listen = Listen {
+            tls,
+            http_redirect,
             max_uri_bytes,
             proxy: proxy.unwrap_or(default_proxy),
             admin: admin.unwrap_or(default_admin),

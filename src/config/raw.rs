@@ -36,6 +36,16 @@ pub struct RawListen {
     pub underscores_in_headers: Option<bool>,
     pub body_read_timeout: Option<Spanned<String>>,
     pub send_timeout: Option<Spanned<String>>,
+    pub tls: Option<Vec<Spanned<RawTls>>>,
+    pub http_redirect: Option<Spanned<String>>,
+}
+
+/// `[[listen.tls]]`: one certificate the proxy listener may present.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTls {
+    pub cert_file: Spanned<String>,
+    pub key_file: Spanned<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]

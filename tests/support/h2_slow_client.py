@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """An HTTP/2 (h2c, prior knowledge) client that misbehaves on purpose.
 
-    h2_slow_client.py PORT STREAMS MODE
+    h2_slow_client.py PORT STREAMS MODE [tls]
 
 opens STREAMS streams, each a GET /big, and then:
 
@@ -12,7 +12,9 @@ opens STREAMS streams, each a GET /big, and then:
 
 It prints "sent" once the requests are on the wire, then, for "nowindow",
 "closed" when tollgate closes the connection. It runs until its stdin closes
-or tollgate closes the connection. Used by tests/h2_slow_readers.rs.
+or tollgate closes the connection. With "tls" it speaks HTTP/2 over TLS
+(ALPN h2, the certificate not checked) instead of h2c. Used by
+tests/h2_slow_readers.rs and tests/tls.rs.
 """
 
 import select
@@ -31,6 +33,18 @@ def main():
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
     sock.connect(("127.0.0.1", port))
+    tls = len(sys.argv) > 4 and sys.argv[4] == "tls"
+    if tls:
+        import ssl
+
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        ctx.set_alpn_protocols(["h2"])
+        sock = ctx.wrap_socket(sock, server_hostname="a.test")
+        if sock.selected_alpn_protocol() != "h2":
+            print("no h2 over TLS", flush=True)
+            return
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
     window = 0 if mode == "nowindow" else 2**31 - 1
     conn.local_settings = h2.settings.Settings(
@@ -66,7 +80,7 @@ def main():
         sid = conn.get_next_available_stream_id()
         conn.send_headers(
             sid,
-            [(":method", "GET"), (":scheme", "http"), (":authority", "t"), (":path", f"/big/{i}")],
+            [(":method", "GET"), (":scheme", "https" if tls else "http"), (":authority", "t"), (":path", f"/big/{i}")],
             end_stream=True,
         )
     sock.sendall(conn.data_to_send())
@@ -79,7 +93,7 @@ def main():
         if sock in ready:
             try:
                 data = sock.recv(65536)
-            except ConnectionError:
+            except OSError:  # a reset, or a TLS connection cut short
                 data = b""
             if not data:
                 print("closed", flush=True)

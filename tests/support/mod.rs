@@ -15,12 +15,15 @@
 //!   [`Reply`], the response read whole.
 //! - [`big_upstream::BigUpstream`]: an upstream answering every request with
 //!   one large body, for clients that do not read it.
+//! - [`tls::TestCa`]: a certificate authority made in the test, and a TLS
+//!   client that reports the certificate a server presented.
 //!
 //! Some helpers are used by only some test files.
 #![allow(dead_code)]
 
 pub mod big_upstream;
 pub mod redis;
+pub mod tls;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -278,6 +281,8 @@ pub struct Tollgate {
     pub clock: ManualClock,
     pub proxy_addr: SocketAddr,
     pub admin_addr: SocketAddr,
+    /// `[listen] http_redirect`'s address, when configured.
+    pub redirect_addr: Option<SocketAddr>,
     pub proxy: Arc<Proxy>,
     pub reloader: Arc<Reloader>,
     shutdown: Option<oneshot::Sender<()>>,
@@ -311,12 +316,23 @@ impl Tollgate {
         let clock = ManualClock::new(T0);
         let server = Server::bind(config, Arc::new(clock.clone())).await.unwrap_or_else(|e| panic!("bind: {e}"));
         let (tx, rx) = oneshot::channel::<()>();
-        let (proxy_addr, admin_addr) = (server.proxy_addr(), server.admin_addr());
+        let (proxy_addr, admin_addr, redirect_addr) =
+            (server.proxy_addr(), server.admin_addr(), server.redirect_addr());
         let (proxy, reloader) = (server.proxy(), server.reloader());
         let task = tokio::spawn(server.run(async move {
             let _ = rx.await;
         }));
-        Tollgate { dir, clock, proxy_addr, admin_addr, proxy, reloader, shutdown: Some(tx), task: Some(task) }
+        Tollgate {
+            dir,
+            clock,
+            proxy_addr,
+            admin_addr,
+            redirect_addr,
+            proxy,
+            reloader,
+            shutdown: Some(tx),
+            task: Some(task),
+        }
     }
 
     /// The rules directory of [`Tollgate::with`].

@@ -1,0 +1,52 @@
+//! `[[listen.tls]]` and `[listen] http_redirect`: the certificates are read
+//! and checked here (each parses, each key goes with its certificate), so
+//! `tollgate check` finds what the start would.
+
+use std::net::SocketAddr;
+
+use toml::Spanned;
+
+use super::Validator;
+use super::raw::{RawListen, RawTls};
+use crate::tls::Certificate;
+
+impl Validator<'_> {
+    /// The certificates of `[[listen.tls]]`, in order, and the redirect
+    /// listener's address.
+    pub(super) fn listen_tls(&mut self, listen: &RawListen) -> (Vec<Certificate>, Option<SocketAddr>) {
+        let tables: &[Spanned<RawTls>] = listen.tls.as_deref().unwrap_or_default();
+        let mut certs = Vec::with_capacity(tables.len());
+        for (i, table) in tables.iter().enumerate() {
+            let t = table.get_ref();
+            let cert = self.read_relative(&t.cert_file);
+            let key = self.read_relative(&t.key_file);
+            let (Some((cert_path, cert)), Some((key_path, key))) = (cert, key) else { continue };
+            match Certificate::from_pem(&cert_path, &cert, &key_path, &key) {
+                Ok(c) => {
+                    if i > 0 && c.names.is_empty() {
+                        self.error(
+                            table.span(),
+                            format!(
+                                "[[listen.tls]] {} has no DNS name (subject alternative name), so no client can choose it by name; only the first [[listen.tls]] is a default",
+                                cert_path.display()
+                            ),
+                        );
+                    }
+                    certs.push(c);
+                }
+                Err(e) => self.error(table.span(), format!("[[listen.tls]]: {e}")),
+            }
+        }
+        let redirect = listen.http_redirect.as_ref().and_then(|r| {
+            if tables.is_empty() {
+                self.error(
+                    r.span(),
+                    "listen.http_redirect redirects to HTTPS, so it needs at least one [[listen.tls]] certificate",
+                );
+                return None;
+            }
+            self.socket_addr(r, "listen.http_redirect")
+        });
+        (certs, redirect)
+    }
+}
