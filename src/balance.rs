@@ -57,7 +57,7 @@ impl Balancer {
         key: u64,
         skip: Option<usize>,
         up: impl Fn(usize) -> bool,
-        load: impl Fn(usize) -> i64,
+        load: impl Fn(usize) -> u64,
     ) -> Option<usize> {
         let usable = |i: usize| Some(i) != skip && up(i);
         match &self.balance {

@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -68,9 +68,6 @@ pub struct UpstreamClient {
     /// several servers, with no balancing or health work.
     single: bool,
     balancer: Balancer,
-    /// Requests in flight to every server together (elastic throttling
-    /// reads it). With a single server, that server's gauge itself.
-    inflight: IntGauge,
     unavailable: IntCounter,
     connect_errors: IntCounter,
     timeouts: IntCounter,
@@ -85,24 +82,40 @@ struct UpstreamServer {
     address: String,
     pool: Pool<RequestBody>,
     health: Arc<Health>,
+    /// Requests sent to it; with `answered`, what it has in flight.
     requests: IntCounter,
+    /// Requests that got their answer (or failed, or were abandoned).
+    answered: AtomicU64,
     failures: IntCounter,
-    inflight: IntGauge,
+    /// `tollgate_upstream_server_inflight`, set from `requests` and
+    /// `answered` when metrics are read ([`UpstreamClient::refresh_gauges`]):
+    /// the request path pays two atomic additions per request either way,
+    /// as it did for the in-flight count alone before there were
+    /// per-server metrics.
+    inflight_gauge: IntGauge,
 }
 
-/// Keeps in-flight counts while a request is being forwarded.
-struct InflightGuard<'a>(&'a IntGauge);
+impl UpstreamServer {
+    /// Requests sent and not yet answered.
+    fn inflight(&self) -> u64 {
+        // `answered` first: it never passes a `requests` read after it.
+        let answered = self.answered.load(Ordering::Relaxed);
+        self.requests.get().saturating_sub(answered)
+    }
 
-impl<'a> InflightGuard<'a> {
-    fn new(gauge: &'a IntGauge) -> InflightGuard<'a> {
-        gauge.inc();
-        InflightGuard(gauge)
+    /// Counts a request sent to this server until the guard is dropped.
+    fn start(&self) -> Answered<'_> {
+        self.requests.inc();
+        Answered(&self.answered)
     }
 }
 
-impl Drop for InflightGuard<'_> {
+/// Counts a request as answered when dropped (whatever ended it).
+struct Answered<'a>(&'a AtomicU64);
+
+impl Drop for Answered<'_> {
     fn drop(&mut self) {
-        self.0.dec();
+        self.0.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -153,24 +166,18 @@ impl UpstreamClient {
                     health,
                     requests: metrics.upstream_server_requests_total.with_label_values(&labels),
                     failures: metrics.upstream_server_failures_total.with_label_values(&labels),
-                    inflight: metrics.upstream_server_inflight.with_label_values(&labels),
+                    answered: AtomicU64::new(0),
+                    inflight_gauge: metrics.upstream_server_inflight.with_label_values(&labels),
                 }
             })
             .collect();
         let single = servers.len() == 1 && config.health_check.is_none();
-        let inflight = match &*servers {
-            [only] if single => only.inflight.clone(),
-            // The sum, not exported: each server's gauge is.
-            // A valid name and help: `new` cannot fail.
-            _ => IntGauge::new("upstream_inflight", "requests in flight").expect("valid metric definition"),
-        };
         let addresses: Vec<&str> = servers.iter().map(|s| s.address.as_str()).collect();
         UpstreamClient {
             balancer: Balancer::new(&config.balance, &addresses),
             config: config.clone(),
             servers,
             single,
-            inflight,
             unavailable: metrics.upstream_unavailable_total.with_label_values(&[name]),
             connect_errors: err("connect"),
             timeouts: err("timeout"),
@@ -184,7 +191,14 @@ impl UpstreamClient {
     /// Requests being forwarded to this upstream right now (elastic
     /// throttling reads it).
     pub fn inflight(&self) -> usize {
-        self.inflight.get().max(0) as usize
+        self.servers.iter().map(UpstreamServer::inflight).sum::<u64>() as usize
+    }
+
+    /// Sets each server's in-flight gauge, for a metrics scrape.
+    pub fn refresh_gauges(&self) {
+        for s in &self.servers {
+            s.inflight_gauge.set(s.inflight() as i64);
+        }
     }
 
     /// Sends `req` to this upstream and returns its response head with the
@@ -239,8 +253,7 @@ impl UpstreamClient {
             return Box::pin(self.forward_balanced(req, &down, &watch)).await;
         }
         let server = &self.servers[0];
-        server.requests.inc();
-        let _guard = InflightGuard::new(&self.inflight);
+        let _answered = server.start();
         let result = tokio::select! {
             // The upstream first: no random draw per poll.
             biased;
@@ -276,7 +289,7 @@ impl UpstreamClient {
         // One clock reading for every server (they share an epoch).
         let now = self.servers[0].health.now_ms();
         let up = |i: usize| self.servers[i].health.is_up(now);
-        let load = |i: usize| self.servers[i].inflight.get();
+        let load = |i: usize| self.servers[i].inflight();
         let key = self.balancer.key(down.client_ip, req.headers());
         let Some(mut i) = self.balancer.pick(n, key, None, up, load) else {
             self.unavailable.inc();
@@ -288,13 +301,11 @@ impl UpstreamClient {
         // cannot be replayed, and a server may have acted on any body).
         let replay = (n > 1 && idempotent(req.method()) && req.body().is_end_stream())
             .then(|| (req.method().clone(), req.uri().clone(), req.headers().clone()));
-        let _total = InflightGuard::new(&self.inflight);
         let mut retried = false;
         loop {
             let server = &self.servers[i];
-            server.requests.inc();
             let result = {
-                let _guard = InflightGuard::new(&server.inflight);
+                let _answered = server.start();
                 tokio::select! {
                     biased;
                     r = server.pool.try_send(req) => Some(r),

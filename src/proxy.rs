@@ -475,4 +475,10 @@ impl Proxy {
     pub fn upstream_inflight(&self, name: &str) -> Option<usize> {
         self.upstreams.iter().find(|u| u.config.name == name).map(UpstreamClient::inflight)
     }
+
+    /// Brings the gauges the request path does not set itself up to date,
+    /// before metrics are rendered.
+    pub fn refresh_gauges(&self) {
+        self.upstreams.iter().for_each(UpstreamClient::refresh_gauges);
+    }
 }

@@ -225,6 +225,10 @@ async fn least_request_prefers_the_idle_server() {
     }
     // Only a tie (nothing in flight anywhere) can go to the busy server.
     assert!(busy.hits() <= 1, "{} requests went to the busy server", busy.hits());
+    let held = busy.state.held.load(Ordering::SeqCst) as f64;
+    let m = tg.metrics().await;
+    assert_eq!(server_metric(&m, "tollgate_upstream_server_inflight", &busy), held);
+    assert_eq!(server_metric(&m, "tollgate_upstream_server_inflight", &idle), 0.0);
     busy.state.gate.add_permits(20);
     for p in pending {
         assert_eq!(p.await.expect("request task").status, 200);
