@@ -98,7 +98,8 @@ struct UpstreamServer {
 impl UpstreamServer {
     /// Requests sent and not yet answered.
     fn inflight(&self) -> u64 {
-        // `answered` first: it never passes a `requests` read after it.
+        // `answered` first, so that it is seldom ahead of the `requests`
+        // read after it; saturating for when it is.
         let answered = self.answered.load(Ordering::Relaxed);
         self.requests.get().saturating_sub(answered)
     }
