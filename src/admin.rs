@@ -45,6 +45,7 @@ impl Admin {
         }
         match req.uri().path() {
             "/metrics" => {
+                self.proxy.refresh_gauges();
                 let mut resp = Response::new(Full::new(Bytes::from(self.proxy.metrics.render())));
                 resp.headers_mut()
                     .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));

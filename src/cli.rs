@@ -114,10 +114,15 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
     match route {
         Some(r) => {
             let u = &config.upstreams[r.upstream];
+            let servers: Vec<String> =
+                u.servers.iter().map(|s| format!("{}://{}{}", s.scheme, s.authority, u.base_path)).collect();
             let _ = writeln!(
                 out,
-                "route:   {} (prefix {}) -> upstream {} at {}://{}{}",
-                r.name, r.path_prefix, u.name, u.scheme, u.authority, u.base_path
+                "route:   {} (prefix {}) -> upstream {} at {}",
+                r.name,
+                r.path_prefix,
+                u.name,
+                servers.join(", ")
             );
         }
         None => {

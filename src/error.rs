@@ -44,6 +44,9 @@ pub enum ProxyError {
     BadGateway,
     /// The upstream did not answer within its timeout.
     GatewayTimeout,
+    /// Every server of the upstream is out (failing, or failing its health
+    /// check).
+    UpstreamUnavailable,
 }
 
 impl ProxyError {
@@ -62,6 +65,7 @@ impl ProxyError {
             ProxyError::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::BadGateway => StatusCode::BAD_GATEWAY,
             ProxyError::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::UpstreamUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -111,6 +115,10 @@ impl ProxyError {
             ProxyError::GatewayTimeout => {
                 json!({"error": "gateway_timeout", "message": "The upstream service did not answer in time."})
             }
+            ProxyError::UpstreamUnavailable => json!({
+                "error": "upstream_unavailable",
+                "message": "Every server of the upstream service is down. Retry shortly."
+            }),
         }
     }
 

@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -22,12 +22,14 @@ use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, StatusCode, Version};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use prometheus::IntCounter;
+use prometheus::{IntCounter, IntGauge};
 use tokio::time::{Instant, Sleep};
 
+use crate::balance::Balancer;
 use crate::client::Peer;
 use crate::config::Upstream;
 use crate::error::ProxyError;
+use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::pool::{Pool, PoolError, UpstreamBody};
 use crate::tunnel;
@@ -57,11 +59,17 @@ const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 /// (nginx's default is 4 or 8 KiB).
 pub const UPSTREAM_READ_BUFFER: usize = 16 * 1024;
 
-/// One upstream: its connection pool, in-flight count and error counters.
+/// One upstream: its servers, each with its own connection pool, health
+/// and counters, and the error counters of the upstream as a whole.
 pub struct UpstreamClient {
     pub config: Upstream,
-    pool: Pool<RequestBody>,
-    inflight: AtomicUsize,
+    servers: Box<[UpstreamServer]>,
+    /// One server and no health check: nothing to choose and nothing to
+    /// watch, so requests take the path they took before upstreams had
+    /// several servers, with no balancing or health work.
+    single: bool,
+    balancer: Balancer,
+    unavailable: IntCounter,
     connect_errors: IntCounter,
     timeouts: IntCounter,
     resets: IntCounter,
@@ -70,12 +78,46 @@ pub struct UpstreamClient {
     too_large: IntCounter,
 }
 
-/// Keeps an upstream's in-flight count while a request is being forwarded.
-struct InflightGuard<'a>(&'a AtomicUsize);
+/// One server of an upstream.
+struct UpstreamServer {
+    address: String,
+    pool: Pool<RequestBody>,
+    health: Arc<Health>,
+    /// Requests sent to it; with `answered`, what it has in flight.
+    requests: IntCounter,
+    /// Requests that got their answer (or failed, or were abandoned).
+    answered: AtomicU64,
+    failures: IntCounter,
+    /// `tollgate_upstream_server_inflight`, set from `requests` and
+    /// `answered` when metrics are read ([`UpstreamClient::refresh_gauges`]):
+    /// the request path pays two atomic additions per request either way,
+    /// as it did for the in-flight count alone before there were
+    /// per-server metrics.
+    inflight_gauge: IntGauge,
+}
 
-impl Drop for InflightGuard<'_> {
+impl UpstreamServer {
+    /// Requests sent and not yet answered.
+    fn inflight(&self) -> u64 {
+        // `answered` first, so that it is seldom ahead of the `requests`
+        // read after it; saturating for when it is.
+        let answered = self.answered.load(Ordering::Relaxed);
+        self.requests.get().saturating_sub(answered)
+    }
+
+    /// Counts a request sent to this server until the guard is dropped.
+    fn start(&self) -> Answered<'_> {
+        self.requests.inc();
+        Answered(&self.answered)
+    }
+}
+
+/// Counts a request as answered when dropped (whatever ended it).
+struct Answered<'a>(&'a AtomicU64);
+
+impl Drop for Answered<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -83,6 +125,9 @@ impl Drop for InflightGuard<'_> {
 pub struct Downstream<'a> {
     /// The socket peer.
     pub peer: &'a Peer,
+    /// The client's address (after trusted proxies), which `hash_key =
+    /// "ip"` hashes.
+    pub client_ip: std::net::IpAddr,
     /// The host the client asked for, for `X-Forwarded-Host`.
     pub host: Option<&'a str>,
     /// The `Host` header to send instead of the client's: the host that was
@@ -104,14 +149,41 @@ pub struct Downstream<'a> {
 }
 
 impl UpstreamClient {
+    /// Builds the pools and resolves every metric handle of `config`, and
+    /// starts its servers' health checks.
     pub fn new(config: &Upstream, metrics: &Metrics) -> UpstreamClient {
-        let pool = Pool::for_upstream(config, UPSTREAM_READ_BUFFER);
-        let err = |kind: &str| metrics.upstream_errors_total.with_label_values(&[config.name.as_str(), kind]);
+        let name = config.name.as_str();
+        let err = |kind: &str| metrics.upstream_errors_total.with_label_values(&[name, kind]);
         let client_err = |kind: &str| metrics.client_errors_total.with_label_values(&[kind]);
+        let epoch = tokio::time::Instant::now();
+        let servers: Box<[UpstreamServer]> = config
+            .servers
+            .iter()
+            .map(|s| {
+                let labels = [name, s.address.as_str()];
+                let health = Arc::new(Health::new(metrics.upstream_server_healthy.with_label_values(&labels), epoch));
+                if let Some(check) = &config.health_check {
+                    crate::health::spawn_check(&health, s, check, name);
+                }
+                UpstreamServer {
+                    address: s.address.clone(),
+                    pool: Pool::for_server(config, s, UPSTREAM_READ_BUFFER),
+                    health,
+                    requests: metrics.upstream_server_requests_total.with_label_values(&labels),
+                    failures: metrics.upstream_server_failures_total.with_label_values(&labels),
+                    answered: AtomicU64::new(0),
+                    inflight_gauge: metrics.upstream_server_inflight.with_label_values(&labels),
+                }
+            })
+            .collect();
+        let single = servers.len() == 1 && config.health_check.is_none();
+        let addresses: Vec<&str> = servers.iter().map(|s| s.address.as_str()).collect();
         UpstreamClient {
+            balancer: Balancer::new(&config.balance, &addresses),
             config: config.clone(),
-            pool,
-            inflight: AtomicUsize::new(0),
+            servers,
+            single,
+            unavailable: metrics.upstream_unavailable_total.with_label_values(&[name]),
             connect_errors: err("connect"),
             timeouts: err("timeout"),
             resets: err("reset"),
@@ -124,7 +196,14 @@ impl UpstreamClient {
     /// Requests being forwarded to this upstream right now (elastic
     /// throttling reads it).
     pub fn inflight(&self) -> usize {
-        self.inflight.load(Ordering::Relaxed)
+        self.servers.iter().map(UpstreamServer::inflight).sum::<u64>() as usize
+    }
+
+    /// Sets each server's in-flight gauge, for a metrics scrape.
+    pub fn refresh_gauges(&self) {
+        for s in &self.servers {
+            s.inflight_gauge.set(s.inflight() as i64);
+        }
     }
 
     /// Sends `req` to this upstream and returns its response head with the
@@ -177,58 +256,158 @@ impl UpstreamClient {
             Err(e) => return Err(self.client_error(e)),
         };
         let req = Request::from_parts(parts, body);
-        self.inflight.fetch_add(1, Ordering::Relaxed);
-        let _guard = InflightGuard(&self.inflight);
+        if !self.single {
+            // Boxed: the single-server path's future stays as small as it
+            // was before upstreams had several servers.
+            return Box::pin(self.forward_balanced(req, &down, &watch, upgrading)).await;
+        }
+        let server = &self.servers[0];
+        let _answered = server.start();
         let result = tokio::select! {
             // The upstream first: no random draw per poll.
             biased;
-            r = self.pool.send(req) => Some(r),
+            r = server.pool.send(req) => Some(r),
             () = upstream_deadline(self.config.timeout, &watch) => None,
         };
-        let name = &self.config.name;
         match result {
-            Some(Ok(mut resp)) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
-                // A switch nobody asked for would leave the client reading
-                // a protocol it does not speak.
-                if !upgrading {
-                    self.resets.inc();
-                    tracing::warn!(upstream = %name, "upstream switched protocols unasked");
-                    return Err(ProxyError::BadGateway);
-                }
-                let protocol = resp.headers().get(header::UPGRADE).cloned();
-                strip_hop_by_hop(resp.headers_mut());
-                tunnel::answer_client(resp.headers_mut(), protocol);
-                Ok(resp)
-            }
-            Some(Ok(mut resp)) => {
-                strip_hop_by_hop(resp.headers_mut());
-                Ok(resp)
-            }
+            Some(Ok(resp)) => self.response_head(resp, upgrading),
             // The client's body failed (too large, malformed, too slow)
             // before the upstream answered: the client's fault, not the
             // upstream's.
             Some(Err(_)) if watch.failure().is_some() => {
                 Err(self.client_error(watch.failure().unwrap_or(BodyFailure::Malformed)))
             }
-            Some(Err(e @ PoolError::Connect(_))) if is_timeout(&e) => {
-                self.timeouts.inc();
-                tracing::warn!(upstream = %name, "upstream connect timed out");
-                Err(ProxyError::GatewayTimeout)
+            Some(Err(e)) => Err(self.upstream_error(server, Some(&e))),
+            None => Err(self.upstream_error(server, None)),
+        }
+    }
+
+    /// [`UpstreamClient::forward`] over several servers, or with health
+    /// checks: picks a server that is up, and tries a second one when the
+    /// first could not take the request.
+    async fn forward_balanced(
+        &self,
+        mut req: Request<RequestBody>,
+        down: &Downstream<'_>,
+        watch: &Arc<BodyWatch>,
+        upgrading: bool,
+    ) -> Result<Response<UpstreamBody<RequestBody>>, ProxyError> {
+        let n = self.servers.len();
+        // One clock reading for every server (they share an epoch).
+        let now = self.servers[0].health.now_ms();
+        let up = |i: usize| self.servers[i].health.is_up(now);
+        let load = |i: usize| self.servers[i].inflight();
+        let key = self.balancer.key(down.client_ip, req.headers());
+        let Some(mut i) = self.balancer.pick(n, key, None, up, load) else {
+            self.unavailable.inc();
+            tracing::warn!(upstream = %self.config.name, "every server of the upstream is out");
+            return Err(ProxyError::UpstreamUnavailable);
+        };
+        // What a request that may have reached a server is sent again
+        // from: an idempotent request without a body (a streamed body
+        // cannot be replayed, and a server may have acted on any body).
+        let replay = (n > 1 && idempotent(req.method()) && req.body().is_end_stream())
+            .then(|| (req.method().clone(), req.uri().clone(), req.headers().clone()));
+        let mut retried = false;
+        loop {
+            let server = &self.servers[i];
+            let result = {
+                let _answered = server.start();
+                tokio::select! {
+                    biased;
+                    r = server.pool.try_send(req) => Some(r),
+                    () = upstream_deadline(self.config.timeout, watch) => None,
+                }
+            };
+            let (e, unsent) = match result {
+                Some(Ok(resp)) => {
+                    server.health.succeeded();
+                    return self.response_head(resp, upgrading);
+                }
+                Some(Err(_)) if watch.failure().is_some() => {
+                    return Err(self.client_error(watch.failure().unwrap_or(BodyFailure::Malformed)));
+                }
+                // Out of time: no second try.
+                None => return Err(self.upstream_error(server, None)),
+                Some(Err((e, unsent))) => (e, unsent),
+            };
+            let answer = self.upstream_error(server, Some(&e));
+            if retried {
+                return Err(answer);
             }
-            Some(Err(e @ PoolError::Connect(_))) => {
-                self.connect_errors.inc();
-                tracing::warn!(upstream = %name, error = %e, "upstream connect failed");
-                Err(ProxyError::BadGateway)
-            }
-            Some(Err(e)) => {
-                self.resets.inc();
-                tracing::warn!(upstream = %name, error = %e, "upstream request failed");
-                Err(ProxyError::BadGateway)
-            }
+            // Unsent (the connection failed first): any request may go
+            // elsewhere. Sent: only one that can be replayed.
+            let again = unsent.or_else(|| {
+                replay.as_ref().map(|(method, uri, headers)| {
+                    let mut r = Request::new(RequestBody::empty(watch.clone()));
+                    *r.method_mut() = method.clone();
+                    *r.uri_mut() = uri.clone();
+                    *r.headers_mut() = headers.clone();
+                    r
+                })
+            });
+            let Some(again) = again else { return Err(answer) };
+            let Some(next) = self.balancer.pick(n, key, Some(i), up, load) else { return Err(answer) };
+            tracing::info!(upstream = %self.config.name, from = %server.address, to = %self.servers[next].address, "retrying on another server");
+            (req, i, retried) = (again, next, true);
+        }
+    }
+
+    /// The upstream's response head as the client gets it: without its
+    /// hop-by-hop headers, except the `Upgrade` of a switch the client
+    /// asked for (`upgrading`).
+    fn response_head(
+        &self,
+        mut resp: Response<UpstreamBody<RequestBody>>,
+        upgrading: bool,
+    ) -> Result<Response<UpstreamBody<RequestBody>>, ProxyError> {
+        if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+            strip_hop_by_hop(resp.headers_mut());
+            return Ok(resp);
+        }
+        // A switch nobody asked for would leave the client reading a
+        // protocol it does not speak.
+        if !upgrading {
+            self.resets.inc();
+            tracing::warn!(upstream = %self.config.name, "upstream switched protocols unasked");
+            return Err(ProxyError::BadGateway);
+        }
+        let protocol = resp.headers().get(header::UPGRADE).cloned();
+        strip_hop_by_hop(resp.headers_mut());
+        tunnel::answer_client(resp.headers_mut(), protocol);
+        Ok(resp)
+    }
+
+    /// Counts and logs a failed upstream call (`None`: out of time) and
+    /// names its answer; the server is taken out for a while, unless it is
+    /// the only one and unchecked.
+    fn upstream_error(&self, server: &UpstreamServer, e: Option<&PoolError>) -> ProxyError {
+        server.failures.inc();
+        if !self.single {
+            server.health.failed();
+        }
+        let name = &self.config.name;
+        let address = &server.address;
+        match e {
             None => {
                 self.timeouts.inc();
-                tracing::warn!(upstream = %name, "upstream timed out");
-                Err(ProxyError::GatewayTimeout)
+                tracing::warn!(upstream = %name, server = %address, "upstream timed out");
+                ProxyError::GatewayTimeout
+            }
+            Some(e @ PoolError::Connect(_)) if is_timeout(e) => {
+                self.timeouts.inc();
+                tracing::warn!(upstream = %name, server = %address, "upstream connect timed out");
+                ProxyError::GatewayTimeout
+            }
+            Some(e @ PoolError::Connect(_)) => {
+                self.connect_errors.inc();
+                tracing::warn!(upstream = %name, server = %address, error = %e, "upstream connect failed");
+                ProxyError::BadGateway
+            }
+            Some(e) => {
+                self.resets.inc();
+                tracing::warn!(upstream = %name, server = %address, error = %e, "upstream request failed");
+                ProxyError::BadGateway
             }
         }
     }
@@ -251,6 +430,13 @@ impl UpstreamClient {
             }
         }
     }
+}
+
+/// Methods whose request can be sent twice with the effect of once (RFC
+/// 9110 9.2.2).
+fn idempotent(method: &http::Method) -> bool {
+    use http::Method;
+    [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE, Method::PUT, Method::DELETE].contains(method)
 }
 
 /// Completes once the upstream has had `timeout` to answer, not counting
@@ -360,6 +546,19 @@ impl RequestBody {
             rest,
             remaining: down.max_body,
             read_timeout: down.body_read_timeout,
+            timer: None,
+            watch,
+        }
+    }
+
+    /// A body that has ended: what a request without a body is sent again
+    /// with.
+    fn empty(watch: Arc<BodyWatch>) -> RequestBody {
+        RequestBody {
+            ahead: VecDeque::new(),
+            rest: None,
+            remaining: None,
+            read_timeout: Duration::ZERO,
             timer: None,
             watch,
         }

@@ -20,7 +20,9 @@
 //! | [`proxy`] | the request path: route, decide, forward or reject |
 //! | [`forward`] | hop-by-hop and `X-Forwarded-*` headers, request bodies (read ahead up to `buffer_body`, `max_body`, `body_read_timeout`) |
 //! | [`tunnel`] | WebSocket and other upgrades: after the upstream's 101, bytes copied both ways |
-//! | [`pool`] | keep-alive connections to one upstream, reused request after request |
+//! | [`balance`] | which server of an upstream a request goes to: round robin, least request, consistent hash |
+//! | [`health`] | which servers take requests: passive backoff after failures, active health checks |
+//! | [`pool`] | keep-alive connections to one upstream server, reused request after request |
 //! | [`client`] | who the client is: trusted proxies, `X-Forwarded-For`, IPv6 prefixes |
 //! | [`identity`] | verified user identity from a JWT (`[client] jwt`) |
 //! | [`rules`] | the compiled rule set: which rules match, the bucket key of each |
@@ -46,6 +48,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod balance;
 pub mod cli;
 pub mod client;
 pub mod clock;
@@ -54,6 +57,7 @@ pub mod error;
 pub mod floor;
 pub mod forward;
 pub mod headers;
+pub mod health;
 pub mod identity;
 pub mod idle;
 pub mod limiter;

@@ -6,7 +6,9 @@
 //! reload) and keep them. No label carries a per-client value, so the number
 //! of series is bounded by the config.
 
-use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
 
 /// Every metric tollgate exports.
 pub struct Metrics {
@@ -33,6 +35,11 @@ pub struct Metrics {
     pub redis_calls_total: IntCounter,
     pub redis_call_checks_total: IntCounter,
     pub redis_misrouted_total: IntCounter,
+    pub upstream_server_requests_total: IntCounterVec,
+    pub upstream_server_failures_total: IntCounterVec,
+    pub upstream_server_inflight: IntGaugeVec,
+    pub upstream_server_healthy: IntGaugeVec,
+    pub upstream_unavailable_total: IntCounterVec,
     pub tls_reload_failures_total: IntCounter,
 }
 
@@ -75,6 +82,9 @@ impl Metrics {
         }
         fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
             reg(r, IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric definition"))
+        }
+        fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+            reg(r, IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric definition"))
         }
         fn gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
             reg(r, IntGauge::new(name, help).expect("valid metric definition"))
@@ -216,6 +226,36 @@ impl Metrics {
                     "Checks a batch took to a Redis node that did not own their key (the cluster's layout changed), asked again of the owner.",
                 )
                 .expect("valid metric definition"),
+            ),
+            upstream_server_requests_total: counter_vec(
+                &registry,
+                "tollgate_upstream_server_requests_total",
+                "Requests sent to each upstream server (a retry counts again, on the server it went to).",
+                &["upstream", "server"],
+            ),
+            upstream_server_failures_total: counter_vec(
+                &registry,
+                "tollgate_upstream_server_failures_total",
+                "Requests to each upstream server that were refused, reset or timed out.",
+                &["upstream", "server"],
+            ),
+            upstream_server_inflight: gauge_vec(
+                &registry,
+                "tollgate_upstream_server_inflight",
+                "Requests sent to each upstream server and not yet answered.",
+                &["upstream", "server"],
+            ),
+            upstream_server_healthy: gauge_vec(
+                &registry,
+                "tollgate_upstream_server_healthy",
+                "1 while an upstream server takes requests, 0 while failures or health checks have taken it out.",
+                &["upstream", "server"],
+            ),
+            upstream_unavailable_total: counter_vec(
+                &registry,
+                "tollgate_upstream_unavailable_total",
+                "Requests answered 503 because every server of their upstream was out.",
+                &["upstream"],
             ),
             tls_reload_failures_total: reg(
                 &registry,

@@ -30,7 +30,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use tokio::time::Instant;
 use tower_service::Service;
 
-use crate::config::Upstream;
+use crate::config::{Server, Upstream};
 
 /// How long a connection may sit unused before it is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -86,16 +86,16 @@ where
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
-    /// Connections to `upstream`, each reading at most `max_buf_size` ahead
-    /// of the client.
-    pub fn for_upstream(upstream: &Upstream, max_buf_size: usize) -> Pool<B> {
+    /// Connections to one of `upstream`'s servers, each reading at most
+    /// `max_buf_size` ahead of the client.
+    pub fn for_server(upstream: &Upstream, server: &Server, max_buf_size: usize) -> Pool<B> {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(upstream.connect_timeout));
         connector.set_nodelay(true);
         connector.set_keepalive(Some(KEEPALIVE));
         let mut origin = http::uri::Parts::default();
-        origin.scheme = Some(upstream.scheme.clone());
-        origin.authority = Some(upstream.authority.clone());
+        origin.scheme = Some(server.scheme.clone());
+        origin.authority = Some(server.authority.clone());
         origin.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
         // Made of a validated scheme and authority.
         let origin = Uri::from_parts(origin).unwrap_or_default();
@@ -125,14 +125,36 @@ where
 
     /// Sends `req` (its target in origin form) on an idle connection, or a
     /// new one, and returns the response head, its body still streaming.
-    pub async fn send(&self, mut req: Request<B>) -> Result<Response<UpstreamBody<B>>, PoolError> {
-        if !req.headers().contains_key(HOST) {
+    pub async fn send(&self, req: Request<B>) -> Result<Response<UpstreamBody<B>>, PoolError> {
+        self.try_send(req).await.map_err(|(e, _)| e)
+    }
+
+    /// [`Pool::send`], which also gives the request back when none of it
+    /// was sent (no connection could be opened, or hyper returned it
+    /// unsent), so that it can go to another server.
+    pub async fn try_send(
+        &self,
+        mut req: Request<B>,
+    ) -> Result<Response<UpstreamBody<B>>, (PoolError, Option<Request<B>>)> {
+        let add_host = !req.headers().contains_key(HOST);
+        if add_host {
             req.headers_mut().insert(HOST, self.shared.host.clone());
         }
+        // A request given back goes to another server: without this one's
+        // host.
+        let give_back = |mut req: Request<B>| {
+            if add_host {
+                req.headers_mut().remove(HOST);
+            }
+            req
+        };
         loop {
             let (mut sender, reused) = match self.shared.checkout() {
                 Some(s) => (s, true),
-                None => (self.connect().await?, false),
+                None => match self.connect().await {
+                    Ok(s) => (s, false),
+                    Err(e) => return Err((e, Some(give_back(req)))),
+                },
             };
             match sender.try_send_request(req).await {
                 Ok(resp) => {
@@ -143,7 +165,7 @@ where
                     // Not sent: the idle connection closed under it. A new
                     // connection cannot have that excuse.
                     Some(unsent) if reused => req = unsent,
-                    _ => return Err(PoolError::Request(e.into_error())),
+                    unsent => return Err((PoolError::Request(e.into_error()), unsent.map(give_back))),
                 },
             }
         }

@@ -360,6 +360,7 @@ impl Proxy {
         let (upgrade, client_upgrade) = upgrade.unzip();
         let down = Downstream {
             peer,
+            client_ip,
             host: host.as_ref().map(|h| h.name.as_str()),
             host_header: host.as_ref().and_then(|h| h.rewrite.clone()),
             path: canonical_path,
@@ -485,5 +486,11 @@ impl Proxy {
     /// In-flight requests to an upstream, by name (for tests and `explain`).
     pub fn upstream_inflight(&self, name: &str) -> Option<usize> {
         self.upstreams.iter().find(|u| u.config.name == name).map(UpstreamClient::inflight)
+    }
+
+    /// Brings the gauges the request path does not set itself up to date,
+    /// before metrics are rendered.
+    pub fn refresh_gauges(&self) {
+        self.upstreams.iter().for_each(UpstreamClient::refresh_gauges);
     }
 }

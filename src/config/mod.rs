@@ -14,13 +14,13 @@ mod machine;
 mod raw;
 mod rules_file;
 mod tls;
+mod upstream;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::HeaderName;
-use http::uri::{Authority, Scheme};
 use ipnet::IpNet;
 use serde::Deserialize;
 use toml::Spanned;
@@ -32,6 +32,7 @@ pub use rules_file::{
     ClientSet, Cost, DenySpec, InvalidToken, KeyPart, LoadedRules, MatchSpec, PathPattern, RuleMode, RuleSpec,
     RulesFile, Throttle, load_rules, parse_rules, parse_rules_file, rule_files, rule_files_or_empty,
 };
+pub use upstream::{Balance, HashKey, HealthCheck, Server, Upstream};
 
 /// What a check does when the store cannot answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -153,19 +154,6 @@ pub struct ClientConfig {
     pub ipv6_prefix: u8,
     pub user_header: HeaderName,
     pub api_key_header: HeaderName,
-}
-
-/// `[[upstream]]`
-#[derive(Debug, Clone)]
-pub struct Upstream {
-    pub name: String,
-    pub scheme: Scheme,
-    pub authority: Authority,
-    /// A path prefix from the URL (`http://h/base` -> `/base`), without the
-    /// trailing slash; empty for none.
-    pub base_path: String,
-    pub connect_timeout: Duration,
-    pub timeout: Duration,
 }
 
 /// `[[route]]`
@@ -551,50 +539,15 @@ impl Validator<'_> {
         // one claiming it is undefined.
         let mut defined: Vec<String> = Vec::new();
         for u in raw.upstream {
-            let u = u.into_inner();
-            if defined.contains(u.name.get_ref()) {
-                self.error(u.name.span(), format!("upstream {:?} is defined twice", u.name.get_ref()));
+            let name = &u.get_ref().name;
+            if defined.contains(name.get_ref()) {
+                self.error(name.span(), format!("upstream {:?} is defined twice", name.get_ref()));
                 continue;
             }
-            defined.push(u.name.get_ref().clone());
-            let connect_timeout =
-                self.opt_duration(u.connect_timeout.as_ref(), "upstream.connect_timeout", Duration::from_secs(1));
-            let timeout = self.opt_duration(u.timeout.as_ref(), "upstream.timeout", Duration::from_secs(30));
-            let uri: http::Uri = match u.url.get_ref().parse() {
-                Ok(uri) => uri,
-                Err(_) => {
-                    self.error(
-                        u.url.span(),
-                        format!("upstream url {:?} is not a URL such as \"http://127.0.0.1:9001\"", u.url.get_ref()),
-                    );
-                    continue;
-                }
-            };
-            let (Some(scheme), Some(authority)) = (uri.scheme().cloned(), uri.authority().cloned()) else {
-                self.error(
-                    u.url.span(),
-                    format!(
-                        "upstream url {:?} needs a scheme and a host, such as \"http://127.0.0.1:9001\"",
-                        u.url.get_ref()
-                    ),
-                );
-                continue;
-            };
-            if scheme != Scheme::HTTP {
-                self.error(
-                    u.url.span(),
-                    "only http:// upstreams are supported (tollgate sits in front of services on a private network)",
-                );
-                continue;
+            defined.push(name.get_ref().clone());
+            if let Some(u) = self.upstream(u) {
+                upstreams.push(u);
             }
-            upstreams.push(Upstream {
-                name: u.name.into_inner(),
-                scheme,
-                authority,
-                base_path: uri.path().trim_end_matches('/').to_string(),
-                connect_timeout,
-                timeout,
-            });
         }
 
         let mut routes = Vec::new();

@@ -83,13 +83,29 @@ pub struct RawClient {
     pub api_key_header: Option<Spanned<String>>,
 }
 
+/// `[[upstream]]` as serde reads it.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstream {
     pub name: Spanned<String>,
-    pub url: Spanned<String>,
+    pub url: Option<Spanned<String>>,
+    pub servers: Option<Spanned<Vec<Spanned<String>>>>,
+    pub balance: Option<Spanned<String>>,
+    pub hash_key: Option<Spanned<String>>,
+    pub health_check: Option<Spanned<RawHealthCheck>>,
     pub connect_timeout: Option<Spanned<String>>,
     pub timeout: Option<Spanned<String>>,
+}
+
+/// `health_check = { ... }`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHealthCheck {
+    pub path: Option<Spanned<String>>,
+    pub interval: Option<Spanned<String>>,
+    pub timeout: Option<Spanned<String>>,
+    pub healthy: Option<Spanned<i64>>,
+    pub unhealthy: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -83,8 +83,8 @@ fn the_issue_main_file_parses() {
     assert_eq!(c.upstreams.len(), 1);
     let u = &c.upstreams[0];
     assert_eq!(u.name, "orders");
-    assert_eq!(u.scheme, Scheme::HTTP);
-    assert_eq!(u.authority.as_str(), "127.0.0.1:9001");
+    assert_eq!(u.servers[0].scheme, http::uri::Scheme::HTTP);
+    assert_eq!(u.servers[0].authority.as_str(), "127.0.0.1:9001");
     assert_eq!(u.base_path, "");
     assert_eq!(u.connect_timeout, SEC);
     assert_eq!(u.timeout, 30 * SEC);
@@ -172,7 +172,7 @@ upstream = "users"
     let names: Vec<&str> = c.upstreams.iter().map(|u| u.name.as_str()).collect();
     assert_eq!(names, ["orders", "users"]);
     let o = &c.upstreams[0];
-    assert_eq!(o.authority.as_str(), "orders.internal:9001");
+    assert_eq!(o.servers[0].authority.as_str(), "orders.internal:9001");
     assert_eq!(o.base_path, "/base");
     assert_eq!(o.connect_timeout, 250 * MS);
     assert_eq!(o.timeout, 3600 * SEC);
@@ -297,7 +297,9 @@ fn unknown_key_in_a_table() {
     );
     assert_eq!(
         errors("[[upstream]]\nname = \"a\"\nurl = \"http://a\"\nretries = 3\n"),
-        ["t.toml:4:1: unknown field `retries`, expected one of `name`, `url`, `connect_timeout`, `timeout`"]
+        [
+            "t.toml:4:1: unknown field `retries`, expected one of `name`, `url`, `servers`, `balance`, `hash_key`, `health_check`, `connect_timeout`, `timeout`"
+        ]
     );
     let route = errors("[[route]]\npath = \"/\"\nupstream = \"a\"\n");
     assert_eq!(route.len(), 1);
