@@ -36,14 +36,16 @@ use crate::tunnel;
 
 /// Headers that describe one connection, not the message (RFC 9110 7.6.1):
 /// never forwarded in either direction.
-const HOP_BY_HOP: [HeaderName; 9] = [
+/// `Trailer` is not among them: it names the trailer fields of a message,
+/// which pass through end to end (hyper writes only the trailer fields a
+/// message declares).
+const HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
     header::PROXY_AUTHENTICATE,
     header::PROXY_AUTHORIZATION,
     header::TE,
-    header::TRAILER,
     header::TRANSFER_ENCODING,
     // An upgrade tollgate tunnels is asked for again (crate::tunnel).
     header::UPGRADE,
@@ -167,7 +169,10 @@ impl UpstreamClient {
                 }
                 UpstreamServer {
                     address: s.address.clone(),
-                    pool: Pool::for_server(config, s, UPSTREAM_READ_BUFFER),
+                    // A streaming body is bounded by the upstream's
+                    // `timeout` between its pieces, like its head.
+                    pool: Pool::for_server(config, s, UPSTREAM_READ_BUFFER)
+                        .limit_silence(config.timeout, err("timeout")),
                     health,
                     requests: metrics.upstream_server_requests_total.with_label_values(&labels),
                     failures: metrics.upstream_server_failures_total.with_label_values(&labels),
@@ -231,7 +236,11 @@ impl UpstreamClient {
         // Origin form, as an origin server expects it.
         parts.uri = Uri::from(pq);
 
-        strip_hop_by_hop(&mut parts.headers);
+        // A client that takes trailers gets the upstream's: tollgate relays
+        // them (the codings `TE` may also name are hop-by-hop, not passed).
+        if strip_hop_by_hop(&mut parts.headers) {
+            parts.headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        }
         let upgrading = down.upgrade.is_some();
         if let Some(protocol) = down.upgrade.take() {
             tunnel::ask_upstream(&mut parts.headers, protocol);
@@ -657,6 +666,13 @@ impl Body for RequestBody {
     fn size_hint(&self) -> SizeHint {
         let ahead: u64 = self.ahead.iter().filter_map(|f| f.data_ref()).map(|d| d.len() as u64).sum();
         match &self.rest {
+            // Read whole, with trailers: chunked, the only framing that
+            // carries them.
+            None if self.ahead.back().is_some_and(Frame::is_trailers) => {
+                let mut hint = SizeHint::new();
+                hint.set_lower(ahead);
+                hint
+            }
             // Read whole: the upstream gets a Content-Length.
             None => SizeHint::with_exact(ahead),
             Some(rest) => {
@@ -685,13 +701,21 @@ pub fn undecodable_transfer_coding(headers: &HeaderMap) -> bool {
         .any(|coding| !coding.is_empty() && !coding.eq_ignore_ascii_case(b"chunked"))
 }
 
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
+/// Removes the hop-by-hop headers; says whether `TE` accepted `trailers`
+/// (the next hop may then be told that tollgate does too).
+fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
     // Most messages carry none of these: one pass over the names they do
     // carry is much cheaper than looking each of ten names up (every
     // lookup hashes the name).
     if !headers.keys().any(|n| HOP_BY_HOP.contains(n)) {
-        return;
+        return false;
     }
+    let trailers = headers
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.split(';').next().is_some_and(|t| t.trim().eq_ignore_ascii_case("trailers")));
     // Headers named in Connection are hop-by-hop too.
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
@@ -703,6 +727,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in named.iter().chain(HOP_BY_HOP.iter()) {
         headers.remove(name);
     }
+    trailers
 }
 
 /// `X-Forwarded-For` gets the peer appended when the peer is a trusted

@@ -31,6 +31,7 @@ pub struct Metrics {
     pub connections_active: IntGauge,
     pub tunnels_active: IntGauge,
     pub connections_refused_total: IntCounter,
+    pub client_gone_total: IntCounter,
     pub store_evictions_total: IntCounter,
     pub redis_calls_total: IntCounter,
     pub redis_call_checks_total: IntCounter,
@@ -192,6 +193,14 @@ impl Metrics {
                 IntCounter::new(
                     "tollgate_connections_refused_total",
                     "Client connections closed at once because max_connections was reached.",
+                )
+                .expect("valid metric definition"),
+            ),
+            client_gone_total: reg(
+                &registry,
+                IntCounter::new(
+                    "tollgate_client_gone_total",
+                    "Requests whose client went away before their response ended (not an upstream failure).",
                 )
                 .expect("valid metric definition"),
             ),

@@ -18,7 +18,7 @@
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -27,7 +27,8 @@ use http::{Request, Response, Uri};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::client::legacy::connect::HttpConnector;
-use tokio::time::Instant;
+use prometheus::IntCounter;
+use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use crate::config::{Server, Upstream};
@@ -73,6 +74,9 @@ struct Shared<B> {
     idle: Mutex<Vec<Idle<B>>>,
     /// Whether the task that closes idle connections runs.
     reaping: std::sync::Once,
+    /// The longest a response body may wait for the upstream's next bytes,
+    /// and where such a timeout is counted (see [`Pool::limit_silence`]).
+    silence: Option<(Duration, IntCounter)>,
 }
 
 struct Idle<B> {
@@ -119,8 +123,22 @@ where
                 max_buf_size,
                 idle: Mutex::new(Vec::new()),
                 reaping: std::sync::Once::new(),
+                silence: None,
             }),
         }
+    }
+
+    /// A response body whose upstream sends nothing for `timeout` fails
+    /// (the client's response is cut, its connection closed with it) and
+    /// counts in `timeouts`: a streaming response (server-sent events, a
+    /// long poll) lives as long as its upstream keeps it moving, and no
+    /// longer than `timeout` past its last bytes.
+    pub fn limit_silence(mut self, timeout: Duration, timeouts: IntCounter) -> Pool<B> {
+        // Only at construction, before the pool is shared.
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.silence = Some((timeout, timeouts));
+        }
+        self
     }
 
     /// Sends `req` (its target in origin form) on an idle connection, or a
@@ -159,7 +177,13 @@ where
             match sender.try_send_request(req).await {
                 Ok(resp) => {
                     let shared = self.shared.clone();
-                    return Ok(resp.map(|body| UpstreamBody { body, conn: Some((sender, shared)) }));
+                    return Ok(resp.map(|body| UpstreamBody {
+                        body,
+                        shared,
+                        sender: Some(sender),
+                        silence: None,
+                        moved: false,
+                    }));
                 }
                 Err(mut e) => match e.take_message() {
                     // Not sent: the idle connection closed under it. A new
@@ -216,7 +240,7 @@ impl<B: Send + 'static> Shared<B> {
     }
 
     /// Takes back a connection whose response has ended.
-    fn put(self: Arc<Self>, sender: SendRequest<B>) {
+    fn put(self: &Arc<Self>, sender: SendRequest<B>) {
         if sender.is_ready() {
             let mut idle = self.idle();
             if idle.len() < MAX_IDLE {
@@ -231,9 +255,10 @@ impl<B: Send + 'static> Shared<B> {
         // the upstream answered early): pooled once it is done.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let mut sender = sender;
+            let shared = self.clone();
             rt.spawn(async move {
                 if sender.ready().await.is_ok() {
-                    let mut idle = self.idle();
+                    let mut idle = shared.idle();
                     if idle.len() < MAX_IDLE {
                         idle.push(Idle { sender, since: Instant::now() });
                     }
@@ -258,32 +283,60 @@ async fn reap<B: Send + 'static>(shared: Weak<Shared<B>>) {
 /// rest is unread on the wire).
 pub struct UpstreamBody<B: Send + 'static> {
     body: Incoming,
-    conn: Option<(SendRequest<B>, Arc<Shared<B>>)>,
+    shared: Arc<Shared<B>>,
+    /// `None` once released, or when the connection ends with the body.
+    sender: Option<SendRequest<B>>,
+    /// Armed while the upstream sends nothing ([`Pool::limit_silence`]).
+    silence: Option<Pin<Box<Sleep>>>,
+    /// Bytes came since `silence` was armed: re-armed from now when next
+    /// needed (one timer per body, reset, rather than one per wait).
+    moved: bool,
 }
 
 impl<B: Send + 'static> UpstreamBody<B> {
     fn release(&mut self) {
-        if let Some((sender, shared)) = self.conn.take() {
-            shared.put(sender);
+        if let Some(sender) = self.sender.take() {
+            self.shared.put(sender);
         }
     }
 }
 
 impl<B: Send + 'static> Body for UpstreamBody<B> {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        let frame = ready!(Pin::new(&mut this.body).poll_frame(cx));
+        let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) else {
+            let Some((limit, timeouts)) = &this.shared.silence else { return Poll::Pending };
+            let timer = match &mut this.silence {
+                Some(timer) if this.moved => {
+                    timer.as_mut().reset(Instant::now() + *limit);
+                    timer
+                }
+                Some(timer) => timer,
+                None => this.silence.insert(Box::pin(tokio::time::sleep(*limit))),
+            };
+            this.moved = false;
+            if timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            timeouts.inc();
+            this.silence = None;
+            // The connection ends with the body: its rest is unread.
+            this.sender = None;
+            let e = std::io::Error::new(std::io::ErrorKind::TimedOut, "the upstream sent nothing for its timeout");
+            return Poll::Ready(Some(Err(e.into())));
+        };
+        this.moved = true;
         match &frame {
             None => this.release(),
             Some(Ok(_)) if this.body.is_end_stream() => this.release(),
             // An error ends the connection with it.
-            Some(Err(_)) => this.conn = None,
+            Some(Err(_)) => this.sender = None,
             Some(Ok(_)) => {}
         }
-        Poll::Ready(frame)
+        Poll::Ready(frame.map(|f| f.map_err(Into::into)))
     }
 
     fn is_end_stream(&self) -> bool {

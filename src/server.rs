@@ -26,7 +26,7 @@ use crate::admin::Admin;
 use crate::client::Peer;
 use crate::clock::SharedClock;
 use crate::config::{Backend, Config, ConfigErrors, load_rules};
-use crate::idle::{IdleIo, Inflight};
+use crate::idle::{IdleIo, Inflight, InflightBody};
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 use crate::reload::Reloader;
@@ -288,6 +288,13 @@ struct ConnectionSetup {
     tunnels: Tunnels,
 }
 
+/// One client connection, as each of its requests sees it.
+struct Conn {
+    peer: Arc<Peer>,
+    tunnels: Tunnels,
+    slot: Arc<Slot>,
+}
+
 /// A client connection's place under `max_connections`, held by the
 /// connection and by a tunnel it turned into, until both are gone.
 struct Slot {
@@ -321,35 +328,37 @@ async fn serve_connection<IO>(
 ) where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let inflight = Inflight::default();
+    let inflight = Inflight::counting_gone(proxy.metrics.client_gone_total.clone());
     let budget = SendBudget::default();
     let io = IdleIo::new(stream, setup.idle_timeout, setup.send_timeout, inflight.clone(), budget.clone());
-    let tunnels = setup.tunnels.clone();
+    // What a request of this connection may need besides the proxy: one
+    // shared value, so a request clones one `Arc`, not each part.
+    let conn = Arc::new(Conn { peer: client, tunnels: setup.tunnels.clone(), slot });
     let svc = service_fn(move |req| {
         let proxy = proxy.clone();
-        let client = client.clone();
-        let busy = inflight.start();
+        let conn = conn.clone();
+        // In flight until the response body ends: a streaming response
+        // is not an idle connection (see `InflightBody`).
+        let mut busy = inflight.start();
         // HTTP/1.1 sends one response at a time and hyper bounds what
         // it queues: only HTTP/2's streams share a budget (and the
         // per-piece count costs HTTP/1.1 nothing).
         let budget = (req.version() == hyper::Version::HTTP_2).then(|| budget.clone());
-        let tunnel = (tunnels.clone(), slot.clone());
         async move {
-            let mut resp = proxy.handle(req, &client).await;
+            let mut resp = proxy.handle(req, &conn.peer).await;
             if resp.status() == hyper::StatusCode::SWITCHING_PROTOCOLS
                 && let Some(pending) = resp.extensions_mut().remove::<tunnel::Pending>()
             {
                 // The tunnel keeps the connection's slot, and its request
                 // stays in flight so that the connection's own idle timeout
                 // leaves it to the tunnel's.
-                let (tunnels, slot) = tunnel;
-                tokio::spawn(pending.run(tunnels, (slot, busy)));
-            } else {
-                drop(busy);
+                busy.answered();
+                tokio::spawn(pending.run(conn.tunnels.clone(), (conn.slot.clone(), busy)));
+                return Ok(resp.map(|body| Either::Right(InflightBody::untracked(body))));
             }
             Ok::<_, Infallible>(resp.map(|body| match budget {
-                Some(budget) => Either::Left(budget.body(body)),
-                None => Either::Right(body),
+                Some(budget) => Either::Left(budget.body(InflightBody::new(body, busy))),
+                None => Either::Right(InflightBody::new(body, busy)),
             }))
         }
     });
