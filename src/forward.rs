@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -97,6 +97,9 @@ pub struct Downstream<'a> {
     pub buffer_body: u64,
     /// `listen.body_read_timeout`.
     pub body_read_timeout: Duration,
+    /// Where the body bytes read from the client are counted, for the
+    /// access log; `None` when it is off.
+    pub bytes_in: Option<Arc<AtomicU64>>,
 }
 
 impl UpstreamClient {
@@ -156,6 +159,7 @@ impl UpstreamClient {
             parts.headers.insert(header::HOST, h);
         }
         set_forwarded(&mut parts.headers, down.peer, down.host);
+        crate::via::append(&mut parts.headers, parts.version);
         // The pool speaks HTTP/1.1 to upstreams whatever the client
         // spoke to us.
         parts.version = Version::HTTP_11;
@@ -179,6 +183,8 @@ impl UpstreamClient {
         match result {
             Some(Ok(mut resp)) => {
                 strip_hop_by_hop(resp.headers_mut());
+                let version = resp.version();
+                crate::via::append(resp.headers_mut(), version);
                 Ok(resp)
             }
             // The client's body failed (too large, malformed, too slow)
@@ -318,6 +324,8 @@ pub struct RequestBody {
     /// Armed while waiting for the client.
     timer: Option<Pin<Box<Sleep>>>,
     watch: Arc<BodyWatch>,
+    /// See [`Downstream::bytes_in`].
+    bytes_in: Option<Arc<AtomicU64>>,
 }
 
 /// The error a [`RequestBody`] ends with; [`BodyWatch`] says why.
@@ -335,6 +343,7 @@ impl RequestBody {
             read_timeout: down.body_read_timeout,
             timer: None,
             watch,
+            bytes_in: down.bytes_in.clone(),
         }
     }
 
@@ -367,6 +376,9 @@ impl RequestBody {
 
     /// Counts `len` bytes against `max_body`.
     fn take(&mut self, len: u64) -> Result<(), BodyFailure> {
+        if let Some(n) = &self.bytes_in {
+            n.fetch_add(len, Ordering::Relaxed);
+        }
         if let Some(remaining) = self.remaining {
             if len > remaining {
                 return Err(BodyFailure::TooLarge);

@@ -32,6 +32,7 @@ pub struct Metrics {
     pub redis_calls_total: IntCounter,
     pub redis_call_checks_total: IntCounter,
     pub redis_misrouted_total: IntCounter,
+    pub access_log_dropped_total: IntCounter,
 }
 
 /// Per-rule decision counters, resolved once per rule per reload.
@@ -170,6 +171,14 @@ impl Metrics {
                 &["direction"],
             ),
             connections_active: gauge(&registry, "tollgate_connections_active", "Client connections open now."),
+            access_log_dropped_total: reg(
+                &registry,
+                IntCounter::new(
+                    "tollgate_access_log_dropped_total",
+                    "Access log lines dropped: the writer's queue was full (a slow disk) or the write failed.",
+                )
+                .expect("valid metric definition"),
+            ),
             connections_refused_total: reg(
                 &registry,
                 IntCounter::new(

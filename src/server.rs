@@ -50,6 +50,9 @@ pub struct Server {
     reloader: Arc<Reloader>,
     proxy_listener: TcpListener,
     admin_listener: TcpListener,
+    /// SIGHUP, caught from `bind` on: reopens the access log and reloads
+    /// the rules.
+    hangup: Option<crate::process::Hangup>,
 }
 
 /// How often idle keys are swept from the memory store (and from the Redis
@@ -76,7 +79,8 @@ impl Server {
         };
         let proxy_listener = bind(config.listen.proxy).await?;
         let admin_listener = bind(config.listen.admin).await?;
-        Ok(Server { config, proxy, reloader, proxy_listener, admin_listener })
+        let hangup = crate::process::hangup_signal();
+        Ok(Server { config, proxy, reloader, proxy_listener, admin_listener, hangup })
     }
 
     /// The address clients connect to (useful when the config said port 0).
@@ -101,8 +105,9 @@ impl Server {
 
     /// Serves until `shutdown` completes, then drains.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
-        let Server { config, proxy, reloader, proxy_listener, admin_listener } = self;
+        let Server { config, proxy, reloader, proxy_listener, admin_listener, hangup } = self;
         let watch = tokio::spawn(reloader.clone().watch());
+        let hangups = hangup.map(|h| tokio::spawn(h.each(on_hangup(proxy.clone(), reloader.clone()))));
         let _summary = crate::summary::spawn(&proxy.metrics);
         let sweep = tokio::spawn({
             let proxy = proxy.clone();
@@ -119,10 +124,31 @@ impl Server {
 
         serve_proxy(proxy_listener, proxy.clone(), &config, shutdown).await;
         proxy.store.close().await;
+        proxy.flush_access_log(ACCESS_LOG_FLUSH).await;
+        if let Some(h) = hangups {
+            h.abort();
+        }
 
         watch.abort();
         sweep.abort();
         admin_task.abort();
+    }
+}
+
+/// How long shutdown waits for the access log's last lines to be written.
+const ACCESS_LOG_FLUSH: Duration = Duration::from_secs(2);
+
+/// What a SIGHUP does: the access log's file is reopened (logrotate has
+/// moved it away) and the rules are reloaded, as a change to their files
+/// would, on a blocking thread (file IO).
+fn on_hangup(proxy: Arc<Proxy>, reloader: Arc<Reloader>) -> impl FnMut() {
+    move || {
+        tracing::info!("SIGHUP: reopening the access log and reloading the rules");
+        proxy.reopen_access_log();
+        let reloader = reloader.clone();
+        tokio::task::spawn_blocking(move || {
+            let _ = reloader.reload();
+        });
     }
 }
 
@@ -242,10 +268,14 @@ async fn serve_proxy(listener: TcpListener, proxy: Arc<Proxy>, config: &Config, 
 /// still unread makes the kernel send a reset that can destroy the response
 /// on its way.
 async fn refuse(mut stream: TcpStream) {
-    const BODY: &str = r#"{"error":"overloaded","message":"Too many connections; retry shortly."}"#;
+    // A generated id is hex digits and '-': no JSON escaping needed.
+    let id = crate::request_id::generate();
+    let id = String::from_utf8_lossy(id.as_bytes());
+    let body =
+        format!(r#"{{"error":"overloaded","message":"Too many connections; retry shortly.","request_id":"{id}"}}"#);
     let resp = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{BODY}",
-        BODY.len()
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nx-request-id: {id}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
     );
     let mut request = [0u8; 8192];
     let _ = tokio::time::timeout(Duration::from_secs(1), stream.read(&mut request)).await;
