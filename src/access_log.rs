@@ -156,6 +156,13 @@ impl Pending {
         Note(self.entry.as_deref_mut())
     }
 
+    /// Response body bytes sent outside a [`Logged`] body.
+    pub fn sent(&mut self, bytes: u64) {
+        if let Some(e) = &mut self.entry {
+            e.bytes_out += bytes;
+        }
+    }
+
     /// The response head is known: its status.
     pub fn respond(&mut self, status: u16) {
         if let Some(e) = &mut self.entry {
@@ -257,6 +264,25 @@ where
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }
+}
+
+/// The method and target of the HTTP/1 request line at the start of
+/// `head`, for a request answered before hyper parsed it; `-` and `/` for
+/// what does not parse.
+pub fn request_line(head: &[u8]) -> (Method, Uri) {
+    let line = head.split(|&b| b == b'\r' || b == b'\n').next().unwrap_or_default();
+    let mut parts = line.split(|&b| b == b' ');
+    // "-" is a valid method token: `from_bytes` accepts it.
+    let method = parts
+        .next()
+        .and_then(|m| Method::from_bytes(m).ok())
+        .unwrap_or_else(|| Method::from_bytes(b"-").unwrap_or_default());
+    let uri = parts
+        .next()
+        .and_then(|t| Uri::try_from(t).ok())
+        .filter(|u| u.path().starts_with('/'))
+        .unwrap_or_else(|| Uri::from_static("/"));
+    (method, uri)
 }
 
 /// The writer thread's state.
@@ -448,6 +474,16 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_raw_request_line_gives_its_method_and_path() {
+        let (m, u) = request_line(b"POST /a/b?x=1 HTTP/1.1\r\nHost: h\r\n\r\n");
+        assert_eq!((m.as_str(), u.path()), ("POST", "/a/b"));
+        let (m, u) = request_line(b"\x16\x03\x01 garbage");
+        assert_eq!((m.as_str(), u.path()), ("-", "/"));
+        let (m, u) = request_line(b"");
+        assert_eq!((m.as_str(), u.path()), ("-", "/"));
+    }
 
     #[test]
     fn times_are_rfc3339_utc_with_milliseconds() {

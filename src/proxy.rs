@@ -162,6 +162,20 @@ impl Proxy {
         resp.map(|body| Logged::new(body, pending))
     }
 
+    /// The access log entry of a request refused before the request path
+    /// (over `max_connections`), read from the first bytes of its
+    /// connection; `None` when the log is off.
+    pub fn log_refused(
+        &self,
+        head: &[u8],
+        peer: std::net::IpAddr,
+        request_id: &http::HeaderValue,
+    ) -> Option<crate::access_log::Pending> {
+        let log = self.access_log.as_ref()?;
+        let (method, uri) = crate::access_log::request_line(head);
+        Some(log.begin(&method, &uri, client::canonical(peer), request_id))
+    }
+
     /// Makes the access log reopen its file (SIGHUP).
     pub fn reopen_access_log(&self) {
         if let Some(log) = &self.access_log {

@@ -208,7 +208,7 @@ async fn serve_proxy(listener: TcpListener, proxy: Arc<Proxy>, config: &Config, 
         };
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             proxy.metrics.connections_refused_total.inc();
-            tokio::spawn(refuse(stream));
+            tokio::spawn(refuse(stream, proxy.clone(), peer));
             continue;
         };
         let _ = stream.set_nodelay(true);
@@ -267,10 +267,10 @@ async fn serve_proxy(listener: TcpListener, proxy: Arc<Proxy>, config: &Config, 
 /// error to clients such as hyper's, and closing a socket with the request
 /// still unread makes the kernel send a reset that can destroy the response
 /// on its way.
-async fn refuse(mut stream: TcpStream) {
+async fn refuse(mut stream: TcpStream, proxy: Arc<Proxy>, peer: SocketAddr) {
     // A generated id is hex digits and '-': no JSON escaping needed.
-    let id = crate::request_id::generate();
-    let id = String::from_utf8_lossy(id.as_bytes());
+    let request_id = crate::request_id::generate();
+    let id = String::from_utf8_lossy(request_id.as_bytes());
     let body =
         format!(r#"{{"error":"overloaded","message":"Too many connections; retry shortly.","request_id":"{id}"}}"#);
     let resp = format!(
@@ -278,8 +278,16 @@ async fn refuse(mut stream: TcpStream) {
         body.len()
     );
     let mut request = [0u8; 8192];
-    let _ = tokio::time::timeout(Duration::from_secs(1), stream.read(&mut request)).await;
-    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(resp.as_bytes())).await;
+    let read = tokio::time::timeout(Duration::from_secs(1), stream.read(&mut request)).await;
+    let head = &request[..read.ok().and_then(Result::ok).unwrap_or(0)];
+    let pending = proxy.log_refused(head, peer.ip(), &request_id);
+    let sent = tokio::time::timeout(Duration::from_secs(1), stream.write_all(resp.as_bytes())).await;
+    if let Some(mut p) = pending {
+        p.respond(503);
+        if matches!(sent, Ok(Ok(()))) {
+            p.sent(body.len() as u64);
+        }
+    }
     let _ = stream.shutdown().await;
 }
 

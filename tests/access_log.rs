@@ -329,3 +329,24 @@ async fn sighup_reopens_the_file_and_reloads_the_rules() {
     let old = lines_by_id(&rotated, 3).await;
     assert!(old.contains_key("before-2"));
 }
+
+#[tokio::test]
+async fn a_connection_refused_over_max_connections_is_logged() {
+    let upstream = Upstream::start().await;
+    let cfg = logging(&upstream, "access.log")
+        .replace("admin = \"127.0.0.1:0\"\n", "admin = \"127.0.0.1:0\"\nmax_connections = 1\n");
+    let tg = Tollgate::with(&cfg, &[("r.toml", "")]).await;
+    let held = tokio::spawn(tg.get("/held").header("x-echo-hold", "1").header("x-request-id", "held-1").send());
+    upstream.wait_held(1).await;
+    let r = tg.call("POST", "/refused?x=1").send().await;
+    assert_eq!(r.status, 503);
+    let id = r.header("x-request-id").expect("an id").to_string();
+    assert_eq!(r.json()["request_id"], id.as_str());
+    upstream.release(1);
+    assert_eq!(held.await.expect("held request").status, 200);
+    let log = lines_by_id(&tg.dir.path().join("access.log"), 2).await;
+    let line = &log[&id];
+    assert_eq!((&line["method"], &line["path"], &line["status"]), (&"POST".into(), &"/refused".into(), &503.into()));
+    assert_eq!(line["bytes_out"], r.body.len() as u64);
+    assert_eq!(log["held-1"]["status"], 200);
+}
