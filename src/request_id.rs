@@ -12,6 +12,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 /// `X-Request-Id`.
@@ -55,8 +56,10 @@ pub fn generate() -> HeaderValue {
     let mut counter = [0u8; 16];
     hex(COUNTER.fetch_add(1, Ordering::Relaxed), &mut counter);
     buf[17..].copy_from_slice(&counter);
-    // Hex digits and '-': always a valid header value.
-    HeaderValue::from_bytes(&buf).unwrap_or(HeaderValue::from_static("-"))
+    // One allocation holding the bytes and their count of owners: the
+    // copies for the upstream request, an error body and the access log
+    // share it. Hex digits and '-': always a valid header value.
+    HeaderValue::from_maybe_shared(Bytes::from_owner(buf)).unwrap_or(HeaderValue::from_static("-"))
 }
 
 /// Whether an id from a trusted proxy is kept: 1 to [`MAX_LEN`] bytes of
