@@ -148,6 +148,13 @@ pub struct Downstream<'a> {
     /// The protocol the client asked to switch to, when tollgate will
     /// tunnel it (see [`crate::tunnel::requested`]).
     pub upgrade: Option<HeaderValue>,
+    /// Where the body bytes read from the client are counted, for the
+    /// access log; `None` when it is off.
+    pub bytes_in: Option<Arc<AtomicU64>>,
+    /// Where the index of the server the request went to is noted (it
+    /// starts at `usize::MAX`: none), for the access log; `None` when it is
+    /// off.
+    pub chosen: Option<&'a std::sync::atomic::AtomicUsize>,
 }
 
 impl UpstreamClient {
@@ -196,6 +203,16 @@ impl UpstreamClient {
             body_timeouts: client_err("body_read_timeout"),
             too_large: client_err("body_too_large"),
         }
+    }
+
+    /// How many servers the upstream has.
+    pub fn servers(&self) -> usize {
+        self.servers.len()
+    }
+
+    /// The address (as the access log shows it) of server `i`.
+    pub fn server_authority(&self, i: usize) -> Option<&http::uri::Authority> {
+        self.config.servers.get(i).map(|s| &s.authority)
     }
 
     /// Requests being forwarded to this upstream right now (elastic
@@ -252,6 +269,7 @@ impl UpstreamClient {
             parts.headers.insert(header::HOST, h);
         }
         set_forwarded(&mut parts.headers, down.peer, down.host);
+        crate::via::append(&mut parts.headers, parts.version);
         // The pool speaks HTTP/1.1 to upstreams whatever the client
         // spoke to us.
         parts.version = Version::HTTP_11;
@@ -271,6 +289,9 @@ impl UpstreamClient {
             return Box::pin(self.forward_balanced(req, &down, &watch, upgrading)).await;
         }
         let server = &self.servers[0];
+        if let Some(chosen) = down.chosen {
+            chosen.store(0, Ordering::Relaxed);
+        }
         let _answered = server.start();
         let result = tokio::select! {
             // The upstream first: no random draw per poll.
@@ -320,6 +341,9 @@ impl UpstreamClient {
         let mut retried = false;
         loop {
             let server = &self.servers[i];
+            if let Some(chosen) = down.chosen {
+                chosen.store(i, Ordering::Relaxed);
+            }
             let result = {
                 let _answered = server.start();
                 tokio::select! {
@@ -370,8 +394,10 @@ impl UpstreamClient {
         mut resp: Response<UpstreamBody<RequestBody>>,
         upgrading: bool,
     ) -> Result<Response<UpstreamBody<RequestBody>>, ProxyError> {
+        let version = resp.version();
         if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
             strip_hop_by_hop(resp.headers_mut());
+            crate::via::append(resp.headers_mut(), version);
             return Ok(resp);
         }
         // A switch nobody asked for would leave the client reading a
@@ -383,6 +409,7 @@ impl UpstreamClient {
         }
         let protocol = resp.headers().get(header::UPGRADE).cloned();
         strip_hop_by_hop(resp.headers_mut());
+        crate::via::append(resp.headers_mut(), version);
         tunnel::answer_client(resp.headers_mut(), protocol);
         Ok(resp)
     }
@@ -540,6 +567,8 @@ pub struct RequestBody {
     /// Armed while waiting for the client.
     timer: Option<Pin<Box<Sleep>>>,
     watch: Arc<BodyWatch>,
+    /// See [`Downstream::bytes_in`].
+    bytes_in: Option<Arc<AtomicU64>>,
 }
 
 /// The error a [`RequestBody`] ends with; [`BodyWatch`] says why.
@@ -557,6 +586,7 @@ impl RequestBody {
             read_timeout: down.body_read_timeout,
             timer: None,
             watch,
+            bytes_in: down.bytes_in.clone(),
         }
     }
 
@@ -570,6 +600,7 @@ impl RequestBody {
             read_timeout: Duration::ZERO,
             timer: None,
             watch,
+            bytes_in: None,
         }
     }
 
@@ -602,6 +633,9 @@ impl RequestBody {
 
     /// Counts `len` bytes against `max_body`.
     fn take(&mut self, len: u64) -> Result<(), BodyFailure> {
+        if let Some(n) = &self.bytes_in {
+            n.fetch_add(len, Ordering::Relaxed);
+        }
         if let Some(remaining) = self.remaining {
             if len > remaining {
                 return Err(BodyFailure::TooLarge);

@@ -30,6 +30,9 @@
 //! | [`limiter`] | the five algorithms' arithmetic, pure, time injected |
 //! | [`headers`] | `X-RateLimit-*`, `RateLimit-Policy`, `RateLimit`, `Retry-After` |
 //! | [`error`] | every status tollgate answers itself, with its JSON body |
+//! | [`request_id`] | `X-Request-Id`: kept from a trusted proxy or generated, sent upstream and in every answer |
+//! | [`via`] | the `Via` hop tollgate adds to forwarded requests and responses |
+//! | [`access_log`] | one JSON line per request, written off the request path by a thread behind a bounded queue |
 //!
 //! Around it:
 //!
@@ -42,11 +45,12 @@
 //! | [`summary`] | a periodic `info` log line: requests allowed and limited since the last one |
 //! | [`clock`] | wall-clock time, or a manual clock for tests |
 //! | [`cli`] | the `tollgate` command line: run, `check`, `explain` |
-//! | [`process`] | what the binaries share: the async runtime, logging, the shutdown signal |
+//! | [`process`] | what the binaries share: the async runtime, logging, the shutdown signal, SIGHUP |
 //! | [`floor`] | `tollgate-floor`: the same server setup and upstream pool with nothing between them, a bench target |
 
 #![forbid(unsafe_code)]
 
+pub mod access_log;
 pub mod admin;
 pub mod balance;
 pub mod cli;
@@ -68,6 +72,7 @@ pub mod process;
 pub mod proxy;
 pub mod redirect;
 pub mod reload;
+pub mod request_id;
 pub mod rules;
 pub mod send_budget;
 pub mod server;
@@ -75,3 +80,4 @@ pub mod store;
 pub mod summary;
 pub mod tls;
 pub mod tunnel;
+pub mod via;

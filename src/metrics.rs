@@ -42,6 +42,7 @@ pub struct Metrics {
     pub upstream_server_healthy: IntGaugeVec,
     pub upstream_unavailable_total: IntCounterVec,
     pub tls_reload_failures_total: IntCounter,
+    pub access_log_dropped_total: IntCounter,
 }
 
 /// Per-rule decision counters, resolved once per rule per reload.
@@ -187,6 +188,14 @@ impl Metrics {
                 &registry,
                 "tollgate_tunnels_active",
                 "WebSocket and other upgraded connections being relayed now (each also counts in tollgate_connections_active).",
+            ),
+            access_log_dropped_total: reg(
+                &registry,
+                IntCounter::new(
+                    "tollgate_access_log_dropped_total",
+                    "Access log lines dropped: the writer's queue was full (a slow disk) or the write failed.",
+                )
+                .expect("valid metric definition"),
             ),
             connections_refused_total: reg(
                 &registry,

@@ -17,6 +17,7 @@ use http::{Request, Response};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
+use crate::access_log::{AccessLog, Logged, Note};
 use crate::client::{self, Peer};
 use crate::config::{ClientConfig, Config, InvalidToken, KeyPart, Normalization, OnError, Route};
 use crate::error::ProxyError;
@@ -27,6 +28,7 @@ use crate::limiter::{Verdict, ceil_secs};
 use crate::metrics::{Metrics, RouteCounters};
 use crate::normalize;
 use crate::pool::UpstreamBody;
+use crate::request_id;
 use crate::rules::{RequestFacts, Rule, RuleSet};
 use crate::store::{Answer, AnyStore, Check, Mode, Store, StoreError};
 use crate::tunnel;
@@ -34,6 +36,10 @@ use crate::tunnel;
 /// The body of every response tollgate sends: the upstream's, streamed, or
 /// one tollgate wrote.
 pub type ProxyBody = Either<UpstreamBody<RequestBody>, Full<Bytes>>;
+
+/// [`ProxyBody`] as it leaves [`Proxy::handle`]: counted for the access log
+/// when there is one.
+pub type LoggedBody = Logged<ProxyBody>;
 
 /// Everything the request path shares: built once at start-up, the rules
 /// swapped on reload.
@@ -57,6 +63,8 @@ pub struct Proxy {
     /// Routes sorted by descending prefix length, host-specific first.
     routes: Vec<(Route, RouteCounters)>,
     no_route: RouteCounters,
+    /// `[log] access`; `None` when off.
+    access_log: Option<AccessLog>,
 }
 
 /// How far past the store timeout the proxy's own bound on a store check
@@ -82,7 +90,13 @@ impl Proxy {
         metrics.rules_active.set(rules.rules.len() as i64);
         // At zero from the start, like every counter whose labels are known.
         metrics.store_errors_total.with_label_values(&[store.backend()]);
+        let access_log =
+            AccessLog::start(&config.log.access, metrics.access_log_dropped_total.clone()).unwrap_or_else(|e| {
+                tracing::error!(error = %e, "cannot start the access log writer; requests are not logged");
+                None
+            });
         Proxy {
+            access_log,
             rules: ArcSwap::from_pointee(rules),
             store,
             no_route: metrics.route_counters("none"),
@@ -130,12 +144,52 @@ impl Proxy {
     }
 
     /// Serves one request from `peer`; never fails (every failure is an
-    /// answer).
-    pub async fn handle(&self, req: Request<Incoming>, peer: &Peer) -> Response<ProxyBody> {
+    /// answer). The request gets its id first (see [`crate::request_id`]);
+    /// with an access log, its line is sent when the response body ends or
+    /// the client goes away, this future dropped before an answer included.
+    pub async fn handle(&self, mut req: Request<Incoming>, peer: &Peer) -> Response<LoggedBody> {
         let started = Instant::now();
-        let resp = self.serve(req, peer).await;
+        let request_id = request_id::assign(req.headers_mut(), peer.trusted);
+        let mut pending = self.access_log.as_ref().map(|log| log.begin(req.method(), req.uri(), peer.ip, &request_id));
+        let note = match &mut pending {
+            Some(p) => p.note(),
+            None => Note::off(),
+        };
+        let resp = self.serve(req, peer, &request_id, note).await;
         self.metrics.request_duration_seconds.observe(started.elapsed().as_secs_f64());
-        resp
+        if let Some(p) = &mut pending {
+            p.respond(resp.status().as_u16());
+        }
+        resp.map(|body| Logged::new(body, pending))
+    }
+
+    /// The access log entry of a request refused before the request path
+    /// (over `max_connections`), read from the first bytes of its
+    /// connection; `None` when the log is off.
+    pub fn log_refused(
+        &self,
+        head: &[u8],
+        peer: std::net::IpAddr,
+        request_id: &http::HeaderValue,
+    ) -> Option<crate::access_log::Pending> {
+        let log = self.access_log.as_ref()?;
+        let (method, uri) = crate::access_log::request_line(head);
+        Some(log.begin(&method, &uri, client::canonical(peer), request_id))
+    }
+
+    /// Makes the access log reopen its file (SIGHUP).
+    pub fn reopen_access_log(&self) {
+        if let Some(log) = &self.access_log {
+            log.reopen();
+        }
+    }
+
+    /// Waits, up to `within`, for the access log lines queued so far to be
+    /// written (at shutdown).
+    pub async fn flush_access_log(&self, within: Duration) {
+        if let Some(log) = &self.access_log {
+            log.flush(within).await;
+        }
     }
 
     fn route(&self, host: Option<&str>, path: &str) -> Option<usize> {
@@ -144,13 +198,19 @@ impl Proxy {
         })
     }
 
-    async fn serve(&self, mut req: Request<Incoming>, peer: &Peer) -> Response<ProxyBody> {
+    async fn serve(
+        &self,
+        mut req: Request<Incoming>,
+        peer: &Peer,
+        request_id: &http::HeaderValue,
+        mut note: Note<'_>,
+    ) -> Response<ProxyBody> {
         // One spelling of the request before anything reads it (see
         // crate::normalize): what is refused here is refused before routing
         // and counts as a rejection of no route.
         let bad = |counters: &RouteCounters, why: String| {
             counters.rejected.inc();
-            ProxyError::BadRequest(why).into_response().map(Either::Right)
+            ProxyError::BadRequest(why).into_response(request_id).map(Either::Right)
         };
         if !self.normalization.underscores_in_headers {
             normalize::drop_underscored(req.headers_mut());
@@ -172,7 +232,7 @@ impl Proxy {
         let counters = route.map_or(&self.no_route, |i| &self.routes[i].1);
         if let Some(e) = self.oversized(&req, route) {
             counters.rejected.inc();
-            return e.into_response().map(Either::Right);
+            return e.into_response(request_id).map(Either::Right);
         }
         let client_ip = match client::client_addr(peer.ip, req.headers(), &self.client.trusted_proxies) {
             Ok(ip) => ip,
@@ -180,6 +240,7 @@ impl Proxy {
                 return bad(counters, "The forwarding headers from a trusted proxy name no client address.".into());
             }
         };
+        note.client(client_ip);
         let rules = self.rules.load();
         if rules.reads_method
             && let Err(why) = normalize::method_override(req.headers())
@@ -230,7 +291,7 @@ impl Proxy {
             if let Some(deny) = rules.denied(&facts) {
                 counters.denied.inc();
                 tracing::debug!(deny = %deny.name, client = %client_ip, "denied");
-                return ProxyError::Forbidden.into_response().map(Either::Right);
+                return ProxyError::Forbidden.into_response(request_id).map(Either::Right);
             }
             let inflight = route.map_or(0, |i| self.upstreams[self.routes[i].0.upstream].inflight());
             let mut pending: Vec<Pending<'_>> = Vec::new();
@@ -240,19 +301,19 @@ impl Proxy {
                     && rule.spec.key.contains(&KeyPart::User)
                 {
                     counters.rejected.inc();
-                    return ProxyError::Unauthorized(reason).into_response().map(Either::Right);
+                    return ProxyError::Unauthorized(reason).into_response(request_id).map(Either::Right);
                 }
                 let cost = match rule.cost(req.headers()) {
                     Ok(c) => c,
                     Err(reason) => {
                         counters.rejected.inc();
-                        return ProxyError::BadRequest(reason).into_response().map(Either::Right);
+                        return ProxyError::BadRequest(reason).into_response(request_id).map(Either::Right);
                     }
                 };
                 let mut key = String::with_capacity(64);
                 if let Err(reason) = rule.key(&facts, &mut key) {
                     counters.rejected.inc();
-                    return ProxyError::BadRequest(reason).into_response().map(Either::Right);
+                    return ProxyError::BadRequest(reason).into_response(request_id).map(Either::Right);
                 }
                 pending.push(Pending { rule, key, check_limits: rule.effective_limits(inflight), cost });
             }
@@ -306,6 +367,15 @@ impl Proxy {
                     // (or by `decide`'s backstop).
                     tracing::debug!(error = %e, "store check failed");
                 }
+                if note.enabled() {
+                    match rejected {
+                        Some((i, _)) => note.rule(pending[i].rule.name()),
+                        None if !reports.is_empty() => {
+                            note.rule(reports[headers::most_restrictive(&reports)].rule.name())
+                        }
+                        None => {}
+                    }
+                }
                 if let Some((i, secs)) = rejected {
                     // The store counted nothing for a rejected request:
                     // rules that would have admitted it still have its cost
@@ -327,21 +397,23 @@ impl Proxy {
                         window_seconds: rule.window_secs,
                         retry_after_seconds: secs,
                     };
-                    let mut resp = err.into_response().map(Either::Right);
+                    let mut resp = err.into_response(request_id).map(Either::Right);
                     let primary = report_of[i].unwrap_or(0);
                     headers::write(resp.headers_mut(), &reports, primary);
                     return resp;
                 }
                 if denied {
                     counters.store_unavailable.inc();
-                    return ProxyError::StoreUnavailable { retry_after_seconds: 1 }.into_response().map(Either::Right);
+                    return ProxyError::StoreUnavailable { retry_after_seconds: 1 }
+                        .into_response(request_id)
+                        .map(Either::Right);
                 }
             }
         }
 
         let Some(route) = route else {
             counters.rejected.inc();
-            let mut resp = ProxyError::NoRoute.into_response().map(Either::Right);
+            let mut resp = ProxyError::NoRoute.into_response(request_id).map(Either::Right);
             let primary = headers::most_restrictive(&reports);
             headers::write(resp.headers_mut(), &reports, primary);
             return resp;
@@ -358,6 +430,16 @@ impl Proxy {
         // side once the 101 has been written.
         let upgrade = tunnel::requested(&req).map(|protocol| (protocol, hyper::upgrade::on(&mut req)));
         let (upgrade, client_upgrade) = upgrade.unzip();
+        // Noted before the request leaves, so that a client that goes away
+        // while it is out still has its server logged; with several
+        // servers, the one picked is noted once forwarding returns.
+        let chosen = std::sync::atomic::AtomicUsize::new(usize::MAX);
+        if note.enabled()
+            && upstream.servers() == 1
+            && let Some(server) = upstream.server_authority(0)
+        {
+            note.upstream(server);
+        }
         let down = Downstream {
             peer,
             client_ip,
@@ -368,8 +450,14 @@ impl Proxy {
             buffer_body: self.routes[route].0.buffer_body,
             body_read_timeout: self.body_read_timeout,
             upgrade,
+            bytes_in: note.bytes_in(),
+            chosen: note.enabled().then_some(&chosen),
         };
-        let mut resp = match upstream.forward(req, down).await {
+        let result = upstream.forward(req, down).await;
+        if let Some(server) = upstream.server_authority(chosen.load(std::sync::atomic::Ordering::Relaxed)) {
+            note.upstream(server);
+        }
+        let mut resp = match result {
             Ok(mut resp) => {
                 // Answer in the client's protocol, not the upstream's.
                 *resp.version_mut() = version;
@@ -381,7 +469,7 @@ impl Proxy {
                 }
                 resp.map(Either::Left)
             }
-            Err(e) => e.into_response().map(Either::Right),
+            Err(e) => e.into_response(request_id).map(Either::Right),
         };
         headers::write(resp.headers_mut(), &reports, primary);
         resp

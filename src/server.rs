@@ -60,6 +60,9 @@ pub struct Server {
     tls: Option<Tls>,
     /// `[listen] http_redirect`.
     redirect_listener: Option<TcpListener>,
+    /// SIGHUP, caught from `bind` on: reopens the access log and reloads
+    /// the rules.
+    hangup: Option<crate::process::Hangup>,
 }
 
 /// How often idle keys are swept from the memory store (and from the Redis
@@ -94,7 +97,8 @@ impl Server {
             Some(addr) => Some(bind(addr).await?),
             None => None,
         };
-        Ok(Server { config, proxy, reloader, proxy_listener, admin_listener, tls, redirect_listener })
+        let hangup = crate::process::hangup_signal();
+        Ok(Server { config, proxy, reloader, proxy_listener, admin_listener, tls, redirect_listener, hangup })
     }
 
     /// The address clients connect to (useful when the config said port 0).
@@ -125,8 +129,9 @@ impl Server {
     /// Serves until `shutdown` completes, then drains.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
         let https_port = self.proxy_addr().port();
-        let Server { config, proxy, reloader, proxy_listener, admin_listener, tls, redirect_listener } = self;
+        let Server { config, proxy, reloader, proxy_listener, admin_listener, tls, redirect_listener, hangup } = self;
         let watch = tokio::spawn(reloader.clone().watch());
+        let hangups = hangup.map(|h| tokio::spawn(h.each(on_hangup(proxy.clone(), reloader.clone()))));
         let _summary = crate::summary::spawn(&proxy.metrics);
         let sweep = tokio::spawn({
             let proxy = proxy.clone();
@@ -156,6 +161,10 @@ impl Server {
 
         serve_proxy(proxy_listener, proxy.clone(), &config, tls, slots, shutdown).await;
         proxy.store.close().await;
+        proxy.flush_access_log(ACCESS_LOG_FLUSH).await;
+        if let Some(h) = hangups {
+            h.abort();
+        }
 
         for task in cert_watch.into_iter().chain(redirect_task) {
             task.abort();
@@ -163,6 +172,23 @@ impl Server {
         watch.abort();
         sweep.abort();
         admin_task.abort();
+    }
+}
+
+/// How long shutdown waits for the access log's last lines to be written.
+const ACCESS_LOG_FLUSH: Duration = Duration::from_secs(2);
+
+/// What a SIGHUP does: the access log's file is reopened (logrotate has
+/// moved it away) and the rules are reloaded, as a change to their files
+/// would, on a blocking thread (file IO).
+fn on_hangup(proxy: Arc<Proxy>, reloader: Arc<Reloader>) -> impl FnMut() {
+    move || {
+        tracing::info!("SIGHUP: reopening the access log and reloading the rules");
+        proxy.reopen_access_log();
+        let reloader = reloader.clone();
+        tokio::task::spawn_blocking(move || {
+            let _ = reloader.reload();
+        });
     }
 }
 
@@ -238,7 +264,7 @@ async fn serve_proxy(
             // A TLS client cannot read a plain-text answer, and a handshake
             // is the work an overloaded server must not take on: closed.
             if tls.is_none() {
-                tokio::spawn(refuse(stream));
+                tokio::spawn(refuse(stream, proxy.clone(), peer));
             }
             continue;
         };
@@ -376,15 +402,27 @@ async fn serve_connection<IO>(
 /// error to clients such as hyper's, and closing a socket with the request
 /// still unread makes the kernel send a reset that can destroy the response
 /// on its way.
-async fn refuse(mut stream: TcpStream) {
-    const BODY: &str = r#"{"error":"overloaded","message":"Too many connections; retry shortly."}"#;
+async fn refuse(mut stream: TcpStream, proxy: Arc<Proxy>, peer: SocketAddr) {
+    // A generated id is hex digits and '-': no JSON escaping needed.
+    let request_id = crate::request_id::generate();
+    let id = String::from_utf8_lossy(request_id.as_bytes());
+    let body =
+        format!(r#"{{"error":"overloaded","message":"Too many connections; retry shortly.","request_id":"{id}"}}"#);
     let resp = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{BODY}",
-        BODY.len()
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nx-request-id: {id}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
     );
     let mut request = [0u8; 8192];
-    let _ = tokio::time::timeout(Duration::from_secs(1), stream.read(&mut request)).await;
-    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(resp.as_bytes())).await;
+    let read = tokio::time::timeout(Duration::from_secs(1), stream.read(&mut request)).await;
+    let head = &request[..read.ok().and_then(Result::ok).unwrap_or(0)];
+    let pending = proxy.log_refused(head, peer.ip(), &request_id);
+    let sent = tokio::time::timeout(Duration::from_secs(1), stream.write_all(resp.as_bytes())).await;
+    if let Some(mut p) = pending {
+        p.respond(503);
+        if matches!(sent, Ok(Ok(()))) {
+            p.sent(body.len() as u64);
+        }
+    }
     let _ = stream.shutdown().await;
 }
 

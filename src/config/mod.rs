@@ -10,6 +10,7 @@
 //! every reload.
 
 mod error;
+mod log;
 mod machine;
 mod raw;
 mod rules_file;
@@ -28,6 +29,7 @@ use toml::Spanned;
 pub use crate::normalize::{EncodedSlashes, Normalization};
 
 pub use error::{ConfigError, ConfigErrors, line_col};
+pub use log::{AccessLogTarget, LogConfig};
 pub use rules_file::{
     ClientSet, Cost, DenySpec, InvalidToken, KeyPart, LoadedRules, MatchSpec, PathPattern, RuleMode, RuleSpec,
     RulesFile, Throttle, load_rules, parse_rules, parse_rules_file, rule_files, rule_files_or_empty,
@@ -70,6 +72,8 @@ pub struct Config {
     pub client: ClientConfig,
     pub upstreams: Vec<Upstream>,
     pub routes: Vec<Route>,
+    /// `[log]`: the access log.
+    pub log: LogConfig,
 }
 
 /// `[listen]`
@@ -597,7 +601,8 @@ impl Validator<'_> {
             });
         }
 
-        Config { path: self.file.to_path_buf(), listen, rules_path, store, client, upstreams, routes }
+        let log = self.log(raw.log);
+        Config { path: self.file.to_path_buf(), listen, rules_path, store, client, upstreams, routes, log }
     }
 }
 

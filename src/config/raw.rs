@@ -18,6 +18,7 @@ pub struct RawConfig {
     pub upstream: Vec<Spanned<RawUpstream>>,
     #[serde(default)]
     pub route: Vec<Spanned<RawRoute>>,
+    pub log: Option<super::log::RawLog>,
 }
 
 #[derive(Debug, Deserialize, Default)]
