@@ -21,6 +21,7 @@ pub struct Metrics {
     pub store_errors_total: IntCounterVec,
     pub store_duration_seconds: Histogram,
     pub rules_reloads_total: IntCounterVec,
+    pub config_reloads_total: IntCounterVec,
     pub rules_active: IntGauge,
     pub store_degraded: IntGauge,
     pub local_cache_hits_total: IntCounter,
@@ -140,6 +141,12 @@ impl Metrics {
                 &registry,
                 "tollgate_rules_reloads_total",
                 "Rule reloads by result (success, failure).",
+                &["result"],
+            ),
+            config_reloads_total: counter_vec(
+                &registry,
+                "tollgate_config_reloads_total",
+                "Reloads of the main file's routes and upstreams by result (success, failure).",
                 &["result"],
             ),
             rules_active: gauge(&registry, "tollgate_rules_active", "Rules currently in force."),
@@ -291,6 +298,7 @@ impl Metrics {
         // proxy, rules' and routes' when they are built).
         for result in ["success", "failure"] {
             metrics.rules_reloads_total.with_label_values(&[result]);
+            metrics.config_reloads_total.with_label_values(&[result]);
         }
         metrics
     }

@@ -59,9 +59,9 @@ pub struct Proxy {
     body_read_timeout: Duration,
     jwt: Option<JwtVerifier>,
     default_on_error: OnError,
-    upstreams: Vec<UpstreamClient>,
-    /// Routes sorted by descending prefix length, host-specific first.
-    routes: Vec<(Route, RouteCounters)>,
+    /// Routes and upstreams, swapped when the main file changes; a request
+    /// keeps the ones it started with to its end.
+    routing: ArcSwap<Routing>,
     no_route: RouteCounters,
     /// `[log] access`; `None` when off.
     access_log: Option<AccessLog>,
@@ -79,13 +79,35 @@ struct Pending<'r> {
     cost: u64,
 }
 
-impl Proxy {
-    /// Builds the request path for `config` with `rules` in force.
-    pub fn new(config: &Config, rules: RuleSet, store: AnyStore, metrics: Arc<Metrics>) -> Proxy {
-        let upstreams = config.upstreams.iter().map(|u| UpstreamClient::new(u, &metrics)).collect();
+/// The routes and the upstreams they lead to.
+pub struct Routing {
+    upstreams: Vec<UpstreamClient>,
+    /// Routes sorted by descending prefix length, host-specific first.
+    routes: Vec<(Route, RouteCounters)>,
+}
+
+impl Routing {
+    /// Builds the upstreams of `config` (their connection pools, health
+    /// checks and metric handles) and its routes.
+    pub fn new(config: &Config, metrics: &Metrics) -> Routing {
+        let upstreams = config.upstreams.iter().map(|u| UpstreamClient::new(u, metrics)).collect();
         let mut routes: Vec<(Route, RouteCounters)> =
             config.routes.iter().map(|r| (r.clone(), metrics.route_counters(&r.name))).collect();
         routes.sort_by_key(|(r, _)| (std::cmp::Reverse(r.path_prefix.len()), r.host.is_none()));
+        Routing { upstreams, routes }
+    }
+
+    fn route(&self, host: Option<&str>, path: &str) -> Option<usize> {
+        self.routes.iter().position(|(r, _)| {
+            path.starts_with(r.path_prefix.as_str()) && r.host.as_deref().is_none_or(|h| Some(h) == host)
+        })
+    }
+}
+
+impl Proxy {
+    /// Builds the request path for `config` with `rules` in force.
+    pub fn new(config: &Config, rules: RuleSet, store: AnyStore, metrics: Arc<Metrics>) -> Proxy {
+        let routing = Routing::new(config, &metrics);
         store.set_idle_horizon(rules.idle_horizon);
         metrics.rules_active.set(rules.rules.len() as i64);
         // At zero from the start, like every counter whose labels are known.
@@ -124,9 +146,15 @@ impl Proxy {
                 }
             }),
             default_on_error: config.store.on_error,
-            upstreams,
-            routes,
+            routing: ArcSwap::from_pointee(routing),
         }
+    }
+
+    /// Puts new routes and upstreams in force (the main file changed).
+    /// Requests under way finish on the old ones, which close their
+    /// connections and stop their health checks once the last is done.
+    pub fn swap_routing(&self, routing: Routing) {
+        self.routing.store(Arc::new(routing));
     }
 
     /// Puts a new rule set in force. Existing buckets keep their counts: the
@@ -192,12 +220,6 @@ impl Proxy {
         }
     }
 
-    fn route(&self, host: Option<&str>, path: &str) -> Option<usize> {
-        self.routes.iter().position(|(r, _)| {
-            path.starts_with(r.path_prefix.as_str()) && r.host.as_deref().is_none_or(|h| Some(h) == host)
-        })
-    }
-
     async fn serve(
         &self,
         mut req: Request<Incoming>,
@@ -205,6 +227,7 @@ impl Proxy {
         request_id: &http::HeaderValue,
         mut note: Note<'_>,
     ) -> Response<ProxyBody> {
+        let routing = self.routing.load_full();
         // One spelling of the request before anything reads it (see
         // crate::normalize): what is refused here is refused before routing
         // and counts as a rejection of no route.
@@ -228,9 +251,9 @@ impl Proxy {
         };
         let path = canonical_path.as_deref().unwrap_or(req.uri().path());
         let host_name = host.as_ref().map(|h| h.name.as_str());
-        let route = self.route(host_name, path);
-        let counters = route.map_or(&self.no_route, |i| &self.routes[i].1);
-        if let Some(e) = self.oversized(&req, route) {
+        let route = routing.route(host_name, path);
+        let counters = route.map_or(&self.no_route, |i| &routing.routes[i].1);
+        if let Some(e) = self.oversized(&req, route.map(|i| &routing.routes[i].0)) {
             counters.rejected.inc();
             return e.into_response(request_id).map(Either::Right);
         }
@@ -268,8 +291,8 @@ impl Proxy {
                 query: req.uri().query(),
                 host: host_name,
                 route: route.map(|i| {
-                    let r = &self.routes[i].0;
-                    (r.name.as_str(), self.upstreams[r.upstream].config.name.as_str())
+                    let r = &routing.routes[i].0;
+                    (r.name.as_str(), routing.upstreams[r.upstream].config.name.as_str())
                 }),
                 headers: req.headers(),
                 client: client::key_addr(client_ip, self.client.ipv6_prefix),
@@ -293,7 +316,7 @@ impl Proxy {
                 tracing::debug!(deny = %deny.name, client = %client_ip, "denied");
                 return ProxyError::Forbidden.into_response(request_id).map(Either::Right);
             }
-            let inflight = route.map_or(0, |i| self.upstreams[self.routes[i].0.upstream].inflight());
+            let inflight = route.map_or(0, |i| routing.upstreams[routing.routes[i].0.upstream].inflight());
             let mut pending: Vec<Pending<'_>> = Vec::new();
             for rule in rules.matching(&facts) {
                 if let Some(Identity::Invalid(reason)) = &identity
@@ -424,7 +447,7 @@ impl Proxy {
             tokio::time::sleep(Duration::from_nanos(delay)).await;
         }
         let primary = headers::most_restrictive(&reports);
-        let upstream = &self.upstreams[self.routes[route].0.upstream];
+        let upstream = &routing.upstreams[routing.routes[route].0.upstream];
         let version = req.version();
         // Taken before the request moves on: hyper completes the client's
         // side once the 101 has been written.
@@ -446,8 +469,8 @@ impl Proxy {
             host: host.as_ref().map(|h| h.name.as_str()),
             host_header: host.as_ref().and_then(|h| h.rewrite.clone()),
             path: canonical_path,
-            max_body: self.routes[route].0.max_body,
-            buffer_body: self.routes[route].0.buffer_body,
+            max_body: routing.routes[route].0.max_body,
+            buffer_body: routing.routes[route].0.buffer_body,
             body_read_timeout: self.body_read_timeout,
             upgrade,
             bytes_in: note.bytes_in(),
@@ -480,7 +503,7 @@ impl Proxy {
     /// coding tollgate cannot decode, 413 for a declared body
     /// length (a chunked body is cut off while it is read instead, see
     /// [`crate::forward::RequestBody`]).
-    fn oversized(&self, req: &Request<Incoming>, route: Option<usize>) -> Option<ProxyError> {
+    fn oversized(&self, req: &Request<Incoming>, route: Option<&Route>) -> Option<ProxyError> {
         if req.uri().path_and_query().map_or(0, |p| p.as_str().len()) > self.max_uri_bytes {
             return Some(ProxyError::UriTooLong);
         }
@@ -492,7 +515,7 @@ impl Proxy {
         if crate::forward::undecodable_transfer_coding(req.headers()) {
             return Some(ProxyError::UnsupportedTransferEncoding);
         }
-        let max_body = route.and_then(|i| self.routes[i].0.max_body)?;
+        let max_body = route.and_then(|r| r.max_body)?;
         let declared = req.headers().get(header::CONTENT_LENGTH)?.to_str().ok()?.trim().parse::<u64>().ok()?;
         (declared > max_body).then_some(ProxyError::PayloadTooLarge)
     }
@@ -573,12 +596,12 @@ impl Proxy {
 
     /// In-flight requests to an upstream, by name (for tests and `explain`).
     pub fn upstream_inflight(&self, name: &str) -> Option<usize> {
-        self.upstreams.iter().find(|u| u.config.name == name).map(UpstreamClient::inflight)
+        self.routing.load().upstreams.iter().find(|u| u.config.name == name).map(UpstreamClient::inflight)
     }
 
     /// Brings the gauges the request path does not set itself up to date,
     /// before metrics are rendered.
     pub fn refresh_gauges(&self) {
-        self.upstreams.iter().for_each(UpstreamClient::refresh_gauges);
+        self.routing.load().upstreams.iter().for_each(UpstreamClient::refresh_gauges);
     }
 }

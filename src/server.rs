@@ -179,15 +179,21 @@ impl Server {
 const ACCESS_LOG_FLUSH: Duration = Duration::from_secs(2);
 
 /// What a SIGHUP does: the access log's file is reopened (logrotate has
-/// moved it away) and the rules are reloaded, as a change to their files
-/// would, on a blocking thread (file IO).
+/// moved it away), and the main file and the rules are reloaded as a change
+/// to their files would, on a blocking thread (file IO).
 fn on_hangup(proxy: Arc<Proxy>, reloader: Arc<Reloader>) -> impl FnMut() {
     move || {
-        tracing::info!("SIGHUP: reopening the access log and reloading the rules");
+        tracing::info!(
+            "SIGHUP: reopening the access log, reloading the main file's routes and upstreams and the rules"
+        );
         proxy.reopen_access_log();
         let reloader = reloader.clone();
         tokio::task::spawn_blocking(move || {
-            let _ = reloader.reload();
+            // Reloads the rules too, against the new routes; a broken main
+            // file still leaves the rules to be reloaded.
+            if reloader.reload_config().is_err() {
+                let _ = reloader.reload();
+            }
         });
     }
 }

@@ -264,3 +264,55 @@ async fn a_rule_whose_algorithm_changes_starts_from_a_fresh_bucket() {
     wait_rules(&tg, "the fixed window in force", |r| r["rules"][0]["algorithm"] == "fixed_window").await;
     assert_eq!(statuses(4, || tg.get("/")).await, [200, 200, 200, 429]);
 }
+
+#[tokio::test]
+async fn routes_and_upstreams_reload_with_the_main_file_and_requests_under_way_finish_on_the_old_ones() {
+    let (a, b) = (Upstream::start().await, Upstream::start().await);
+    let tg = Tollgate::start(&a, "").await;
+    let main = tg.dir.path().join("tollgate.toml");
+    assert_eq!(tg.get("/x").send().await.status, 200);
+    assert_eq!((a.hits(), b.hits()), (1, 0));
+
+    // A request held at the old upstream while the main file changes.
+    let held = tokio::spawn(tg.get("/held").header("x-echo-hold", "1").send());
+    a.wait_held(1).await;
+
+    // The same upstream name, now at B, and a new route to it under /b.
+    let moved = config(b.addr) + "\n[[route]]\npath_prefix = \"/b\"\nupstream = \"svc\"\n";
+    write_atomic(&main, &moved);
+    eventually("requests go to the new upstream", || async { tg.get("/x").send().await.status == 200 && b.hits() > 0 })
+        .await;
+    let before = a.hits();
+    assert_eq!(statuses(5, || tg.get("/b/y")).await, [200; 5]);
+    assert_eq!(a.hits(), before, "a request went to the old upstream after the reload");
+
+    // The request under way finishes on the old upstream.
+    a.release(1);
+    let r = held.await.expect("held request");
+    assert_eq!(r.status, 200);
+    let m = tg.metrics().await;
+    assert!(metric(&m, "tollgate_config_reloads_total", &[("result", "success")]) >= Some(1.0));
+    assert_eq!(metric(&m, "tollgate_config_reloads_total", &[("result", "failure")]), Some(0.0));
+}
+
+#[tokio::test]
+async fn a_broken_main_file_keeps_the_running_routes_and_upstreams() {
+    let (a, b) = (Upstream::start().await, Upstream::start().await);
+    let tg = Tollgate::start(&a, "").await;
+    let main = tg.dir.path().join("tollgate.toml");
+
+    // Valid TOML naming B, but a route to an upstream that does not exist.
+    let broken = config(b.addr).replace("upstream = \"svc\"", "upstream = \"nowhere\"");
+    write_atomic(&main, &broken);
+    eventually("the failed reload is counted", || async {
+        metric(&tg.metrics().await, "tollgate_config_reloads_total", &[("result", "failure")]) >= Some(1.0)
+    })
+    .await;
+    assert_eq!(statuses(3, || tg.get("/x")).await, [200; 3]);
+    assert_eq!((a.hits(), b.hits()), (3, 0));
+
+    // Fixed: in force.
+    write_atomic(&main, &config(b.addr));
+    eventually("the fixed file is in force", || async { tg.get("/x").send().await.status == 200 && b.hits() > 0 })
+        .await;
+}
