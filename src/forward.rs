@@ -172,7 +172,7 @@ impl UpstreamClient {
                 let labels = [name, s.address.as_str()];
                 let health = Arc::new(Health::new(metrics.upstream_server_healthy.with_label_values(&labels), epoch));
                 if let Some(check) = &config.health_check {
-                    crate::health::spawn_check(&health, s, check, name);
+                    crate::health::spawn_check(&health, s, check, config);
                 }
                 UpstreamServer {
                     address: s.address.clone(),
@@ -258,8 +258,11 @@ impl UpstreamClient {
         if strip_hop_by_hop(&mut parts.headers) {
             parts.headers.insert(header::TE, HeaderValue::from_static("trailers"));
         }
-        let upgrading = down.upgrade.is_some();
-        if let Some(protocol) = down.upgrade.take() {
+        // HTTP/2 has no Upgrade: to an h2 upstream the request goes as a
+        // plain one.
+        let upgrade = down.upgrade.take().filter(|_| self.config.protocol == crate::config::Protocol::Http1);
+        let upgrading = upgrade.is_some();
+        if let Some(protocol) = upgrade {
             tunnel::ask_upstream(&mut parts.headers, protocol);
         }
         // The host that was matched goes to the upstream (virtual hosts

@@ -15,12 +15,12 @@ use bytes::Bytes;
 use http::header::{CONNECTION, HOST, HeaderValue, USER_AGENT};
 use http::{Request, Uri};
 use http_body_util::Empty;
-use hyper_util::rt::TokioIo;
 use prometheus::IntGauge;
-use tokio::net::TcpStream;
+
 use tokio::time::Instant;
 
-use crate::config::{HealthCheck, Server};
+use crate::config::{HealthCheck, Server, Upstream};
+use crate::pool::Pool;
 
 /// The first backoff after a failure; each further failure in a row
 /// doubles it, up to [`MAX_BACKOFF`].
@@ -103,22 +103,26 @@ impl Health {
 
 /// Starts the check task of one server. It stops once `health` is dropped
 /// (the upstream is gone).
-pub fn spawn_check(health: &Arc<Health>, server: &Server, check: &HealthCheck, upstream: &str) {
+pub fn spawn_check(health: &Arc<Health>, server: &Server, check: &HealthCheck, upstream: &Upstream) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
-        tracing::error!(upstream, "no runtime: health checks do not run");
+        tracing::error!(upstream = %upstream.name, "no runtime: health checks do not run");
         return;
     };
     let weak = Arc::downgrade(health);
+    // Checks speak to the server as requests do (TLS, HTTP/2), on their
+    // own connections: with HTTP/1.1, each check's connection closes after
+    // it.
+    let pool = Pool::<Empty<Bytes>>::for_server(upstream, server, 16 * 1024);
     let server = server.clone();
     let check = check.clone();
-    let upstream = upstream.to_string();
+    let upstream = upstream.name.clone();
     rt.spawn(async move {
         let mut every = tokio::time::interval(check.interval);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut streak = Streak::default();
         loop {
             every.tick().await;
-            let ok = matches!(tokio::time::timeout(check.timeout, probe(&server, &check)).await, Ok(Ok(true)));
+            let ok = matches!(tokio::time::timeout(check.timeout, probe(&pool, &server, &check)).await, Ok(Ok(true)));
             let Some(health) = weak.upgrade() else { return };
             match health.checked(&mut streak, ok, &check) {
                 Some(true) => {
@@ -171,17 +175,19 @@ impl Health {
 }
 
 /// One check on a new connection: whether the server answered 2xx or 3xx.
-async fn probe(server: &Server, check: &HealthCheck) -> Result<bool, Box<dyn std::error::Error + Send + Sync>> {
-    let port = server.authority.port_u16().unwrap_or(80);
-    let stream = TcpStream::connect((server.authority.host(), port)).await?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(TokioIo::new(stream)).await?;
-    tokio::spawn(conn);
+async fn probe(
+    pool: &Pool<Empty<Bytes>>,
+    server: &Server,
+    check: &HealthCheck,
+) -> Result<bool, Box<dyn std::error::Error + Send + Sync>> {
     let mut req = Request::new(Empty::new());
     *req.uri_mut() = Uri::from(check.path.clone());
     req.headers_mut().insert(HOST, HeaderValue::from_str(server.authority.as_str())?);
-    req.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
+    if pool.speaks_http1() {
+        req.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
+    }
     req.headers_mut().insert(USER_AGENT, HeaderValue::from_static("tollgate-health-check"));
-    let status = sender.send_request(req).await?.status();
+    let status = pool.send(req).await?.status();
     Ok(status.is_success() || status.is_redirection())
 }
 

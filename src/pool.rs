@@ -15,6 +15,12 @@
 //! another connection when a reused one closed before it was sent, idle
 //! connections closed after [`IDLE_TIMEOUT`] and at most [`MAX_IDLE`] of
 //! them.
+//!
+//! An `https://` server is reached over TLS (rustls: the upstream's CA
+//! file or the system's roots, SNI, an optional client certificate). With
+//! `protocol = "h2"` a server gets one HTTP/2 connection that carries every
+//! request at once (ALPN `h2` over TLS, prior knowledge over cleartext),
+//! opened again when it closes.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
@@ -25,10 +31,13 @@ use bytes::Bytes;
 use http::header::{HOST, HeaderValue};
 use http::{Request, Response, Uri};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper::client::conn::http1::{self, SendRequest};
+use hyper::client::conn::{http1, http2};
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use prometheus::IntCounter;
+use rustls::pki_types::ServerName;
 use tokio::time::{Instant, Sleep};
+use tokio_rustls::TlsConnector;
 use tower_service::Service;
 
 use crate::config::{Server, Upstream};
@@ -77,16 +86,27 @@ struct Shared<B> {
     /// The longest a response body may wait for the upstream's next bytes,
     /// and where such a timeout is counted (see [`Pool::limit_silence`]).
     silence: Option<(Duration, IntCounter)>,
+    /// For an `https://` server: the connector and the name to ask for.
+    tls: Option<(TlsConnector, ServerName<'static>)>,
+    /// `protocol = "h2"`: the one connection, shared by every request.
+    h2: Option<Mutex<Option<http2::SendRequest<B>>>>,
+}
+
+/// A connection's sending half: HTTP/1.1 (one request at a time, pooled)
+/// or HTTP/2 (shared).
+enum Sender<B> {
+    H1(http1::SendRequest<B>),
+    H2(http2::SendRequest<B>),
 }
 
 struct Idle<B> {
-    sender: SendRequest<B>,
+    sender: http1::SendRequest<B>,
     since: Instant,
 }
 
 impl<B> Pool<B>
 where
-    B: Body + Send + 'static,
+    B: Body + Send + Unpin + 'static,
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
@@ -97,20 +117,37 @@ where
         connector.set_connect_timeout(Some(upstream.connect_timeout));
         connector.set_nodelay(true);
         connector.set_keepalive(Some(KEEPALIVE));
+        let https = server.scheme == http::uri::Scheme::HTTPS;
+        // The connector opens TCP; TLS is done here, on top.
+        connector.enforce_http(!https);
         let mut origin = http::uri::Parts::default();
         origin.scheme = Some(server.scheme.clone());
         origin.authority = Some(server.authority.clone());
         origin.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
         // Made of a validated scheme and authority.
         let origin = Uri::from_parts(origin).unwrap_or_default();
-        Pool::new(connector, origin, max_buf_size)
+        let host = server.authority.host().trim_start_matches('[').trim_end_matches(']');
+        let tls = upstream.tls.as_ref().and_then(|t| {
+            let name = t.server_name.clone().or_else(|| ServerName::try_from(host.to_string()).ok())?;
+            Some((TlsConnector::from(t.client.clone()), name))
+        });
+        let h2 = (upstream.protocol == crate::config::Protocol::H2).then(|| Mutex::new(None));
+        Pool::new(connector, origin, max_buf_size, tls, h2)
     }
 
-    /// Connections to `origin` (an `http://` URI with an authority), opened by
-    /// `connector`, each reading at most `max_buf_size` ahead.
-    fn new(connector: HttpConnector, origin: Uri, max_buf_size: usize) -> Pool<B> {
+    /// Connections to `origin` (an `http://` or `https://` URI with an
+    /// authority), opened by `connector`, each reading at most
+    /// `max_buf_size` ahead.
+    fn new(
+        connector: HttpConnector,
+        origin: Uri,
+        max_buf_size: usize,
+        tls: Option<(TlsConnector, ServerName<'static>)>,
+        h2: Option<Mutex<Option<http2::SendRequest<B>>>>,
+    ) -> Pool<B> {
+        let default_port = if tls.is_some() { 443 } else { 80 };
         let host = match (origin.host(), origin.port_u16()) {
-            (Some(h), Some(p)) if p != 80 => HeaderValue::try_from(format!("{h}:{p}")),
+            (Some(h), Some(p)) if p != default_port => HeaderValue::try_from(format!("{h}:{p}")),
             (h, _) => HeaderValue::try_from(h.unwrap_or_default()),
         }
         // An authority's host and port are always a valid value.
@@ -124,8 +161,15 @@ where
                 idle: Mutex::new(Vec::new()),
                 reaping: std::sync::Once::new(),
                 silence: None,
+                tls,
+                h2,
             }),
         }
+    }
+
+    /// Whether requests go over HTTP/1.1 (not HTTP/2).
+    pub fn speaks_http1(&self) -> bool {
+        self.shared.h2.is_none()
     }
 
     /// A response body whose upstream sends nothing for `timeout` fails
@@ -174,16 +218,20 @@ where
                     Err(e) => return Err((e, Some(give_back(req)))),
                 },
             };
-            match sender.try_send_request(req).await {
+            let sent = match &mut sender {
+                Sender::H1(s) => s.try_send_request(req).await,
+                Sender::H2(s) => s.try_send_request(req).await,
+            };
+            match sent {
                 Ok(resp) => {
+                    // An HTTP/2 connection stays shared: nothing to give
+                    // back when the body ends.
+                    let sender = match sender {
+                        Sender::H1(s) => Some(s),
+                        Sender::H2(_) => None,
+                    };
                     let shared = self.shared.clone();
-                    return Ok(resp.map(|body| UpstreamBody {
-                        body,
-                        shared,
-                        sender: Some(sender),
-                        silence: None,
-                        moved: false,
-                    }));
+                    return Ok(resp.map(|body| UpstreamBody { body, shared, sender, silence: None, moved: false }));
                 }
                 Err(mut e) => match e.take_message() {
                     // Not sent: the idle connection closed under it. A new
@@ -195,9 +243,38 @@ where
         }
     }
 
-    async fn connect(&self) -> Result<SendRequest<B>, PoolError> {
+    async fn connect(&self) -> Result<Sender<B>, PoolError> {
         let io = self.shared.connector.clone().call(self.shared.origin.clone()).await;
         let io = io.map_err(|e| PoolError::Connect(e.into()))?;
+        match &self.shared.tls {
+            None => self.handshake(io).await,
+            Some((tls, name)) => {
+                let tls = tls.connect(name.clone(), io.into_inner()).await;
+                let tls = tls.map_err(|e| PoolError::Connect(e.into()))?;
+                self.handshake(TokioIo::new(tls)).await
+            }
+        }
+    }
+
+    /// HTTP/1.1 or HTTP/2 on a connection just opened.
+    async fn handshake<I>(&self, io: I) -> Result<Sender<B>, PoolError>
+    where
+        I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    {
+        if let Some(shared) = &self.shared.h2 {
+            let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+                .timer(hyper_util::rt::TokioTimer::new())
+                .handshake::<_, B>(io)
+                .await
+                .map_err(|e| PoolError::Connect(e.into()))?;
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(error = %e, "upstream HTTP/2 connection ended with an error");
+                }
+            });
+            *shared.lock().unwrap_or_else(|p| p.into_inner()) = Some(sender.clone());
+            return Ok(Sender::H2(sender));
+        }
         let (sender, conn) = http1::Builder::new()
             .max_buf_size(self.shared.max_buf_size)
             .handshake::<_, B>(io)
@@ -213,7 +290,7 @@ where
         self.shared.reaping.call_once(|| {
             tokio::spawn(reap(Arc::downgrade(&self.shared)));
         });
-        Ok(sender)
+        Ok(Sender::H1(sender))
     }
 }
 
@@ -222,8 +299,13 @@ impl<B: Send + 'static> Shared<B> {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The most recently used idle connection that can take a request.
-    fn checkout(&self) -> Option<SendRequest<B>> {
+    /// The most recently used idle connection that can take a request (or
+    /// the HTTP/2 connection, while it is open).
+    fn checkout(&self) -> Option<Sender<B>> {
+        if let Some(h2) = &self.h2 {
+            let shared = h2.lock().unwrap_or_else(|p| p.into_inner());
+            return shared.as_ref().filter(|s| s.is_ready()).map(|s| Sender::H2(s.clone()));
+        }
         let mut idle = self.idle();
         while let Some(Idle { sender, since }) = idle.pop() {
             if since.elapsed() >= IDLE_TIMEOUT {
@@ -233,14 +315,14 @@ impl<B: Send + 'static> Shared<B> {
             }
             // Not ready: the upstream closed it while it was idle.
             if sender.is_ready() {
-                return Some(sender);
+                return Some(Sender::H1(sender));
             }
         }
         None
     }
 
     /// Takes back a connection whose response has ended.
-    fn put(self: &Arc<Self>, sender: SendRequest<B>) {
+    fn put(self: &Arc<Self>, sender: http1::SendRequest<B>) {
         if sender.is_ready() {
             let mut idle = self.idle();
             if idle.len() < MAX_IDLE {
@@ -285,7 +367,7 @@ pub struct UpstreamBody<B: Send + 'static> {
     body: Incoming,
     shared: Arc<Shared<B>>,
     /// `None` once released, or when the connection ends with the body.
-    sender: Option<SendRequest<B>>,
+    sender: Option<http1::SendRequest<B>>,
     /// Armed while the upstream sends nothing ([`Pool::limit_silence`]).
     silence: Option<Pin<Box<Sleep>>>,
     /// Bytes came since `silence` was armed: re-armed from now when next

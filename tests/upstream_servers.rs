@@ -476,7 +476,23 @@ fn config_errors_point_at_the_place() {
     );
     assert_eq!(
         errors("name = \"a\"\nservers = [\"http://b\", \"ftp://c\"]"),
-        ["t.toml:3:24: only http:// upstreams are supported (tollgate sits in front of services on a private network)"]
+        ["t.toml:3:24: upstream servers are http:// or https://"]
+    );
+    assert_eq!(
+        errors("name = \"a\"\nservers = [\"http://b\", \"https://c\"]"),
+        ["t.toml:3:24: every server of an upstream must use the same scheme"]
+    );
+    assert_eq!(
+        errors("name = \"a\"\nurl = \"http://b\"\ntls_ca_file = \"ca.pem\""),
+        ["t.toml:4:15: tls_* keys are for https:// upstream servers"]
+    );
+    assert_eq!(
+        errors("name = \"a\"\nurl = \"https://b\"\ntls_cert_file = \"c.pem\""),
+        ["t.toml:4:17: tls_cert_file and tls_key_file go together"]
+    );
+    assert_eq!(
+        errors("name = \"a\"\nurl = \"http://b\"\nprotocol = \"h3\""),
+        ["t.toml:4:12: upstream protocol \"h3\" is not \"http/1.1\" or \"h2\""]
     );
     assert_eq!(
         errors("name = \"a\"\nservers = [\"http://b\"]\nhealth_check = { path = \"healthz\", healthy = 0 }"),

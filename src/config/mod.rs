@@ -16,6 +16,7 @@ mod raw;
 mod rules_file;
 mod tls;
 mod upstream;
+mod upstream_tls;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -34,7 +35,7 @@ pub use rules_file::{
     ClientSet, Cost, DenySpec, InvalidToken, KeyPart, LoadedRules, MatchSpec, PathPattern, RuleMode, RuleSpec,
     RulesFile, Throttle, load_rules, parse_rules, parse_rules_file, rule_files, rule_files_or_empty,
 };
-pub use upstream::{Balance, HashKey, HealthCheck, Server, Upstream};
+pub use upstream::{Balance, HashKey, HealthCheck, Protocol, Server, Upstream, UpstreamTls};
 
 /// What a check does when the store cannot answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]

@@ -96,6 +96,11 @@ pub struct RawUpstream {
     pub health_check: Option<Spanned<RawHealthCheck>>,
     pub connect_timeout: Option<Spanned<String>>,
     pub timeout: Option<Spanned<String>>,
+    pub protocol: Option<Spanned<String>>,
+    pub tls_ca_file: Option<Spanned<String>>,
+    pub tls_cert_file: Option<Spanned<String>>,
+    pub tls_key_file: Option<Spanned<String>>,
+    pub tls_server_name: Option<Spanned<String>>,
 }
 
 /// `health_check = { ... }`

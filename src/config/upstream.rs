@@ -9,6 +9,7 @@ use toml::Spanned;
 
 use super::Validator;
 use super::raw::{RawHealthCheck, RawUpstream};
+pub use super::upstream_tls::{Protocol, UpstreamTls};
 
 /// `[[upstream]]`
 #[derive(Debug, Clone)]
@@ -23,6 +24,9 @@ pub struct Upstream {
     pub timeout: Duration,
     pub balance: Balance,
     pub health_check: Option<HealthCheck>,
+    pub protocol: Protocol,
+    /// For `https://` servers.
+    pub tls: Option<UpstreamTls>,
 }
 
 /// One server of an upstream.
@@ -100,6 +104,7 @@ impl Validator<'_> {
         };
         let mut servers: Vec<Server> = Vec::new();
         let mut base_path: Option<String> = None;
+        let u_urls: Vec<Spanned<String>> = urls.iter().map(|s| (*s).clone()).collect();
         for url in urls {
             let (server, path) = self.server_url(url)?;
             if servers.contains(&server) {
@@ -115,6 +120,13 @@ impl Validator<'_> {
             }
             servers.push(server);
         }
+        let https = servers[0].scheme == Scheme::HTTPS;
+        if let Some((_, url)) = servers.iter().zip(&u_urls).find(|(s, _)| (s.scheme == Scheme::HTTPS) != https) {
+            self.error(url.span(), "every server of an upstream must use the same scheme");
+            return None;
+        }
+        let protocol = self.protocol(&u)?;
+        let tls = self.upstream_tls(&u, https, protocol)?;
         let balance = self.balance(&u)?;
         let health_check = match &u.health_check {
             Some(h) => Some(self.health_check(h)?),
@@ -128,6 +140,8 @@ impl Validator<'_> {
             timeout,
             balance,
             health_check,
+            protocol,
+            tls,
         })
     }
 
@@ -144,11 +158,8 @@ impl Validator<'_> {
             );
             return None;
         };
-        if scheme != Scheme::HTTP {
-            self.error(
-                url.span(),
-                "only http:// upstreams are supported (tollgate sits in front of services on a private network)",
-            );
+        if scheme != Scheme::HTTP && scheme != Scheme::HTTPS {
+            self.error(url.span(), "upstream servers are http:// or https://");
             return None;
         }
         let path = uri.path().trim_end_matches('/').to_string();
