@@ -161,6 +161,11 @@ impl Reloader {
         }
     }
 
+    /// The config in force (its routes and upstreams as last reloaded).
+    pub fn running(&self) -> Config {
+        lock(&self.config).clone()
+    }
+
     /// Whether the files changed since the last reload attempt.
     fn changed(&self) -> bool {
         fingerprint(&lock(&self.config).rules_path) != *lock(&self.fingerprint)
@@ -261,29 +266,33 @@ impl Reloader {
     }
 }
 
+/// A fingerprint of each section of `config` that applies only after a
+/// restart: what `/config` shows and `tollgate check --running` compares.
+/// The sections are plain data; their debug forms differ exactly when a
+/// value does (FNV-1a over them: the same in every process of one build).
+pub fn restart_fingerprints(config: &Config) -> Vec<(&'static str, String)> {
+    let fnv = |text: String| {
+        let h = text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        format!("{h:016x}")
+    };
+    vec![
+        ("[listen]", fnv(format!("{:?}", config.listen))),
+        ("[store]", fnv(format!("{:?}", config.store))),
+        ("[client]", fnv(format!("{:?}", config.client))),
+        ("[log]", fnv(format!("{:?}", config.log))),
+        ("[rules] path", fnv(format!("{:?}", config.rules_path))),
+    ]
+}
+
 /// The sections of `new` that differ from the running config and apply
 /// only after a restart.
 fn needs_restart(running: &Config, new: &Config) -> Vec<&'static str> {
-    // The sections are plain data; their debug forms differ exactly when
-    // a value does.
-    let differs = |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") != format!("{b:?}");
-    let mut changed = Vec::new();
-    if differs(&running.listen, &new.listen) {
-        changed.push("[listen]");
-    }
-    if differs(&running.store, &new.store) {
-        changed.push("[store]");
-    }
-    if differs(&running.client, &new.client) {
-        changed.push("[client]");
-    }
-    if differs(&running.log, &new.log) {
-        changed.push("[log]");
-    }
-    if running.rules_path != new.rules_path {
-        changed.push("[rules] path");
-    }
-    changed
+    restart_fingerprints(running)
+        .into_iter()
+        .zip(restart_fingerprints(new))
+        .filter(|((_, a), (_, b))| a != b)
+        .map(|((name, _), _)| name)
+        .collect()
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

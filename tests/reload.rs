@@ -316,3 +316,34 @@ async fn a_broken_main_file_keeps_the_running_routes_and_upstreams() {
     eventually("the fixed file is in force", || async { tg.get("/x").send().await.status == 200 && b.hits() > 0 })
         .await;
 }
+
+// Multi-threaded: the check runs as a blocking child process while this
+// process's tollgate answers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_running_names_the_sections_that_need_a_restart() {
+    let (a, b) = (Upstream::start().await, Upstream::start().await);
+    let tg = Tollgate::start(&a, "").await;
+    let check = |file: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["check", "--running", &tg.admin_addr.to_string(), "--config"])
+            .arg(tg.dir.path().join(file))
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("tollgate runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // Only the upstream moved: it reloads by itself.
+    std::fs::write(tg.dir.path().join("moved.toml"), config(b.addr)).expect("write");
+    let out = check("moved.toml");
+    assert!(out.contains("nothing else differs"), "{out}");
+    // A listener setting and the store's timeout changed too.
+    let changed = config(b.addr)
+        .replace("admin = \"127.0.0.1:0\"\n", "admin = \"127.0.0.1:0\"\nidle_timeout = \"5s\"\n")
+        + "\n[store]\ntimeout = \"50ms\"\n";
+    std::fs::write(tg.dir.path().join("changed.toml"), changed).expect("write");
+    let out = check("changed.toml");
+    assert!(out.contains("[listen] differs from the running tollgate"), "{out}");
+    assert!(out.contains("[store] differs from the running tollgate"), "{out}");
+    assert!(!out.contains("[client]") && !out.contains("[log]") && !out.contains("[rules] path"), "{out}");
+}
