@@ -173,6 +173,58 @@ impl ProxyError {
     }
 }
 
+/// The problem type of a quota exceeded (the IETF rate-limit headers
+/// draft, registered with IANA).
+pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// Whether the client's `Accept` asks for RFC 9457 problem details
+/// (`application/problem+json`, not at `q=0`).
+pub fn accepts_problem(headers: &HeaderMap) -> bool {
+    headers.get_all(http::header::ACCEPT).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(',')).any(
+        |range| {
+            let mut parts = range.split(';').map(str::trim);
+            parts.next().is_some_and(|t| t.eq_ignore_ascii_case("application/problem+json"))
+                && !parts.any(|p| {
+                    p.split_once('=')
+                        .is_some_and(|(k, v)| k.trim().eq_ignore_ascii_case("q") && v.trim().parse::<f32>() == Ok(0.0))
+                })
+        },
+    )
+}
+
+impl ProxyError {
+    /// A rejection as RFC 9457 problem details (`application/problem+json`)
+    /// with the quota-exceeded type and its `violated-policies` (the rules
+    /// the request is over), for clients that ask for them; the other
+    /// answers keep their JSON body. Also carries the fields of the plain
+    /// JSON body, so a client reads the same facts either way.
+    pub fn into_problem_response(self, request_id: &HeaderValue, violated: &[&str]) -> Response<Full<Bytes>> {
+        let ProxyError::Limited { rule, limit, window_seconds, retry_after_seconds } = &self else {
+            return self.into_response(request_id);
+        };
+        let body = json!({
+            "type": QUOTA_EXCEEDED,
+            "title": "Request cannot be satisfied as assigned quota has been exceeded",
+            "status": 429,
+            "detail": format!("Rate limit exceeded: at most {limit} requests per {window_seconds} s under rule {rule:?}. Retry in {retry_after_seconds} s."),
+            "violated-policies": violated,
+            "rule": rule,
+            "limit": limit,
+            "window_seconds": window_seconds,
+            "retry_after_seconds": retry_after_seconds,
+            "request_id": request_id.to_str().unwrap_or_default(),
+        });
+        let retry = *retry_after_seconds;
+        let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
+        *resp.headers_mut() = HeaderMap::with_capacity(LIMITED_HEADERS);
+        *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        resp.headers_mut().insert(request_id::X_REQUEST_ID, request_id.clone());
+        headers::write_retry_after(resp.headers_mut(), retry);
+        resp
+    }
+}
+
 /// The headers of a 429: `Content-Type`, `X-Request-Id`, `Retry-After` and
 /// `X-RateLimit-Retry-After`, the `X-RateLimit-*` trio, `RateLimit-Policy`
 /// and `RateLimit`.

@@ -20,7 +20,7 @@ use hyper::body::Incoming;
 use crate::access_log::{AccessLog, Logged, Note};
 use crate::client::{self, Peer};
 use crate::config::{ClientConfig, Config, InvalidToken, KeyPart, Normalization, OnError, Route};
-use crate::error::ProxyError;
+use crate::error::{self, ProxyError};
 use crate::forward::{Downstream, RequestBody, UpstreamClient};
 use crate::headers::{self, RuleReport};
 use crate::identity::{Identity, JwtVerifier};
@@ -420,7 +420,19 @@ impl Proxy {
                         window_seconds: rule.window_secs,
                         retry_after_seconds: secs,
                     };
-                    let mut resp = err.into_response(request_id).map(Either::Right);
+                    let mut resp = if error::accepts_problem(req.headers()) {
+                        // Every enforced rule this request is over.
+                        let violated: Vec<&str> = pending
+                            .iter()
+                            .zip(&answers)
+                            .filter(|(p, a)| p.rule.enforced() && matches!(a, Ok(v) if !v.allowed))
+                            .map(|(p, _)| p.rule.name())
+                            .collect();
+                        err.into_problem_response(request_id, &violated)
+                    } else {
+                        err.into_response(request_id)
+                    }
+                    .map(Either::Right);
                     let primary = report_of[i].unwrap_or(0);
                     headers::write(resp.headers_mut(), &reports, primary);
                     return resp;
