@@ -328,3 +328,6 @@ fn percent_decode(s: &str) -> Vec<u8> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests;

@@ -917,3 +917,5 @@ fn the_user_and_api_key_are_read_only_when_something_reads_them() {
     assert!(one("key = [\"ip\"]\nexempt = { api_keys = [\"k\"] }\n").any_reads_api_key);
     assert!(one("key = [\"ip\"]\nexempt = { users = [\"u\"] }\n").any_needs_user);
 }
+
+mod plans;
