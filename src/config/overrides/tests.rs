@@ -35,7 +35,7 @@ fn valid(key: &str, extra: &str) -> RuleSpec {
 }
 
 fn errors(key: &str, extra: &str) -> Vec<String> {
-    rule_with(&config(), &source(key, extra)).err().expect("expected errors")
+    rule_with(&config(), &source(key, extra)).expect_err("expected errors")
 }
 
 fn override_keys(key: &str, keys: &[&str]) -> Vec<String> {
@@ -205,7 +205,7 @@ fn all_claim_tiers_read_one_claim() {
     let jwt = jwt_config(&dir);
     let two = "[[rule]]\nname = \"a\"\nlimit = 1\nwindow = \"1s\"\ntier = \"claim:plan\"\ntiers = { default = 1 }\n\
                [[rule]]\nname = \"b\"\nlimit = 1\nwindow = \"1s\"\ntier = \"claim:tier\"\ntiers = { default = 1 }\n";
-    let e = parse_rules(Path::new("r.toml"), two, &jwt).err().expect("errors");
+    let e = parse_rules(Path::new("r.toml"), two, &jwt).expect_err("errors");
     assert_eq!(
         e.to_string(),
         "r.toml:8:8: tier \"claim:tier\": rule \"a\" (r.toml:1) reads tiers from claim \"plan\", and all rules must read the same claim"
