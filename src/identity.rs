@@ -553,6 +553,25 @@ mod tests {
     }
 
     #[test]
+    fn a_tier_claim_is_read_with_the_identity_and_remembered_with_it() {
+        let v = hs_verifier();
+        let claims = |plan: serde_json::Value| json!({"sub": "u", "plan": plan, "exp": now() + 60, "iss": "https://issuer.example", "aud": "tollgate"});
+        let pro = headers(&token(claims(json!("pro"))));
+        let alice = Identity::Verified("u".into());
+        assert_eq!(v.verify_with_claim(&pro, "plan"), (alice.clone(), Some("pro".into())));
+        assert_eq!(v.verify_with_claim(&pro, "plan"), (alice.clone(), Some("pro".into())));
+        assert_eq!(v.verify(&pro), alice);
+        assert_eq!(v.signature_checks(), 1, "remembered, claim included");
+        // Another claim (the rules changed): verified again for it.
+        assert_eq!(v.verify_with_claim(&pro, "tier"), (alice.clone(), None));
+        assert_eq!(v.signature_checks(), 2);
+        assert_eq!(v.verify_with_claim(&headers(&token(claims(json!(3)))), "plan").1.as_deref(), Some("3"));
+        assert_eq!(v.verify_with_claim(&headers(&token(claims(json!(["pro"])))), "plan").1, None);
+        assert_eq!(v.verify_with_claim(&HeaderMap::new(), "plan"), (Identity::Missing, None));
+        assert_eq!(v.verify_with_claim(&headers("Bearer x.y.z"), "plan").1, None);
+    }
+
+    #[test]
     fn a_valid_token_yields_its_subject() {
         let v = hs_verifier();
         let t = token(json!({"sub": "user-42", "exp": now() + 60, "iss": "https://issuer.example", "aud": "tollgate"}));
