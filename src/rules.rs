@@ -3,8 +3,10 @@
 //! new [`RuleSet`] and swaps it in whole.
 //!
 //! Everything a rule needs per request that does not depend on the request
-//! is computed here, once per reload: the encoded key prefix, the
-//! `RateLimit-Policy` item, the nominal [`Limits`], the metric handles.
+//! is computed here, once per reload: the encoded key prefix, the metric
+//! handles, and a [`Plan`] for each set of limits the rule applies (its own,
+//! each `[[rule.override]]`'s, each tier's) with its `RateLimit-Policy` item
+//! and `X-RateLimit-Limit` value.
 
 use std::fmt::Write as _;
 use std::hash::BuildHasher;
@@ -37,7 +39,8 @@ pub struct RuleSet {
     /// [`crate::normalize::METHOD_OVERRIDES`]).
     pub reads_method: bool,
     /// Whether the user matters to any rule or `[[deny]]` entry (a rule
-    /// keys on it, or a deny or `exempt` list names users); see
+    /// keys on it or reads a tier claim of its token, or a deny or `exempt`
+    /// list names users); see
     /// [`RuleSet::needs_user`].
     pub any_needs_user: bool,
     /// Whether a `[[deny]]` entry names users.

@@ -273,6 +273,9 @@ fn override_key(text: &str, base: &Base<'_>) -> Result<String, String> {
         let Some((tag, value)) = segment.split_once('=') else {
             return Err(format!("{segment:?} is not {want}=VALUE"));
         };
+        if tag == "ip" && matches!(part, KeyPart::Route | KeyPart::Method | KeyPart::Path) {
+            return Err(format!("part {} ({}) is never keyed by ip: every request has one", i + 1, part.describe()));
+        }
         if tag == "ip" || matches!(part, KeyPart::Ip) {
             if tag != "ip" {
                 return Err(format!("part {} is keyed as ip=ADDRESS, not {tag}=", i + 1));

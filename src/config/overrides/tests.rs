@@ -121,6 +121,10 @@ fn override_errors_point_at_the_override() {
         ]
     );
     assert_eq!(
+        errors("[\"path\"]", "[[rule.override]]\nkey = \"ip=192.0.2.1\"\nlimit = 5\n"),
+        ["r.toml:7:7: override key \"ip=192.0.2.1\": part 1 (path) is never keyed by ip: every request has one"]
+    );
+    assert_eq!(
         errors("[\"ip\"]", "[[rule.override]]\nkey = \"user=a\"\nlimit = 5\n"),
         ["r.toml:7:7: override key \"user=a\": part 1 is keyed as ip=ADDRESS, not user="]
     );
