@@ -4,7 +4,9 @@
 //! Configured under `[client] jwt = { ... }`. The token is read from a header
 //! (`authorization` by default, with or without `Bearer `), its signature is
 //! checked against a key file or a JWKS file, and `exp`, `nbf`, `iss` and
-//! `aud` are validated; the identity is one claim (`sub` by default).
+//! `aud` are validated; the identity is one claim (`sub` by default). When a
+//! rule takes its tier from the token (`tier = "claim:NAME"`), that one
+//! more claim is read and remembered with it; otherwise nothing more is.
 //!
 //! The key file decides which algorithms can be used with it: a PEM RSA key
 //! only RS*/PS*, a PEM EC key only ES*, anything else is an HMAC secret and
