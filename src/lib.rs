@@ -25,7 +25,7 @@
 //! | [`pool`] | keep-alive connections to one upstream server, reused request after request |
 //! | [`client`] | who the client is: trusted proxies, `X-Forwarded-For`, IPv6 prefixes |
 //! | [`identity`] | verified user identity from a JWT (`[client] jwt`) |
-//! | [`rules`] | the compiled rule set: which rules match, the bucket key of each |
+//! | [`rules`] | the compiled rule set: which rules match, the bucket key and limits (overrides, tiers) of each |
 //! | [`store`] | the [`store::Store`] trait; [`store::memory`] keeps counters in this process, [`store::redis`] in a shared Redis (Cluster) |
 //! | [`limiter`] | the five algorithms' arithmetic, pure, time injected |
 //! | [`headers`] | `X-RateLimit-*`, `RateLimit-Policy`, `RateLimit`, `Retry-After` |

@@ -29,7 +29,7 @@ use crate::metrics::{Metrics, RouteCounters};
 use crate::normalize;
 use crate::pool::UpstreamBody;
 use crate::request_id;
-use crate::rules::{RequestFacts, Rule, RuleSet};
+use crate::rules::{Plan, RequestFacts, Rule, RuleSet};
 use crate::store::{Answer, AnyStore, Check, Mode, Store, StoreError};
 use crate::tunnel;
 
@@ -74,6 +74,9 @@ const STORE_TIMEOUT_BACKSTOP: Duration = Duration::from_millis(5);
 /// One matching rule while a request is being decided.
 struct Pending<'r> {
     rule: &'r Rule,
+    /// The rule's limits for this request (its own, an override's or a
+    /// tier's).
+    plan: &'r Plan,
     key: String,
     check_limits: crate::limiter::Limits,
     cost: u64,
@@ -278,8 +281,19 @@ impl Proxy {
         // With `[client] jwt`, the user is whoever the token proves, and the
         // user header is never read; the token is verified only if the rules
         // need the user.
-        let identity =
-            self.jwt.as_ref().map(|j| if rules.needs_user(path) { j.verify(req.headers()) } else { Identity::Missing });
+        // A tier claim is read from the same token, when a rule uses one.
+        let mut tier_claim = None;
+        let identity = self.jwt.as_ref().map(|j| {
+            if !rules.needs_user(path) {
+                Identity::Missing
+            } else if let Some(claim) = &rules.tier_claim {
+                let (identity, tier) = j.verify_with_claim(req.headers(), claim);
+                tier_claim = tier;
+                identity
+            } else {
+                j.verify(req.headers())
+            }
+        });
 
         // Decide.
         let mut reports: Vec<RuleReport<'_>> = Vec::new();
@@ -310,6 +324,7 @@ impl Proxy {
                 } else {
                     None
                 },
+                tier_claim: tier_claim.as_deref().map(str::as_bytes),
             };
             if let Some(deny) = rules.denied(&facts) {
                 counters.denied.inc();
@@ -338,7 +353,8 @@ impl Proxy {
                     counters.rejected.inc();
                     return ProxyError::BadRequest(reason).into_response(request_id).map(Either::Right);
                 }
-                pending.push(Pending { rule, key, check_limits: rule.effective_limits(inflight), cost });
+                let plan = rule.plan_for(&key, &facts);
+                pending.push(Pending { rule, plan, key, check_limits: rule.limits_of(plan, inflight), cost });
             }
 
             if !pending.is_empty() {
@@ -366,7 +382,7 @@ impl Proxy {
                     // and measured, but no headers and no shaping delay.
                     if p.rule.enforced() {
                         report_of.push(Some(reports.len()));
-                        reports.push(RuleReport::new(p.rule, v, p.check_limits.capacity()));
+                        reports.push(RuleReport::of(p.rule, p.plan, v, p.check_limits.capacity()));
                     } else {
                         report_of.push(None);
                     }
@@ -408,7 +424,7 @@ impl Proxy {
                             && v.allowed
                         {
                             let unspent = Verdict { remaining: v.remaining + p.cost, ..*v };
-                            reports[*at] = RuleReport::new(p.rule, &unspent, p.check_limits.capacity());
+                            reports[*at] = RuleReport::of(p.rule, p.plan, &unspent, p.check_limits.capacity());
                         }
                     }
                     counters.limited.inc();
@@ -416,7 +432,7 @@ impl Proxy {
                     let rule = pending[i].rule;
                     let err = ProxyError::Limited {
                         rule: rule.name().to_string(),
-                        limit: rule.spec.limit,
+                        limit: pending[i].plan.nominal.limit,
                         window_seconds: rule.window_secs,
                         retry_after_seconds: secs,
                     };

@@ -9,6 +9,7 @@ use http::{HeaderName, Method};
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::overrides::{Base, OverrideSpec, TiersSpec};
 use super::raw::{RawRule, RawRulesFile};
 use super::{Config, ConfigError, ConfigErrors, OnError, Validator};
 use crate::limiter::Algorithm;
@@ -185,6 +186,10 @@ pub struct RuleSpec {
     /// Clients this rule never applies to.
     pub exempt: ClientSet,
     pub on_invalid_token: InvalidToken,
+    /// `[[rule.override]]`: keys with limits of their own.
+    pub overrides: Vec<OverrideSpec>,
+    /// `tier` and `tiers`: limits chosen by the request's tier.
+    pub tiers: Option<TiersSpec>,
 }
 
 /// The files a rules path stands for: itself, or the `*.toml` files in it
@@ -230,7 +235,9 @@ pub fn load_rules(path: &Path, config: &Config) -> Result<LoadedRules, ConfigErr
         let (parsed, mut file_errors) = validate_rules_file(file, &source, config);
         denies.extend(parsed.denies);
         for (rule, span) in parsed.rules {
-            if let Some(first) = specs.iter().find(|s| s.name == rule.name) {
+            if let Some(why) = claim_conflict(specs.iter(), &rule) {
+                file_errors.push(ConfigError::at(file, &source, Some(span), why));
+            } else if let Some(first) = specs.iter().find(|s| s.name == rule.name) {
                 file_errors.push(ConfigError::at(
                     file,
                     &source,
@@ -296,15 +303,38 @@ fn validate_rules_file(file: &Path, source: &str, config: &Config) -> (RulesFile
             continue;
         }
         if let Some(spec) = v.rule(r, line, config) {
+            if let Some(why) = claim_conflict(out.iter().map(|(s, _)| s), &spec) {
+                v.error(name_span, why);
+                continue;
+            }
             out.push((spec, name_span));
         }
     }
     (RulesFile { rules: out, denies }, v.errors)
 }
 
+/// Why `rule` cannot join `earlier`, if it cannot: its tier reads another
+/// JWT claim than theirs. One claim is kept of each verified token, so that
+/// remembering a token costs one more string, not a copy of its claims.
+fn claim_conflict<'a>(mut earlier: impl Iterator<Item = &'a RuleSpec>, rule: &RuleSpec) -> Option<String> {
+    let claim = |s: &RuleSpec| match s.tiers.as_ref().map(|t| &t.source) {
+        Some(super::TierSource::Claim(c)) => Some(c.clone()),
+        _ => None,
+    };
+    let mine = claim(rule)?;
+    let other = earlier.find(|s| claim(s).is_some_and(|c| c != mine))?;
+    Some(format!(
+        "tier \"claim:{mine}\": rule {:?} ({}:{}) reads tiers from claim {:?}, and all rules must read the same claim",
+        other.name,
+        other.source.display(),
+        other.line,
+        claim(other).unwrap_or_default()
+    ))
+}
+
 /// The largest limit or burst: counters and Redis scripts stay well inside
 /// exact integer arithmetic (2^53 in Lua doubles, 2^32 in packed cells).
-const MAX_COUNT: i64 = 1_000_000_000;
+pub(super) const MAX_COUNT: i64 = 1_000_000_000;
 
 impl Validator<'_> {
     /// Addresses/CIDRs, user ids and API keys of a deny entry or exemption.
@@ -327,7 +357,7 @@ impl Validator<'_> {
         ClientSet { nets, users: users.unwrap_or_default(), api_keys: api_keys.unwrap_or_default() }
     }
 
-    fn count(&mut self, value: &Spanned<i64>, what: &str) -> Option<u64> {
+    pub(super) fn count(&mut self, value: &Spanned<i64>, what: &str) -> Option<u64> {
         let n = *value.get_ref();
         if n < 1 {
             self.error(value.span(), format!("{what} must be at least 1, not {n}"));
@@ -460,6 +490,20 @@ impl Validator<'_> {
             }
             (Cost::Header(_), None) => capacity.unwrap_or(1).min(DEFAULT_MAX_COST),
         };
+        let (mut overrides, mut tiers) = (Vec::new(), None);
+        if let (Some(limit), Some(burst)) = (limit, burst) {
+            let base = Base {
+                name: &name,
+                key: &key,
+                algorithm,
+                limit,
+                burst,
+                cost: &cost,
+                max_cost: r.max_cost.is_some().then_some(max_cost),
+            };
+            overrides = self.overrides(r.overrides.unwrap_or_default(), &base);
+            tiers = self.tiers(r.tier.as_ref(), r.tiers.as_ref(), &base, config.client.jwt.is_some());
+        }
         if self.errors.len() > errors_before {
             return None;
         }
@@ -480,6 +524,8 @@ impl Validator<'_> {
             on_error: r.on_error,
             exempt,
             on_invalid_token: r.on_invalid_token.unwrap_or_default(),
+            overrides,
+            tiers,
         })
     }
 

@@ -990,7 +990,7 @@ fn unknown_keys_in_a_rule_and_in_match() {
     assert_eq!(
         rule_errors(&with("  burts = 10\n")),
         [
-            "r.toml:5:3: unknown field `burts`, expected one of `name`, `match`, `key`, `algorithm`, `limit`, `window`, `burst`, `mode`, `throttle`, `soft_percent`, `elastic_percent`, `elastic_when_inflight_below`, `cost`, `cost_header`, `max_cost`, `on_error`, `exempt`, `on_invalid_token`"
+            "r.toml:5:3: unknown field `burts`, expected one of `name`, `match`, `key`, `algorithm`, `limit`, `window`, `burst`, `mode`, `throttle`, `soft_percent`, `elastic_percent`, `elastic_when_inflight_below`, `cost`, `cost_header`, `max_cost`, `on_error`, `exempt`, `on_invalid_token`, `override`, `tier`, `tiers`"
         ]
     );
     assert_eq!(
