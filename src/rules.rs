@@ -232,7 +232,13 @@ impl Rule {
         let nominal = Limits { algorithm: spec.algorithm, limit: spec.limit, window, burst: spec.burst };
         let window_secs = crate::limiter::ceil_secs(window).max(1);
         let quoted_name = format!("\"{}\"", spec.name);
-        let policy = format!("{quoted_name};q={};w={window_secs}", spec.limit);
+        // A concurrency quota is not per window: the draft's quota unit says
+        // what it counts instead.
+        let policy = if spec.algorithm == crate::limiter::Algorithm::Concurrency {
+            format!("{quoted_name};q={};qu=\"concurrent-requests\"", spec.limit)
+        } else {
+            format!("{quoted_name};q={};w={window_secs}", spec.limit)
+        };
         let mut key_prefix = String::with_capacity(spec.name.len() + 1);
         encode(&mut key_prefix, spec.name.as_bytes());
         key_prefix.push('|');
