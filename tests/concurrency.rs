@@ -4,7 +4,8 @@
 //! timeout, and when another rule rejects the request; on the memory store
 //! and on a real Redis Cluster shared by two instances, where the slots of
 //! an instance killed with requests in flight come back within the slot TTL
-//! (and not before).
+//! (and not before); with Redis down, `on_error = "local"` holds the slots
+//! in memory.
 
 mod support;
 
@@ -17,7 +18,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::StatusCode;
 use http_body_util::BodyExt;
-use support::redis::{RedisCluster, tollgate_config};
+use support::redis::{RedisCluster, RedisServer, tollgate_config};
 use support::{Call, Reply, Tollgate, Upstream, config, eventually};
 use tokio::task::JoinHandle;
 
@@ -189,6 +190,23 @@ async fn two_instances_on_a_cluster_share_the_slots() {
     for h in three {
         assert_eq!(h.await.expect("request task").status, StatusCode::OK);
     }
+}
+
+#[tokio::test]
+async fn with_redis_down_on_error_local_holds_slots_in_memory() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    let cfg = tollgate_config(up.addr, &redis.url(), "on_error = \"local\"");
+    let tg = Tollgate::with(&cfg, &[("rules.toml", &rules(1, ""))]).await;
+    let ip = "203.0.113.30";
+    assert_eq!(status(tg.proxy_addr, ip).await, StatusCode::OK, "decided by Redis");
+    redis.kill();
+    let waiting = held(tg.proxy_addr, ip);
+    up.wait_held(1).await;
+    assert_eq!(status(tg.proxy_addr, ip).await, StatusCode::TOO_MANY_REQUESTS, "the fallback counts in flight");
+    up.release(1);
+    assert_eq!(waiting.await.expect("request task").status, StatusCode::OK);
+    assert_eq!(status(tg.proxy_addr, ip).await, StatusCode::OK, "and gives the slot back there");
 }
 
 /// A tollgate process; killed on drop if still running.
