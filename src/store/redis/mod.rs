@@ -66,6 +66,14 @@
 //! consecutive failures the store stops asking Redis until a probe sees it
 //! answer again.
 //!
+//! # Concurrency slots
+//!
+//! See [`slots`]: a concurrency check takes a slot named by a request id
+//! that expires `slot_ttl` after it was taken; this instance renews the
+//! slots of its requests in flight and removes each when its request ends,
+//! so a crashed instance's slots stop counting within one TTL. Slots are
+//! never leased nor answered from the over-limit cache.
+//!
 //! # The local over-limit cache
 //!
 //! See [`cache`]: a key Redis rejected is answered 429 here until its
@@ -233,9 +241,9 @@ impl RedisStore {
         self.shared.cache.sweep(Instant::now());
     }
 
-    /// Gives every lease held here back to Redis (bounded by the store
-    /// timeout): called once the server has drained, so that a restart
-    /// does not hold quota away from the other instances.
+    /// Gives every concurrency slot and lease held here back to Redis
+    /// (bounded by the store timeout): called once the server has drained,
+    /// so that a restart does not hold quota away from the other instances.
     ///
     /// While Redis does not answer, waits up to [`CLOSE_WAIT`] for it to
     /// come back; what still cannot go back then is logged and stays
