@@ -11,7 +11,9 @@
 //! other tunnel holds them until it closes (see [`crate::tunnel::Pending`]).
 //!
 //! Without a concurrency rule nothing is held: the wrapper is a `None`
-//! beside the body, and each frame costs one check of it.
+//! pointer beside the body (the slots are boxed, so the body of every
+//! response does not grow by their size), and each frame costs one check
+//! of it.
 //!
 //! [`store::Held`]: crate::store::Held
 
@@ -25,12 +27,12 @@ use crate::store::Held;
 /// A response body holding its request's concurrency slots until it ends.
 pub struct Holding<B> {
     body: B,
-    held: Option<Held>,
+    held: Option<Box<Held>>,
 }
 
 impl<B> Holding<B> {
     pub fn new(body: B, held: Option<Held>) -> Holding<B> {
-        Holding { body, held }
+        Holding { body, held: held.map(Box::new) }
     }
 }
 
