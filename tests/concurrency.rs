@@ -5,7 +5,8 @@
 //! and on a real Redis Cluster shared by two instances, where the slots of
 //! an instance killed with requests in flight come back within the slot TTL
 //! (and not before); with Redis down, `on_error = "local"` holds the slots
-//! in memory.
+//! in memory, and a shutdown gives back the slots of the requests its drain
+//! cuts.
 
 mod support;
 
@@ -207,6 +208,28 @@ async fn with_redis_down_on_error_local_holds_slots_in_memory() {
     up.release(1);
     assert_eq!(waiting.await.expect("request task").status, StatusCode::OK);
     assert_eq!(status(tg.proxy_addr, ip).await, StatusCode::OK, "and gives the slot back there");
+}
+
+#[tokio::test]
+async fn a_shutdown_gives_back_the_slots_of_the_requests_it_cuts() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    let cfg = tollgate_config(up.addr, &redis.url(), "on_error = \"deny\"")
+        .replace("admin = \"127.0.0.1:0\"\n", "admin = \"127.0.0.1:0\"\ndrain_timeout = \"300ms\"\n");
+    let rules = rules(1, "");
+    let stopping = Tollgate::with(&cfg, &[("rules.toml", &rules)]).await;
+    let other = Tollgate::with(&cfg, &[("rules.toml", &rules)]).await;
+    let ip = "203.0.113.40";
+    let _cut = held(stopping.proxy_addr, ip);
+    up.wait_held(1).await;
+    assert_eq!(status(other.proxy_addr, ip).await, StatusCode::TOO_MANY_REQUESTS);
+    // The drain ends with the request still held at the upstream: it is
+    // cut, and its slot goes back at once, not after slot_ttl (10 s).
+    let at = Instant::now();
+    stopping.stop().await;
+    assert_eq!(status(other.proxy_addr, ip).await, StatusCode::OK);
+    assert!(at.elapsed() < Duration::from_secs(5), "{:?}", at.elapsed());
+    up.release(1);
 }
 
 /// A tollgate process; killed on drop if still running.
