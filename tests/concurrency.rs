@@ -61,12 +61,19 @@ async fn at_most_limit_in_flight_then_429_with_retry_after_1() {
     assert_eq!(body["error"], "too_many_requests");
     assert_eq!(body["concurrent"], true);
     assert_eq!(body["retry_after_seconds"], 1);
+    assert_eq!(refused.header("x-ratelimit-reset"), Some("1"), "none left: the same hint as Retry-After");
     assert_eq!(up.hits(), 2, "the refused request never reached the upstream");
+    let problem = tg.get("/").from_ip(ip).header("accept", "application/problem+json").send().await;
+    assert_eq!(problem.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(problem.header("content-type"), Some("application/problem+json"));
+    assert_eq!(problem.json()["violated-policies"], serde_json::json!(["in-flight"]));
+    assert_eq!(problem.json()["concurrent"], true);
 
     // Another client has its own slots.
     let other = tg.get("/").from_ip("198.51.100.2").send().await;
     assert_eq!(other.status, StatusCode::OK);
     assert_eq!(other.header("x-ratelimit-remaining"), Some("1"));
+    assert_eq!(other.header("x-ratelimit-reset"), Some("0"), "slots left: nothing to wait for");
     assert_eq!(other.header("ratelimit").map(|v| v.starts_with(r#""in-flight";r=1;"#)), Some(true));
 
     // One ends: its slot is back as soon as its body has ended.
