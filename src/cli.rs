@@ -224,16 +224,24 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
     for (((rule, (key, _)), plan), verdict) in matching.iter().zip(&buckets).zip(&plans).zip(peeked) {
         let s = &rule.spec;
         let _ = writeln!(out, "  - {} ({}:{})", s.name, s.source.display(), s.line);
-        let _ = writeln!(
-            out,
-            "    {} {} per {:?}, burst {}, mode {:?}, throttle {:?}",
-            s.algorithm.as_str(),
-            s.limit,
-            s.window,
-            s.burst,
-            s.mode,
-            s.throttle
-        );
+        if s.algorithm.holds() {
+            let _ = writeln!(
+                out,
+                "    concurrency: at most {} in flight, slot_ttl {:?}, mode {:?}, throttle {:?}",
+                s.limit, s.window, s.mode, s.throttle
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "    {} {} per {:?}, burst {}, mode {:?}, throttle {:?}",
+                s.algorithm.as_str(),
+                s.limit,
+                s.window,
+                s.burst,
+                s.mode,
+                s.throttle
+            );
+        }
         for o in &s.overrides {
             let _ = writeln!(out, "    override {} (line {}): limit {}, burst {}", o.key, o.line, o.limit, o.burst);
         }

@@ -303,7 +303,13 @@ impl Rule {
         let window_secs = crate::limiter::ceil_secs(window).max(1);
         let quoted_name = format!("\"{}\"", spec.name);
         let plan = |limit: u64, burst: u64, source: PlanSource| {
-            let policy = format!("{quoted_name};q={limit};w={window_secs}");
+            // A concurrency quota is not per window: the draft's quota unit
+            // says what it counts instead.
+            let policy = if spec.algorithm == crate::limiter::Algorithm::Concurrency {
+                format!("{quoted_name};q={limit};qu=\"concurrent-requests\"")
+            } else {
+                format!("{quoted_name};q={limit};w={window_secs}")
+            };
             Plan {
                 nominal: Limits { algorithm: spec.algorithm, limit, window, burst },
                 policy_value: http::HeaderValue::from_str(&policy).ok(),

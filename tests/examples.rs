@@ -395,6 +395,22 @@ fn explain_shows_route_rules_and_keys() {
     assert!(report.contains("route:   login"), "{report}");
     assert!(report.contains("bucket login-by-ip|ip=2001:db8:1:2::"), "{report}");
     assert!(report.contains("login-by-ip-daily"), "{report}");
+
+    // An export: a rate and a concurrency limit.
+    let out = tollgate(&[
+        "explain",
+        "--config",
+        gateway,
+        "--path",
+        "/api/orders/export",
+        "--header",
+        "x-user-id: 42",
+        "--ip",
+        "203.0.113.7",
+    ]);
+    let report = text(&out.stdout);
+    assert!(report.contains("orders-exports-in-flight"), "{report}");
+    assert!(report.contains("concurrency: at most 2 in flight, slot_ttl 10s"), "{report}");
 }
 
 #[test]

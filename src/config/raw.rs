@@ -171,8 +171,11 @@ pub struct RawRule {
     pub key: Option<Spanned<Vec<Spanned<String>>>>,
     pub algorithm: Option<crate::limiter::Algorithm>,
     pub limit: Spanned<i64>,
-    pub window: Spanned<String>,
+    /// Required, except by `algorithm = "concurrency"`, which has none.
+    pub window: Option<Spanned<String>>,
     pub burst: Option<Spanned<i64>>,
+    /// `algorithm = "concurrency"` only.
+    pub slot_ttl: Option<Spanned<String>>,
     pub mode: Option<super::RuleMode>,
     pub throttle: Option<Spanned<String>>,
     pub soft_percent: Option<Spanned<i64>>,

@@ -163,6 +163,14 @@ pub struct RulesFile {
 /// a denial of service on its own.
 pub const DEFAULT_MAX_COST: u64 = 1000;
 
+/// A concurrency slot's TTL in a shared store when the rule does not say:
+/// how long the slots of an instance that died stay counted.
+pub const DEFAULT_SLOT_TTL: Duration = Duration::from_secs(10);
+/// Slots are renewed several times per TTL; below a second, a Redis pause
+/// or a slow renewal round could let a live request's slot expire.
+const MIN_SLOT_TTL: Duration = Duration::from_secs(1);
+const MAX_SLOT_TTL: Duration = Duration::from_secs(3600);
+
 #[derive(Debug, Clone)]
 pub struct RuleSpec {
     pub name: String,
@@ -173,6 +181,8 @@ pub struct RuleSpec {
     pub key: Vec<KeyPart>,
     pub algorithm: Algorithm,
     pub limit: u64,
+    /// The window; for `algorithm = "concurrency"`, the slot TTL
+    /// (`slot_ttl`), the one duration such a rule has.
     pub window: Duration,
     pub burst: u64,
     pub mode: RuleMode,
@@ -396,6 +406,9 @@ impl Validator<'_> {
                 "rule name must be 1 to 128 printable ASCII characters, without quotes or backslashes",
             );
         }
+        let algorithm = r.algorithm.unwrap_or_default();
+        let limit = self.count(&r.limit, "limit");
+        let window = if algorithm == Algorithm::Concurrency { self.concurrency(&r) } else { self.window(&r) };
         let matcher = match r.matcher {
             Some(m) => self.matcher(m.into_inner(), config),
             None => MatchSpec::default(),
@@ -404,19 +417,6 @@ impl Validator<'_> {
             None => vec![KeyPart::Ip],
             Some(parts) => parts.get_ref().iter().filter_map(|p| self.key_part(p)).collect(),
         };
-        let algorithm = r.algorithm.unwrap_or_default();
-        let limit = self.count(&r.limit, "limit");
-        let window = self.duration(&r.window, "window");
-        if let Some(w) = window
-            && w < Duration::from_millis(1)
-        {
-            self.error(r.window.span(), "window must be at least 1ms");
-        }
-        if let Some(w) = window
-            && w > Duration::from_nanos(crate::limiter::MAX_WINDOW)
-        {
-            self.error(r.window.span(), "window must be at most 366d");
-        }
         let burst = match &r.burst {
             Some(b) => self.count(b, "burst"),
             None => limit,
@@ -527,6 +527,53 @@ impl Validator<'_> {
             overrides,
             tiers,
         })
+    }
+
+    /// A rate rule's `window`: required, 1ms to 366d; `slot_ttl` is not
+    /// one of its keys.
+    fn window(&mut self, r: &RawRule) -> Option<Duration> {
+        if let Some(t) = &r.slot_ttl {
+            self.error(t.span(), "slot_ttl applies to algorithm = \"concurrency\" only");
+        }
+        let Some(raw) = &r.window else {
+            self.error(r.name.span(), "window is required (only algorithm = \"concurrency\" has none)");
+            return None;
+        };
+        let w = self.duration(raw, "window")?;
+        if w < Duration::from_millis(1) {
+            self.error(raw.span(), "window must be at least 1ms");
+        }
+        if w > Duration::from_nanos(crate::limiter::MAX_WINDOW) {
+            self.error(raw.span(), "window must be at most 366d");
+        }
+        Some(w)
+    }
+
+    /// A concurrency rule's slot TTL, which stands in its `window`: keys
+    /// that mean nothing for requests in flight are refused rather than
+    /// silently ignored.
+    fn concurrency(&mut self, r: &RawRule) -> Option<Duration> {
+        if let Some(w) = &r.window {
+            self.error(
+                w.span(),
+                "a concurrency rule has no window: it counts requests in flight (slot_ttl bounds how long a crashed instance's slots stay counted)",
+            );
+        }
+        if let Some(b) = &r.burst {
+            self.error(b.span(), "a concurrency rule has no burst: limit is the number of requests in flight");
+        }
+        if let Some(c) = &r.cost {
+            self.error(c.span(), "a concurrency rule has no cost: every request in flight holds one slot");
+        }
+        if let Some(c) = &r.cost_header {
+            self.error(c.span(), "a concurrency rule has no cost_header: every request in flight holds one slot");
+        }
+        let Some(raw) = &r.slot_ttl else { return Some(DEFAULT_SLOT_TTL) };
+        let ttl = self.duration(raw, "slot_ttl")?;
+        if !(MIN_SLOT_TTL..=MAX_SLOT_TTL).contains(&ttl) {
+            self.error(raw.span(), "slot_ttl must be between 1s and 1h");
+        }
+        Some(ttl)
     }
 
     fn matcher(&mut self, m: super::raw::RawMatch, config: &Config) -> MatchSpec {

@@ -1244,3 +1244,49 @@ fn a_window_counted_under_other_limits_counts_against_the_new_ones() {
     }
     assert!(!evaluate_log(&mut log, T0, &swl(5, 60_000), 1, false).allowed);
 }
+
+// ---------------------------------------------------------------------------
+// Concurrency
+// ---------------------------------------------------------------------------
+
+fn cc(limit: u64) -> Limits {
+    lim(Algorithm::Concurrency, limit, 10_000, limit)
+}
+
+#[test]
+fn concurrency_admits_up_to_its_limit_in_flight_whatever_the_time() {
+    let limits = cc(3);
+    let mut cell = Cell::default();
+    for (i, now) in [T0, T0, T0 + 3_600 * SEC].into_iter().enumerate() {
+        let (v, next) = evaluate(cell, now, &limits, 1);
+        assert!(v.allowed, "request {i}");
+        assert_eq!(v.remaining, 2 - i as u64);
+        // Slots left: reset now; none left: the same hint as Retry-After.
+        assert_eq!(v.reset_after, if i == 2 { CONCURRENCY_RETRY } else { 0 });
+        assert_eq!(next.t, HELD, "a held cell is never idle");
+        cell = next;
+    }
+    // Time does not free a slot; only a release does.
+    let (v, same) = evaluate(cell, T0 + 86_400 * SEC, &limits, 1);
+    assert_eq!(
+        v,
+        Verdict {
+            allowed: false,
+            remaining: 0,
+            reset_after: CONCURRENCY_RETRY,
+            retry_after: CONCURRENCY_RETRY,
+            delay: 0
+        }
+    );
+    assert_eq!(same, cell);
+    let cell = release(cell, 1).expect("two still held");
+    assert!(evaluate(cell, T0, &limits, 1).0.allowed);
+}
+
+#[test]
+fn concurrency_release_forgets_the_cell_at_zero() {
+    let (_, one) = evaluate(Cell::default(), T0, &cc(5), 1);
+    assert_eq!(release(one, 1), None);
+    // A release of a cell that is gone (or already at zero) never wraps.
+    assert_eq!(release(Cell { t: HELD, v: 0 }, 1), None);
+}
