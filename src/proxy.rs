@@ -84,6 +84,30 @@ struct Pending<'r> {
     cost: u64,
 }
 
+/// An admitted rule whose reserved cost the response corrects
+/// (`cost_response_header`).
+struct Settling<'r> {
+    rule: &'r Rule,
+    key: String,
+    limits: crate::limiter::Limits,
+    reserved: u64,
+    /// When the reservation was counted: a window gives back only to the
+    /// window it went to.
+    at: crate::store::Stamp,
+}
+
+impl<'r> Settling<'r> {
+    /// The rules of `pending` that admitted their request and settle.
+    fn of(pending: &[Pending<'r>], answers: &[Answer], at: crate::store::Stamp) -> Vec<Settling<'r>> {
+        pending
+            .iter()
+            .zip(answers)
+            .filter(|(p, a)| p.rule.spec.cost_response_header.is_some() && matches!(a, Ok(v) if v.allowed))
+            .map(|(p, _)| Settling { rule: p.rule, key: p.key.clone(), limits: p.check_limits, reserved: p.cost, at })
+            .collect()
+    }
+}
+
 /// The routes and the upstreams they lead to.
 pub struct Routing {
     upstreams: Vec<UpstreamClient>,
@@ -301,6 +325,9 @@ impl Proxy {
 
         // Decide.
         let mut reports: Vec<RuleReport<'_>> = Vec::new();
+        // Admitted rules whose cost the response corrects (empty, and no
+        // allocation, without `cost_response_header` rules).
+        let mut settling: Vec<Settling<'_>> = Vec::new();
         let mut delay = 0;
         {
             let facts = RequestFacts {
@@ -471,6 +498,9 @@ impl Proxy {
                         .into_response(request_id)
                         .map(Either::Right);
                 }
+                if rules.any_settles {
+                    settling = Settling::of(&pending, &answers, self.store.stamp());
+                }
             }
         }
 
@@ -531,6 +561,9 @@ impl Proxy {
                     // The tunnel is the request in flight until it closes.
                     let held = held.take().map(Arc::new);
                     resp.extensions_mut().insert(tunnel::Pending { client, upstream, held });
+                }
+                if !settling.is_empty() {
+                    self.settle(&settling, resp.headers());
                 }
                 resp.map(Either::Left)
             }
@@ -604,6 +637,33 @@ impl Proxy {
         result
     }
 
+    /// Corrects each settling rule's reservation to the real cost its
+    /// response header carries. A header missing or not a whole number
+    /// leaves the reservation as it is; a cost above the bucket's capacity
+    /// counts as the capacity (at most one bucket of debt).
+    fn settle(&self, settling: &[Settling<'_>], headers: &http::HeaderMap) {
+        for s in settling {
+            let Some(name) = &s.rule.spec.cost_response_header else { continue };
+            let Some(value) = headers.get(name) else { continue };
+            let Some(real) = value.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()) else {
+                // Rare, and the label lookup's lock is paid only here.
+                self.metrics.cost_settle_invalid_total.with_label_values(&[s.rule.name()]).inc();
+                continue;
+            };
+            let real = real.min(s.limits.capacity());
+            let delta = real as i64 - s.reserved as i64;
+            let check = Check {
+                key: &s.key,
+                limits: s.limits,
+                cost: s.reserved,
+                enforced: s.rule.enforced(),
+                on_error: s.rule.spec.on_error.unwrap_or(self.default_on_error),
+                settles: true,
+            };
+            self.store.settle(&check, delta, s.at);
+        }
+    }
+
     fn check_of<'p>(&self, p: &'p Pending<'_>) -> Check<'p> {
         Check {
             key: &p.key,
@@ -611,6 +671,7 @@ impl Proxy {
             cost: p.cost,
             enforced: p.rule.enforced(),
             on_error: self.on_error(p),
+            settles: p.rule.spec.cost_response_header.is_some(),
         }
     }
 

@@ -229,6 +229,12 @@ impl RedisStore {
         self.shared.check_holding(checks, mode).await
     }
 
+    /// Corrects a check's reservation in Redis by `delta` units, in the
+    /// background (see [`crate::store::AnyStore::settle`]).
+    pub fn settle(&self, check: &Check<'_>, delta: i64, since: Duration) {
+        self.shared.settle(check, delta, since);
+    }
+
     /// Whether checks currently bypass Redis.
     pub fn is_degraded(&self) -> bool {
         self.shared.health.is_degraded()
