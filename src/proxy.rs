@@ -31,6 +31,7 @@ use crate::normalize;
 use crate::pool::UpstreamBody;
 use crate::request_id;
 use crate::rules::{Plan, RequestFacts, Rule, RuleSet};
+use crate::settle::{self, OnTrailers, Settling};
 use crate::store::{Answer, AnyStore, Check, Held, Mode, Store, StoreError};
 use crate::tunnel;
 
@@ -82,30 +83,6 @@ struct Pending<'r> {
     key: String,
     check_limits: crate::limiter::Limits,
     cost: u64,
-}
-
-/// An admitted rule whose reserved cost the response corrects
-/// (`cost_response_header`).
-struct Settling<'r> {
-    rule: &'r Rule,
-    key: String,
-    limits: crate::limiter::Limits,
-    reserved: u64,
-    /// When the reservation was counted: a window gives back only to the
-    /// window it went to.
-    at: crate::store::Stamp,
-}
-
-impl<'r> Settling<'r> {
-    /// The rules of `pending` that admitted their request and settle.
-    fn of(pending: &[Pending<'r>], answers: &[Answer], at: crate::store::Stamp) -> Vec<Settling<'r>> {
-        pending
-            .iter()
-            .zip(answers)
-            .filter(|(p, a)| p.rule.spec.cost_response_header.is_some() && matches!(a, Ok(v) if v.allowed))
-            .map(|(p, _)| Settling { rule: p.rule, key: p.key.clone(), limits: p.check_limits, reserved: p.cost, at })
-            .collect()
-    }
 }
 
 /// The routes and the upstreams they lead to.
@@ -212,13 +189,13 @@ impl Proxy {
             Some(p) => p.note(),
             None => Note::off(),
         };
-        let mut held = None;
-        let resp = self.serve(req, peer, &request_id, note, &mut held).await;
+        let (mut held, mut on_trailers) = (None, None);
+        let resp = self.serve(req, peer, &request_id, note, &mut held, &mut on_trailers).await;
         self.metrics.request_duration_seconds.observe(started.elapsed().as_secs_f64());
         if let Some(p) = &mut pending {
             p.respond(resp.status().as_u16());
         }
-        resp.map(|body| Logged::new(Holding::new(body, held), pending))
+        resp.map(|body| Logged::new(Holding::new(body, held, on_trailers), pending))
     }
 
     /// The access log entry of a request refused before the request path
@@ -257,6 +234,7 @@ impl Proxy {
         request_id: &http::HeaderValue,
         mut note: Note<'_>,
         held: &mut Option<Held>,
+        on_trailers: &mut Option<OnTrailers>,
     ) -> Response<ProxyBody> {
         let routing = self.routing.load_full();
         // One spelling of the request before anything reads it (see
@@ -327,7 +305,7 @@ impl Proxy {
         let mut reports: Vec<RuleReport<'_>> = Vec::new();
         // Admitted rules whose cost the response corrects (empty, and no
         // allocation, without `cost_response_header` rules).
-        let mut settling: Vec<Settling<'_>> = Vec::new();
+        let mut settling: Vec<Settling> = Vec::new();
         let mut delay = 0;
         {
             let facts = RequestFacts {
@@ -499,7 +477,7 @@ impl Proxy {
                         .map(Either::Right);
                 }
                 if rules.any_settles {
-                    settling = Settling::of(&pending, &answers, self.store.stamp());
+                    settling = self.settling(&pending, &answers);
                 }
             }
         }
@@ -563,7 +541,8 @@ impl Proxy {
                     resp.extensions_mut().insert(tunnel::Pending { client, upstream, held });
                 }
                 if !settling.is_empty() {
-                    self.settle(&settling, resp.headers());
+                    let ended = hyper::body::Body::is_end_stream(resp.body());
+                    *on_trailers = settle::at_head(settling, resp.headers(), ended, &self.store, &self.metrics);
                 }
                 resp.map(Either::Left)
             }
@@ -637,31 +616,26 @@ impl Proxy {
         result
     }
 
-    /// Corrects each settling rule's reservation to the real cost its
-    /// response header carries. A header missing or not a whole number
-    /// leaves the reservation as it is; a cost above the bucket's capacity
-    /// counts as the capacity (at most one bucket of debt).
-    fn settle(&self, settling: &[Settling<'_>], headers: &http::HeaderMap) {
-        for s in settling {
-            let Some(name) = &s.rule.spec.cost_response_header else { continue };
-            let Some(value) = headers.get(name) else { continue };
-            let Some(real) = value.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()) else {
-                // Rare, and the label lookup's lock is paid only here.
-                self.metrics.cost_settle_invalid_total.with_label_values(&[s.rule.name()]).inc();
-                continue;
-            };
-            let real = real.min(s.limits.capacity());
-            let delta = real as i64 - s.reserved as i64;
-            let check = Check {
-                key: &s.key,
-                limits: s.limits,
-                cost: s.reserved,
-                enforced: s.rule.enforced(),
-                on_error: s.rule.spec.on_error.unwrap_or(self.default_on_error),
-                settles: true,
-            };
-            self.store.settle(&check, delta, s.at);
-        }
+    /// The admitted rules of `pending` whose cost their response settles.
+    fn settling(&self, pending: &[Pending<'_>], answers: &[Answer]) -> Vec<Settling> {
+        let at = self.store.stamp();
+        pending
+            .iter()
+            .zip(answers)
+            .filter(|(_, a)| matches!(a, Ok(v) if v.allowed))
+            .filter_map(|(p, _)| {
+                Some(Settling {
+                    header: p.rule.spec.cost_response_header.clone()?,
+                    rule: p.rule.name().to_string(),
+                    key: p.key.clone(),
+                    limits: p.check_limits,
+                    reserved: p.cost,
+                    enforced: p.rule.enforced(),
+                    on_error: self.on_error(p),
+                    at,
+                })
+            })
+            .collect()
     }
 
     fn check_of<'p>(&self, p: &'p Pending<'_>) -> Check<'p> {

@@ -139,3 +139,67 @@ async fn two_instances_on_a_cluster_see_each_others_settlements() {
         b.stop().await;
     }
 }
+
+// ---------------------------------------------------------------------------
+// Trailers
+// ---------------------------------------------------------------------------
+
+/// An upstream that streams a body and then the real cost in a trailer
+/// (as an LLM API knows its token count only once it has answered), the
+/// value taken from the request's `x-cost-trailer`.
+async fn trailer_upstream() -> std::net::SocketAddr {
+    use std::convert::Infallible;
+
+    use bytes::Bytes;
+    use http_body_util::StreamBody;
+    use hyper::body::Frame;
+    use hyper_util::rt::TokioIo;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("address");
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { continue };
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(|req: http::Request<hyper::body::Incoming>| async move {
+                    let cost = req.headers().get("x-cost-trailer").cloned();
+                    let mut trailers = http::HeaderMap::new();
+                    if let Some(c) = cost {
+                        trailers.insert("x-tokens-used", c);
+                    }
+                    let frames = vec![
+                        Ok::<_, Infallible>(Frame::data(Bytes::from_static(b"streamed "))),
+                        Ok(Frame::data(Bytes::from_static(b"tokens"))),
+                        Ok(Frame::trailers(trailers)),
+                    ];
+                    let mut resp = http::Response::new(StreamBody::new(futures::stream::iter(frames)));
+                    resp.headers_mut().insert("trailer", http::HeaderValue::from_static("x-tokens-used"));
+                    Ok::<_, Infallible>(resp)
+                });
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_cost_in_the_trailers_settles_when_the_body_ends() {
+    let up = trailer_upstream().await;
+    let tg = Tollgate::with(&support::config(up), &[("rules.toml", &llm("token_bucket", "100s", ""))]).await;
+    let ip = "198.51.100.6";
+    let call = |cost: &str| {
+        Call::new("GET", tg.proxy_addr, "/").from_ip(ip).header("te", "trailers").header("x-cost-trailer", cost)
+    };
+    let first = call("3").send().await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.text(), "streamed tokens");
+    assert_eq!(remaining(&first), 90);
+    // Settled once the body (and its trailers) went through: 7 back.
+    assert_eq!(remaining(&call("3").send().await), 87);
+    // Not a number: the reservation stands.
+    assert_eq!(remaining(&call("many").send().await), 84);
+    assert_eq!(remaining(&call("0").send().await), 74);
+    // The zero gave its 10 back.
+    assert_eq!(remaining(&call("0").send().await), 74);
+}

@@ -47,14 +47,16 @@ use crate::store::{Answer, Check, Mode, Store, StoreError};
 
 const SHARDS: usize = 64;
 
-/// The in-memory [`Store`].
+/// The in-memory [`Store`]. A clone is another handle on the same
+/// counters.
+#[derive(Clone)]
 pub struct MemoryStore {
     /// Shared with the [`Slots`] of requests in flight, which give their
     /// concurrency slots back from wherever they are dropped.
     shards: Arc<[Mutex<Shard>]>,
     hasher: foldhash::quality::RandomState,
     clock: SharedClock,
-    idle_horizon: AtomicU64,
+    idle_horizon: Arc<AtomicU64>,
     /// The most keys one shard holds (`max_keys / SHARDS`, at least 1).
     shard_capacity: usize,
     /// Where [`Meta::fresh_at`] counts its seconds from.
@@ -137,7 +139,7 @@ impl MemoryStore {
             shards,
             hasher: foldhash::quality::RandomState::default(),
             clock,
-            idle_horizon: AtomicU64::new(0),
+            idle_horizon: Arc::new(AtomicU64::new(0)),
             shard_capacity: usize::MAX,
             epoch,
             evictions: None,

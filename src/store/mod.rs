@@ -108,6 +108,23 @@ pub enum Held {
     Redis(redis::Slots),
 }
 
+/// A handle on the store that settles reservations after the request path
+/// has returned (from a response body's trailers, see [`crate::settle`]).
+pub enum Settler {
+    Memory(MemoryStore),
+    Redis(redis::Settler),
+}
+
+impl Settler {
+    /// [`AnyStore::settle`].
+    pub fn settle(&self, check: &Check<'_>, delta: i64, stamp: Stamp) {
+        match self {
+            Settler::Memory(s) => s.settle(check, delta, s.now().saturating_sub(stamp.store)),
+            Settler::Redis(s) => s.settle(check, delta, stamp.at.elapsed()),
+        }
+    }
+}
+
 /// When a reservation was counted (see [`AnyStore::stamp`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Stamp {
@@ -160,6 +177,15 @@ impl AnyStore {
                 let (verdicts, held) = s.check_local_holding(checks, mode);
                 Some((verdicts, held.map(Held::Memory)))
             }
+        }
+    }
+
+    /// A handle that settles from wherever a response body ends (a few
+    /// reference counts).
+    pub fn settler(&self) -> Settler {
+        match self {
+            AnyStore::Memory(s) => Settler::Memory(s.clone()),
+            AnyStore::Redis(s) => Settler::Redis(s.settler()),
         }
     }
 

@@ -122,6 +122,15 @@ pub struct RedisStore {
     tasks: Vec<JoinHandle<()>>,
 }
 
+/// [`RedisStore::settle`] from a response body's trailers.
+pub struct Settler(Arc<Shared>);
+
+impl Settler {
+    pub fn settle(&self, check: &Check<'_>, delta: i64, since: Duration) {
+        self.0.settle(check, delta, since);
+    }
+}
+
 /// What the request path and the probe task share.
 struct Shared {
     pool: Pool,
@@ -233,6 +242,11 @@ impl RedisStore {
     /// background (see [`crate::store::AnyStore::settle`]).
     pub fn settle(&self, check: &Check<'_>, delta: i64, since: Duration) {
         self.shared.settle(check, delta, since);
+    }
+
+    /// A handle that settles after the request path has returned.
+    pub fn settler(&self) -> Settler {
+        Settler(self.shared.clone())
     }
 
     /// Whether checks currently bypass Redis.
