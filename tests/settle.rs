@@ -203,3 +203,26 @@ async fn a_cost_in_the_trailers_settles_when_the_body_ends() {
     // The zero gave its 10 back.
     assert_eq!(remaining(&call("0").send().await), 74);
 }
+
+#[tokio::test]
+async fn a_settled_rule_is_never_leased() {
+    let up = Upstream::start().await;
+    let cfg = tollgate_config(up.addr, &cluster().url(), "on_error = \"deny\"\nlease_idle = \"1h\"");
+    // Big enough to lease 1% of (100 units) at every call, were it leased.
+    let rules = "[[rule]]\nname = \"llm-leased\"\nkey = [\"ip\"]\nlimit = 10000\nwindow = \"1d\"\ncost = 10\ncost_response_header = \"x-tokens-used\"\n";
+    let a = Tollgate::with(&cfg, &[("rules.toml", rules)]).await;
+    let b = Tollgate::with(&cfg, &[("rules.toml", rules)]).await;
+    let ip = "198.51.100.7";
+    for _ in 0..5 {
+        assert_eq!(used(a.proxy_addr, ip, "1").send().await.status, StatusCode::OK);
+    }
+    let metrics = a.metrics().await;
+    assert_eq!(metric(&metrics, "tollgate_leases_granted_total", &[]), Some(0.0));
+    assert_eq!(metric(&metrics, "tollgate_lease_hits_total", &[]), Some(0.0));
+    // Everything settled is in Redis, for the other instance to see: five
+    // of 1 and this probe's 10.
+    eventually("the settlements to reach redis", || async {
+        remaining(&used(b.proxy_addr, ip, "0").send().await) == 9_985
+    })
+    .await;
+}
