@@ -197,7 +197,7 @@ fn settling_agrees_between_the_lua_scripts_and_the_limiter() {
     let config = ProptestConfig {
         cases: 256,
         failure_persistence: None,
-        rng_seed: proptest::test_runner::RngSeed::Fixed(0x5e77_1e),
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0x005e_771e),
         ..ProptestConfig::default()
     };
     proptest!(config, |(
