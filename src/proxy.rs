@@ -618,6 +618,10 @@ impl Proxy {
 
     /// The admitted rules of `pending` whose cost their response settles.
     fn settling(&self, pending: &[Pending<'_>], answers: &[Answer]) -> Vec<Settling> {
+        // No clock read for a request none of whose rules settle.
+        if !pending.iter().any(|p| p.rule.spec.cost_response_header.is_some()) {
+            return Vec::new();
+        }
         let at = self.store.stamp();
         pending
             .iter()
