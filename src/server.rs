@@ -58,6 +58,8 @@ pub struct Server {
     tls: Option<Tls>,
     /// `[listen] http_redirect`.
     redirect_listener: Option<TcpListener>,
+    /// `[listen] decision`.
+    decision_listener: Option<TcpListener>,
 }
 
 /// How often idle keys are swept from the memory store (and from the Redis
@@ -92,7 +94,11 @@ impl Server {
             Some(addr) => Some(bind(addr).await?),
             None => None,
         };
-        Ok(Server { config, proxy, reloader, proxy_listener, admin_listener, tls, redirect_listener })
+        let decision_listener = match config.listen.decision {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        };
+        Ok(Server { config, proxy, reloader, proxy_listener, admin_listener, tls, redirect_listener, decision_listener })
     }
 
     /// The address clients connect to (useful when the config said port 0).
@@ -110,6 +116,11 @@ impl Server {
         self.redirect_listener.as_ref().and_then(|l| l.local_addr().ok())
     }
 
+    /// The decision API listener's address, when there is one.
+    pub fn decision_addr(&self) -> Option<SocketAddr> {
+        self.decision_listener.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
     /// The request path, for tests that inspect it.
     pub fn proxy(&self) -> Arc<Proxy> {
         self.proxy.clone()
@@ -123,7 +134,8 @@ impl Server {
     /// Serves until `shutdown` completes, then drains.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
         let https_port = self.proxy_addr().port();
-        let Server { config, proxy, reloader, proxy_listener, admin_listener, tls, redirect_listener } = self;
+        let Server { config, proxy, reloader, proxy_listener, admin_listener, tls, redirect_listener, decision_listener } =
+            self;
         let watch = tokio::spawn(reloader.clone().watch());
         let _summary = crate::summary::spawn(&proxy.metrics);
         let sweep = tokio::spawn({
@@ -151,11 +163,14 @@ impl Server {
         let redirect_task = redirect_listener.map(|l| {
             tokio::spawn(crate::redirect::serve(l, https_port, slots.clone(), config.listen.header_read_timeout))
         });
+        let decision_task = decision_listener.map(|l| {
+            tokio::spawn(crate::decision::serve(l, proxy.clone(), config.listen.header_read_timeout))
+        });
 
         serve_proxy(proxy_listener, proxy.clone(), &config, tls, slots, shutdown).await;
         proxy.store.close().await;
 
-        for task in cert_watch.into_iter().chain(redirect_task) {
+        for task in cert_watch.into_iter().chain(redirect_task).chain(decision_task) {
             task.abort();
         }
         watch.abort();

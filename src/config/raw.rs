@@ -38,6 +38,8 @@ pub struct RawListen {
     pub send_timeout: Option<Spanned<String>>,
     pub tls: Option<Vec<Spanned<RawTls>>>,
     pub http_redirect: Option<Spanned<String>>,
+    pub decision: Option<Spanned<String>>,
+    pub envoy_rls: Option<Spanned<String>>,
 }
 
 /// `[[listen.tls]]`: one certificate the proxy listener may present.
