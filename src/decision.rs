@@ -34,7 +34,7 @@ use serde_json::{Map, Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use crate::config::{KeyPart, OnError};
+use crate::config::{Cost, KeyPart, OnError};
 use crate::error::json_response;
 use crate::headers::{self, RuleReport};
 use crate::limiter::ceil_secs;
@@ -143,11 +143,17 @@ async fn check(proxy: &Proxy, body: &[u8]) -> Result<Value, String> {
     let Some(rule) = rules.rules.iter().find(|r| r.name() == name) else {
         return Err(format!("No rule is named {name:?}."));
     };
+    // A `cost_header` rule's `max_cost` bounds the API's cost as it bounds
+    // the header; otherwise the bucket does (more could never be admitted).
+    let max_cost = match rule.spec.cost {
+        Cost::Header(_) => rule.spec.max_cost,
+        Cost::Fixed(_) => rule.nominal.capacity().max(rule.spec.max_cost),
+    };
     let cost = match cost {
         None => 1,
         Some(v) => match v.as_u64() {
-            Some(n) if (1..=rule.spec.max_cost).contains(&n) => n,
-            _ => return Err(format!("\"cost\" must be a whole number from 1 to {}.", rule.spec.max_cost)),
+            Some(n) if (1..=max_cost).contains(&n) => n,
+            _ => return Err(format!("\"cost\" must be a whole number from 1 to {max_cost}.")),
         },
     };
     let given = KeyValues::parse(proxy, rule, &key)?;
@@ -194,8 +200,10 @@ async fn check(proxy: &Proxy, body: &[u8]) -> Result<Value, String> {
         }
         (true, verdict.remaining)
     };
-    let headers: Map<String, Value> =
-        out.iter().map(|(k, v)| (k.as_str().to_string(), Value::String(v.to_str().unwrap_or("").to_string()))).collect();
+    let headers: Map<String, Value> = out
+        .iter()
+        .map(|(k, v)| (k.as_str().to_string(), Value::String(v.to_str().unwrap_or("").to_string())))
+        .collect();
     let mut body = json!({
         "allowed": allowed,
         "remaining": remaining,
@@ -326,10 +334,9 @@ impl KeyValues {
 /// in the rules file; a header's name in any case.
 fn part_named(part: &KeyPart, name: &str) -> bool {
     match part {
-        KeyPart::Header(h) => name
-            .get(..7)
-            .zip(name.get(7..))
-            .is_some_and(|(tag, header)| tag.eq_ignore_ascii_case("header:") && header.eq_ignore_ascii_case(h.as_str())),
+        KeyPart::Header(h) => name.get(..7).zip(name.get(7..)).is_some_and(|(tag, header)| {
+            tag.eq_ignore_ascii_case("header:") && header.eq_ignore_ascii_case(h.as_str())
+        }),
         other => other.describe() == name,
     }
 }

@@ -98,7 +98,16 @@ impl Server {
             Some(addr) => Some(bind(addr).await?),
             None => None,
         };
-        Ok(Server { config, proxy, reloader, proxy_listener, admin_listener, tls, redirect_listener, decision_listener })
+        Ok(Server {
+            config,
+            proxy,
+            reloader,
+            proxy_listener,
+            admin_listener,
+            tls,
+            redirect_listener,
+            decision_listener,
+        })
     }
 
     /// The address clients connect to (useful when the config said port 0).
@@ -134,8 +143,16 @@ impl Server {
     /// Serves until `shutdown` completes, then drains.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
         let https_port = self.proxy_addr().port();
-        let Server { config, proxy, reloader, proxy_listener, admin_listener, tls, redirect_listener, decision_listener } =
-            self;
+        let Server {
+            config,
+            proxy,
+            reloader,
+            proxy_listener,
+            admin_listener,
+            tls,
+            redirect_listener,
+            decision_listener,
+        } = self;
         let watch = tokio::spawn(reloader.clone().watch());
         let _summary = crate::summary::spawn(&proxy.metrics);
         let sweep = tokio::spawn({
@@ -163,9 +180,8 @@ impl Server {
         let redirect_task = redirect_listener.map(|l| {
             tokio::spawn(crate::redirect::serve(l, https_port, slots.clone(), config.listen.header_read_timeout))
         });
-        let decision_task = decision_listener.map(|l| {
-            tokio::spawn(crate::decision::serve(l, proxy.clone(), config.listen.header_read_timeout))
-        });
+        let decision_task = decision_listener
+            .map(|l| tokio::spawn(crate::decision::serve(l, proxy.clone(), config.listen.header_read_timeout)));
 
         serve_proxy(proxy_listener, proxy.clone(), &config, tls, slots, shutdown).await;
         proxy.store.close().await;
