@@ -37,7 +37,7 @@ use tokio::sync::Semaphore;
 use crate::config::{Cost, KeyPart, OnError};
 use crate::error::json_response;
 use crate::headers::{self, RuleReport};
-use crate::limiter::ceil_secs;
+use crate::limiter::{Nanos, ceil_secs};
 use crate::proxy::Proxy;
 use crate::rules::{RequestFacts, Rule};
 
@@ -143,12 +143,7 @@ async fn check(proxy: &Proxy, body: &[u8]) -> Result<Value, String> {
     let Some(rule) = rules.rules.iter().find(|r| r.name() == name) else {
         return Err(format!("No rule is named {name:?}."));
     };
-    // A `cost_header` rule's `max_cost` bounds the API's cost as it bounds
-    // the header; otherwise the bucket does (more could never be admitted).
-    let max_cost = match rule.spec.cost {
-        Cost::Header(_) => rule.spec.max_cost,
-        Cost::Fixed(_) => rule.nominal.capacity().max(rule.spec.max_cost),
-    };
+    let max_cost = max_cost(rule);
     let cost = match cost {
         None => 1,
         Some(v) => match v.as_u64() {
@@ -156,11 +151,79 @@ async fn check(proxy: &Proxy, body: &[u8]) -> Result<Value, String> {
             _ => return Err(format!("\"cost\" must be a whole number from 1 to {max_cost}.")),
         },
     };
-    let given = KeyValues::parse(proxy, rule, &key)?;
+    let o = decide(proxy, rule, &key, cost).await?;
+    let headers: Map<String, Value> = o
+        .headers
+        .iter()
+        .map(|(k, v)| (k.as_str().to_string(), Value::String(v.to_str().unwrap_or("").to_string())))
+        .collect();
+    let mut body = json!({
+        "allowed": o.allowed,
+        "remaining": o.remaining,
+        "retry_after": o.retry_after,
+        "headers": headers,
+    });
+    if o.delay > 0 {
+        // Leaky bucket shaping: the proxy would hold the request this long.
+        body["delay_ms"] = json!(o.delay.div_ceil(1_000_000));
+    }
+    if o.exempt {
+        body["exempt"] = json!(true);
+    }
+    if o.store_unavailable {
+        body["store_unavailable"] = json!(true);
+    }
+    Ok(body)
+}
+
+/// The largest cost one check may ask for: a `cost_header` rule's
+/// `max_cost`, as for the header; otherwise the bucket (more could never
+/// be admitted).
+pub fn max_cost(rule: &Rule) -> u64 {
+    match rule.spec.cost {
+        Cost::Header(_) => rule.spec.max_cost,
+        Cost::Fixed(_) => rule.nominal.capacity().max(rule.spec.max_cost),
+    }
+}
+
+/// One decision, whoever asked (`/v1/check` or Envoy's `ShouldRateLimit`).
+pub struct Outcome {
+    pub allowed: bool,
+    /// What the client is told remains (`None`: exempt, or the store
+    /// failed).
+    pub remaining: Option<u64>,
+    /// Whole seconds until a retry can pass; 0 when allowed.
+    pub retry_after: u64,
+    /// Nanoseconds until the quota is whole again.
+    pub reset_after: Nanos,
+    /// Leaky-bucket shaping: how long the proxy would hold the request.
+    pub delay: Nanos,
+    /// The rate-limit headers the proxy would send (none for shadow rules).
+    pub headers: HeaderMap,
+    pub exempt: bool,
+    pub store_unavailable: bool,
+}
+
+/// Decides `cost` units of `rule` for the key parts in `key` (named as in
+/// the rule's key list), counting in the store and the rule's metrics as a
+/// proxied request does. `Err` carries the sentence for the caller.
+pub async fn decide(proxy: &Proxy, rule: &Rule, key: &Map<String, Value>, cost: u64) -> Result<Outcome, String> {
+    let given = KeyValues::parse(proxy, rule, key)?;
     let facts = given.facts();
+    let mut o = Outcome {
+        allowed: true,
+        remaining: None,
+        retry_after: 0,
+        reset_after: 0,
+        delay: 0,
+        headers: HeaderMap::new(),
+        exempt: false,
+        store_unavailable: false,
+    };
     if !rule.spec.exempt.is_empty() && rule.spec.exempt.contains(facts.client_ip, facts.user, facts.api_key) {
         // The proxy would not count this client under this rule either.
-        return Ok(json!({"allowed": true, "remaining": Value::Null, "retry_after": 0, "headers": {}, "exempt": true}));
+        o.exempt = true;
+        return Ok(o);
     }
     let mut bucket = String::with_capacity(64);
     rule.key(&facts, &mut bucket)?;
@@ -171,26 +234,26 @@ async fn check(proxy: &Proxy, body: &[u8]) -> Result<Value, String> {
             tracing::debug!(error = %e, rule = rule.name(), "decision API: store check failed");
             // `allow` and `local` (when even the local fallback could not
             // answer) admit; `deny` refuses, as the proxy's 503 does.
-            let allowed = !rule.enforced() || proxy.on_error_of(rule) != OnError::Deny;
-            let retry_after = if allowed { 0 } else { 1 };
-            return Ok(json!({
-                "allowed": allowed, "remaining": Value::Null, "retry_after": retry_after,
-                "headers": {}, "store_unavailable": true,
-            }));
+            o.allowed = !rule.enforced() || proxy.on_error_of(rule) != OnError::Deny;
+            o.retry_after = if o.allowed { 0 } else { 1 };
+            o.store_unavailable = true;
+            return Ok(o);
         }
     };
-    let mut out = HeaderMap::new();
-    let retry_after = if verdict.allowed { 0 } else { ceil_secs(verdict.retry_after).max(1) };
-    let (allowed, remaining) = if rule.enforced() {
+    o.reset_after = verdict.reset_after;
+    if rule.enforced() {
         let report = RuleReport::new(rule, &verdict, limits.capacity());
-        headers::write(&mut out, &[report], 0);
+        headers::write(&mut o.headers, &[report], 0);
         if verdict.allowed {
             rule.counters.allowed.inc();
+            o.delay = verdict.delay;
         } else {
             rule.counters.limited.inc();
-            headers::write_retry_after(&mut out, retry_after);
+            o.retry_after = ceil_secs(verdict.retry_after).max(1);
+            headers::write_retry_after(&mut o.headers, o.retry_after);
         }
-        (verdict.allowed, report.remaining)
+        o.allowed = verdict.allowed;
+        o.remaining = Some(report.remaining);
     } else {
         // Shadow rules are measured, never enforced nor shown.
         if verdict.allowed {
@@ -198,23 +261,9 @@ async fn check(proxy: &Proxy, body: &[u8]) -> Result<Value, String> {
         } else {
             rule.counters.shadow_limited.inc();
         }
-        (true, verdict.remaining)
-    };
-    let headers: Map<String, Value> = out
-        .iter()
-        .map(|(k, v)| (k.as_str().to_string(), Value::String(v.to_str().unwrap_or("").to_string())))
-        .collect();
-    let mut body = json!({
-        "allowed": allowed,
-        "remaining": remaining,
-        "retry_after": if allowed { 0 } else { retry_after },
-        "headers": headers,
-    });
-    if verdict.delay > 0 && allowed {
-        // Leaky bucket shaping: the proxy would hold the request this long.
-        body["delay_ms"] = json!(verdict.delay.div_ceil(1_000_000));
+        o.remaining = Some(verdict.remaining);
     }
-    Ok(body)
+    Ok(o)
 }
 
 /// The values a check gave for its rule's key parts, owned, from which

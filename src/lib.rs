@@ -35,6 +35,7 @@
 //! | [`config`] | the only code that reads files: main config and rules, validated with file:line:column errors |
 //! | [`reload`] | watch the rules, debounce, validate, swap; keep the old rules on error |
 //! | [`admin`] | `/metrics`, `/healthz`, `/readyz`, `/rules` |
+//! | [`envoy_rls`] | `[listen] envoy_rls`: Envoy's `ShouldRateLimit` over gRPC, descriptors mapped to rules by `[[envoy]]` |
 //! | [`decision`] | `[listen] decision`: `POST /v1/check`, the proxy's decision for services not behind it |
 //! | [`metrics`] | Prometheus metrics on an explicit registry |
 //! | [`summary`] | a periodic `info` log line: requests allowed and limited since the last one |
@@ -51,6 +52,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod decision;
+pub mod envoy_rls;
 pub mod error;
 pub mod floor;
 pub mod forward;

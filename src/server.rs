@@ -60,6 +60,8 @@ pub struct Server {
     redirect_listener: Option<TcpListener>,
     /// `[listen] decision`.
     decision_listener: Option<TcpListener>,
+    /// `[listen] envoy_rls`.
+    envoy_rls_listener: Option<TcpListener>,
 }
 
 /// How often idle keys are swept from the memory store (and from the Redis
@@ -98,6 +100,10 @@ impl Server {
             Some(addr) => Some(bind(addr).await?),
             None => None,
         };
+        let envoy_rls_listener = match config.listen.envoy_rls {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        };
         Ok(Server {
             config,
             proxy,
@@ -107,6 +113,7 @@ impl Server {
             tls,
             redirect_listener,
             decision_listener,
+            envoy_rls_listener,
         })
     }
 
@@ -128,6 +135,11 @@ impl Server {
     /// The decision API listener's address, when there is one.
     pub fn decision_addr(&self) -> Option<SocketAddr> {
         self.decision_listener.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// The Envoy rate limit service's address, when there is one.
+    pub fn envoy_rls_addr(&self) -> Option<SocketAddr> {
+        self.envoy_rls_listener.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// The request path, for tests that inspect it.
@@ -152,6 +164,7 @@ impl Server {
             tls,
             redirect_listener,
             decision_listener,
+            envoy_rls_listener,
         } = self;
         let watch = tokio::spawn(reloader.clone().watch());
         let _summary = crate::summary::spawn(&proxy.metrics);
@@ -182,11 +195,12 @@ impl Server {
         });
         let decision_task = decision_listener
             .map(|l| tokio::spawn(crate::decision::serve(l, proxy.clone(), config.listen.header_read_timeout)));
+        let envoy_rls_task = envoy_rls_listener.map(|l| tokio::spawn(crate::envoy_rls::serve(l, proxy.clone())));
 
         serve_proxy(proxy_listener, proxy.clone(), &config, tls, slots, shutdown).await;
         proxy.store.close().await;
 
-        for task in cert_watch.into_iter().chain(redirect_task).chain(decision_task) {
+        for task in cert_watch.into_iter().chain(redirect_task).chain(decision_task).chain(envoy_rls_task) {
             task.abort();
         }
         watch.abort();

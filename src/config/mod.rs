@@ -9,6 +9,7 @@
 //! (one file or a directory of `*.toml`) is read at start-up and again on
 //! every reload.
 
+mod envoy;
 mod error;
 mod machine;
 mod raw;
@@ -27,6 +28,7 @@ use toml::Spanned;
 
 pub use crate::normalize::{EncodedSlashes, Normalization};
 
+pub use envoy::EnvoyMapping;
 pub use error::{ConfigError, ConfigErrors, line_col};
 pub use rules_file::{
     ClientSet, Cost, DenySpec, InvalidToken, KeyPart, LoadedRules, MatchSpec, PathPattern, RuleMode, RuleSpec,

@@ -120,6 +120,8 @@ pub struct RawRulesFile {
     pub rule: Vec<Spanned<RawRule>>,
     #[serde(default)]
     pub deny: Vec<Spanned<RawDeny>>,
+    #[serde(default)]
+    pub envoy: Vec<Spanned<super::envoy::RawEnvoy>>,
 }
 
 /// Who a `[[deny]]` entry or a rule's `exempt` names.

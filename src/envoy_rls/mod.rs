@@ -1,0 +1,151 @@
+//! `[listen] envoy_rls`: Envoy's rate limit service
+//! (`envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`) over
+//! gRPC, so Envoy's and Istio's ratelimit filters can use tollgate's rules
+//! and store.
+//!
+//! Each descriptor of a request is mapped to a rule by the `[[envoy]]`
+//! entries of the rules files ([`crate::config::EnvoyMapping`]) and decided
+//! as the decision API decides a check ([`crate::decision::decide`]): the
+//! same bucket key as the proxy, the same store, metrics and `on_error`.
+//! Descriptors are decided one after the other, each spending its own
+//! counter whatever the others answer (as Envoy's own ratelimit service
+//! does). A descriptor no entry covers is `OK` with no limit.
+//!
+//! The gRPC server is tonic's generated service run on hyper's HTTP/2
+//! server (the one the proxy uses), not tonic's transport: no second HTTP
+//! stack.
+
+pub mod proto;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+use crate::proxy::Proxy;
+use crate::rules::Rule;
+use proto::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit};
+use proto::envoy::service::ratelimit::v3::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
+use proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+
+/// Connections the listener serves at once (Envoy keeps a few per worker).
+const MAX_CONNECTIONS: usize = 1024;
+
+/// Descriptors decided per request: Envoy sends one per rate limit action,
+/// a handful; more is a misuse, refused rather than served at length.
+const MAX_DESCRIPTORS: usize = 64;
+
+/// The rate limit service: the proxy's rules and store.
+pub struct Rls {
+    proxy: Arc<Proxy>,
+}
+
+/// Accepts gRPC connections until the task is aborted (at shutdown).
+pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let service = RateLimitServiceServer::new(Rls { proxy });
+    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    builder.timer(TokioTimer::new()).max_concurrent_streams(256);
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else { continue };
+        let _ = stream.set_nodelay(true);
+        let svc = TowerToHyperService::new(service.clone());
+        let conn = builder.serve_connection(TokioIo::new(stream), svc);
+        tokio::spawn(async move {
+            let _ = conn.await;
+            drop(permit);
+        });
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for Rls {
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        let req = request.into_inner();
+        if req.domain.is_empty() {
+            return Err(tonic::Status::invalid_argument("domain must not be empty"));
+        }
+        if req.descriptors.is_empty() || req.descriptors.len() > MAX_DESCRIPTORS {
+            return Err(tonic::Status::invalid_argument(format!("a request needs 1 to {MAX_DESCRIPTORS} descriptors")));
+        }
+        let rules = self.proxy.rules.load();
+        let mut over = false;
+        let mut statuses = Vec::with_capacity(req.descriptors.len());
+        for d in &req.descriptors {
+            let entries = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()));
+            let found = rules.envoy.iter().find_map(|m| {
+                let key = m.key_of(&req.domain, entries.clone())?;
+                Some((rules.rules.iter().find(|r| r.name() == m.rule)?, key))
+            });
+            let Some((rule, key)) = found else {
+                statuses.push(DescriptorStatus { code: Code::Ok as i32, ..Default::default() });
+                continue;
+            };
+            // Envoy sends 0 for "not set": one hit. A descriptor's own
+            // hits_addend overrides the request's.
+            let cost = d.hits_addend.unwrap_or(u64::from(req.hits_addend)).max(1);
+            let max = crate::decision::max_cost(rule);
+            if cost > max {
+                return Err(tonic::Status::invalid_argument(format!(
+                    "hits_addend {cost} is over {max}, the most rule {:?} takes at once",
+                    rule.name()
+                )));
+            }
+            let o = crate::decision::decide(&self.proxy, rule, &key, cost)
+                .await
+                .map_err(tonic::Status::invalid_argument)?;
+            over |= !o.allowed;
+            statuses.push(DescriptorStatus {
+                code: if o.allowed { Code::Ok } else { Code::OverLimit } as i32,
+                current_limit: Some(current_limit(rule)),
+                limit_remaining: o.remaining.map_or(0, |r| r.min(u64::from(u32::MAX)) as u32),
+                duration_until_reset: Some(prost_types::Duration {
+                    seconds: (o.reset_after / 1_000_000_000).min(i64::MAX as u64) as i64,
+                    nanos: (o.reset_after % 1_000_000_000) as i32,
+                }),
+                quota: None,
+            });
+        }
+        Ok(tonic::Response::new(RateLimitResponse {
+            overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+            statuses,
+            ..Default::default()
+        }))
+    }
+}
+
+/// The rule's limit as Envoy states limits: requests per second, minute,
+/// hour, day, week, month (30 days) or year (365 days). A window that is
+/// one of those units is reported as is; another window as the rate over
+/// the smallest unit that holds it, rounded down (5 per 10 s: 30 per
+/// minute).
+fn current_limit(rule: &Rule) -> RateLimit {
+    const UNITS: [(u64, Unit); 7] = [
+        (1, Unit::Second),
+        (60, Unit::Minute),
+        (3600, Unit::Hour),
+        (86_400, Unit::Day),
+        (7 * 86_400, Unit::Week),
+        (30 * 86_400, Unit::Month),
+        (365 * 86_400, Unit::Year),
+    ];
+    let window = rule.spec.window.as_nanos().max(1);
+    let (secs, unit) =
+        UNITS.iter().copied().find(|(s, _)| u128::from(*s) * 1_000_000_000 >= window).unwrap_or(UNITS[6]);
+    let per_unit = u128::from(rule.spec.limit) * u128::from(secs) * 1_000_000_000 / window;
+    RateLimit {
+        name: rule.name().to_string(),
+        requests_per_unit: per_unit.min(u128::from(u32::MAX)) as u32,
+        unit: unit as i32,
+    }
+}
