@@ -45,6 +45,7 @@ impl Admin {
         }
         match req.uri().path() {
             "/metrics" => {
+                self.proxy.refresh_gauges();
                 let mut resp = Response::new(Full::new(Bytes::from(self.proxy.metrics.render())));
                 resp.headers_mut()
                     .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
@@ -54,9 +55,18 @@ impl Admin {
             "/healthz/store" => self.store_health().await,
             "/readyz" => self.ready().await,
             "/rules" => self.rules(),
+            // What `tollgate check --running` compares a new main file with.
+            "/config" => {
+                let sections: serde_json::Map<String, serde_json::Value> =
+                    crate::reload::restart_fingerprints(&self.reloader.running())
+                        .into_iter()
+                        .map(|(name, print)| (name.to_string(), print.into()))
+                        .collect();
+                json_response(StatusCode::OK, &json!({ "restart_sections": sections }))
+            }
             _ => json_response(
                 StatusCode::NOT_FOUND,
-                &json!({"error": "not_found", "message": "Admin endpoints: /metrics /healthz /healthz/store /readyz /rules."}),
+                &json!({"error": "not_found", "message": "Admin endpoints: /metrics /healthz /healthz/store /readyz /rules /config."}),
             ),
         }
     }

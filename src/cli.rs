@@ -44,9 +44,18 @@ pub enum Command {
     /// Run the proxy (the default).
     Run,
     /// Validate the config and every rules file, then exit.
-    Check,
+    Check(CheckArgs),
     /// Show which route and rules a request would match, and their keys.
     Explain(ExplainArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    /// The admin address of a running tollgate (`127.0.0.1:9090`): also
+    /// say which sections of the file differ from what it runs and apply
+    /// only after a restart (upstreams and routes reload by themselves).
+    #[arg(long)]
+    pub running: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -78,6 +87,35 @@ pub fn check(config_path: &std::path::Path) -> Result<String, ConfigErrors> {
         loaded.rules.len(),
         loaded.files.len()
     ))
+}
+
+/// `tollgate check --running ADMIN`: the sections of the (valid) file at
+/// `config_path` that differ from what the tollgate at `admin` runs and
+/// apply only after a restart, one line each; `Err` when it cannot be
+/// asked.
+pub fn check_running(config_path: &std::path::Path, admin: &str) -> Result<Vec<String>, String> {
+    use std::io::{Read, Write};
+    let config = Config::load(config_path).map_err(|e| e.to_string())?;
+    let addr: std::net::SocketAddr =
+        admin.parse().map_err(|_| format!("--running {admin:?} is not an address such as 127.0.0.1:9090"))?;
+    let ask = || -> std::io::Result<Vec<u8>> {
+        let mut s = std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(3))?;
+        s.set_read_timeout(Some(std::time::Duration::from_secs(3)))?;
+        s.write_all(format!("GET /config HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n").as_bytes())?;
+        let mut out = Vec::new();
+        s.take(1 << 20).read_to_end(&mut out)?;
+        Ok(out)
+    };
+    let reply = ask().map_err(|e| format!("cannot ask the tollgate at {admin}: {e}"))?;
+    let reply = String::from_utf8_lossy(&reply);
+    let body = reply.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let running: serde_json::Value = serde_json::from_str(body)
+        .map_err(|_| format!("the tollgate at {admin} did not answer /config (an older version?)"))?;
+    Ok(crate::reload::restart_fingerprints(&config)
+        .into_iter()
+        .filter(|(name, print)| running["restart_sections"][*name].as_str() != Some(print.as_str()))
+        .map(|(name, _)| format!("{name} differs from the running tollgate at {admin}: it applies after a restart"))
+        .collect())
 }
 
 /// `tollgate explain`: the report, as text.
@@ -114,10 +152,15 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
     match route {
         Some(r) => {
             let u = &config.upstreams[r.upstream];
+            let servers: Vec<String> =
+                u.servers.iter().map(|s| format!("{}://{}{}", s.scheme, s.authority, u.base_path)).collect();
             let _ = writeln!(
                 out,
-                "route:   {} (prefix {}) -> upstream {} at {}://{}{}",
-                r.name, r.path_prefix, u.name, u.scheme, u.authority, u.base_path
+                "route:   {} (prefix {}) -> upstream {} at {}",
+                r.name,
+                r.path_prefix,
+                u.name,
+                servers.join(", ")
             );
         }
         None => {

@@ -65,7 +65,11 @@ impl Floor {
             listener,
             builder: connection_builder(config),
             upstream: Arc::new(Upstream {
-                pool: Pool::for_upstream(upstream, UPSTREAM_READ_BUFFER),
+                pool: Pool::for_server(
+                    upstream,
+                    upstream.servers.first().ok_or(FloorError::NoRoute)?,
+                    UPSTREAM_READ_BUFFER,
+                ),
                 base_path: upstream.base_path.clone(),
             }),
         })

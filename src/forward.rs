@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -19,30 +19,35 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
-use http::{Request, Response, Version};
+use http::{Request, Response, StatusCode, Version};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use prometheus::IntCounter;
+use prometheus::{IntCounter, IntGauge};
 use tokio::time::{Instant, Sleep};
 
+use crate::balance::Balancer;
 use crate::client::Peer;
 use crate::config::Upstream;
 use crate::error::ProxyError;
+use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::pool::{Pool, PoolError, UpstreamBody};
+use crate::tunnel;
 
 /// Headers that describe one connection, not the message (RFC 9110 7.6.1):
 /// never forwarded in either direction.
-const HOP_BY_HOP: [HeaderName; 9] = [
+/// `Trailer` is not among them: it names the trailer fields of a message,
+/// which pass through end to end (hyper writes only the trailer fields a
+/// message declares).
+const HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
     header::PROXY_AUTHENTICATE,
     header::PROXY_AUTHORIZATION,
     header::TE,
-    header::TRAILER,
     header::TRANSFER_ENCODING,
-    // tollgate does not tunnel protocol upgrades.
+    // An upgrade tollgate tunnels is asked for again (crate::tunnel).
     header::UPGRADE,
 ];
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -56,11 +61,17 @@ const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 /// (nginx's default is 4 or 8 KiB).
 pub const UPSTREAM_READ_BUFFER: usize = 16 * 1024;
 
-/// One upstream: its connection pool, in-flight count and error counters.
+/// One upstream: its servers, each with its own connection pool, health
+/// and counters, and the error counters of the upstream as a whole.
 pub struct UpstreamClient {
     pub config: Upstream,
-    pool: Pool<RequestBody>,
-    inflight: AtomicUsize,
+    servers: Box<[UpstreamServer]>,
+    /// One server and no health check: nothing to choose and nothing to
+    /// watch, so requests take the path they took before upstreams had
+    /// several servers, with no balancing or health work.
+    single: bool,
+    balancer: Balancer,
+    unavailable: IntCounter,
     connect_errors: IntCounter,
     timeouts: IntCounter,
     resets: IntCounter,
@@ -69,12 +80,46 @@ pub struct UpstreamClient {
     too_large: IntCounter,
 }
 
-/// Keeps an upstream's in-flight count while a request is being forwarded.
-struct InflightGuard<'a>(&'a AtomicUsize);
+/// One server of an upstream.
+struct UpstreamServer {
+    address: String,
+    pool: Pool<RequestBody>,
+    health: Arc<Health>,
+    /// Requests sent to it; with `answered`, what it has in flight.
+    requests: IntCounter,
+    /// Requests that got their answer (or failed, or were abandoned).
+    answered: AtomicU64,
+    failures: IntCounter,
+    /// `tollgate_upstream_server_inflight`, set from `requests` and
+    /// `answered` when metrics are read ([`UpstreamClient::refresh_gauges`]):
+    /// the request path pays two atomic additions per request either way,
+    /// as it did for the in-flight count alone before there were
+    /// per-server metrics.
+    inflight_gauge: IntGauge,
+}
 
-impl Drop for InflightGuard<'_> {
+impl UpstreamServer {
+    /// Requests sent and not yet answered.
+    fn inflight(&self) -> u64 {
+        // `answered` first, so that it is seldom ahead of the `requests`
+        // read after it; saturating for when it is.
+        let answered = self.answered.load(Ordering::Relaxed);
+        self.requests.get().saturating_sub(answered)
+    }
+
+    /// Counts a request sent to this server until the guard is dropped.
+    fn start(&self) -> Answered<'_> {
+        self.requests.inc();
+        Answered(&self.answered)
+    }
+}
+
+/// Counts a request as answered when dropped (whatever ended it).
+struct Answered<'a>(&'a AtomicU64);
+
+impl Drop for Answered<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -82,6 +127,9 @@ impl Drop for InflightGuard<'_> {
 pub struct Downstream<'a> {
     /// The socket peer.
     pub peer: &'a Peer,
+    /// The client's address (after trusted proxies), which `hash_key =
+    /// "ip"` hashes.
+    pub client_ip: std::net::IpAddr,
     /// The host the client asked for, for `X-Forwarded-Host`.
     pub host: Option<&'a str>,
     /// The `Host` header to send instead of the client's: the host that was
@@ -97,17 +145,57 @@ pub struct Downstream<'a> {
     pub buffer_body: u64,
     /// `listen.body_read_timeout`.
     pub body_read_timeout: Duration,
+    /// The protocol the client asked to switch to, when tollgate will
+    /// tunnel it (see [`crate::tunnel::requested`]).
+    pub upgrade: Option<HeaderValue>,
+    /// Where the body bytes read from the client are counted, for the
+    /// access log; `None` when it is off.
+    pub bytes_in: Option<Arc<AtomicU64>>,
+    /// Where the index of the server the request went to is noted (it
+    /// starts at `usize::MAX`: none), for the access log; `None` when it is
+    /// off.
+    pub chosen: Option<&'a std::sync::atomic::AtomicUsize>,
 }
 
 impl UpstreamClient {
+    /// Builds the pools and resolves every metric handle of `config`, and
+    /// starts its servers' health checks.
     pub fn new(config: &Upstream, metrics: &Metrics) -> UpstreamClient {
-        let pool = Pool::for_upstream(config, UPSTREAM_READ_BUFFER);
-        let err = |kind: &str| metrics.upstream_errors_total.with_label_values(&[config.name.as_str(), kind]);
+        let name = config.name.as_str();
+        let err = |kind: &str| metrics.upstream_errors_total.with_label_values(&[name, kind]);
         let client_err = |kind: &str| metrics.client_errors_total.with_label_values(&[kind]);
+        let epoch = tokio::time::Instant::now();
+        let servers: Box<[UpstreamServer]> = config
+            .servers
+            .iter()
+            .map(|s| {
+                let labels = [name, s.address.as_str()];
+                let health = Arc::new(Health::new(metrics.upstream_server_healthy.with_label_values(&labels), epoch));
+                if let Some(check) = &config.health_check {
+                    crate::health::spawn_check(&health, s, check, config);
+                }
+                UpstreamServer {
+                    address: s.address.clone(),
+                    // A streaming body is bounded by the upstream's
+                    // `timeout` between its pieces, like its head.
+                    pool: Pool::for_server(config, s, UPSTREAM_READ_BUFFER)
+                        .limit_silence(config.timeout, err("timeout")),
+                    health,
+                    requests: metrics.upstream_server_requests_total.with_label_values(&labels),
+                    failures: metrics.upstream_server_failures_total.with_label_values(&labels),
+                    answered: AtomicU64::new(0),
+                    inflight_gauge: metrics.upstream_server_inflight.with_label_values(&labels),
+                }
+            })
+            .collect();
+        let single = servers.len() == 1 && config.health_check.is_none();
+        let addresses: Vec<&str> = servers.iter().map(|s| s.address.as_str()).collect();
         UpstreamClient {
+            balancer: Balancer::new(&config.balance, &addresses),
             config: config.clone(),
-            pool,
-            inflight: AtomicUsize::new(0),
+            servers,
+            single,
+            unavailable: metrics.upstream_unavailable_total.with_label_values(&[name]),
             connect_errors: err("connect"),
             timeouts: err("timeout"),
             resets: err("reset"),
@@ -117,10 +205,27 @@ impl UpstreamClient {
         }
     }
 
+    /// How many servers the upstream has.
+    pub fn servers(&self) -> usize {
+        self.servers.len()
+    }
+
+    /// The address (as the access log shows it) of server `i`.
+    pub fn server_authority(&self, i: usize) -> Option<&http::uri::Authority> {
+        self.config.servers.get(i).map(|s| &s.authority)
+    }
+
     /// Requests being forwarded to this upstream right now (elastic
     /// throttling reads it).
     pub fn inflight(&self) -> usize {
-        self.inflight.load(Ordering::Relaxed)
+        self.servers.iter().map(UpstreamServer::inflight).sum::<u64>() as usize
+    }
+
+    /// Sets each server's in-flight gauge, for a metrics scrape.
+    pub fn refresh_gauges(&self) {
+        for s in &self.servers {
+            s.inflight_gauge.set(s.inflight() as i64);
+        }
     }
 
     /// Sends `req` to this upstream and returns its response head with the
@@ -148,7 +253,18 @@ impl UpstreamClient {
         // Origin form, as an origin server expects it.
         parts.uri = Uri::from(pq);
 
-        strip_hop_by_hop(&mut parts.headers);
+        // A client that takes trailers gets the upstream's: tollgate relays
+        // them (the codings `TE` may also name are hop-by-hop, not passed).
+        if strip_hop_by_hop(&mut parts.headers) {
+            parts.headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        }
+        // HTTP/2 has no Upgrade: to an h2 upstream the request goes as a
+        // plain one.
+        let upgrade = down.upgrade.take().filter(|_| self.config.protocol == crate::config::Protocol::Http1);
+        let upgrading = upgrade.is_some();
+        if let Some(protocol) = upgrade {
+            tunnel::ask_upstream(&mut parts.headers, protocol);
+        }
         // The host that was matched goes to the upstream (virtual hosts
         // behind the proxy keep working): the client's Host, or the
         // target's authority (absolute form, HTTP/2's :authority).
@@ -156,6 +272,7 @@ impl UpstreamClient {
             parts.headers.insert(header::HOST, h);
         }
         set_forwarded(&mut parts.headers, down.peer, down.host);
+        crate::via::append(&mut parts.headers, parts.version);
         // The pool speaks HTTP/1.1 to upstreams whatever the client
         // spoke to us.
         parts.version = Version::HTTP_11;
@@ -169,45 +286,167 @@ impl UpstreamClient {
             Err(e) => return Err(self.client_error(e)),
         };
         let req = Request::from_parts(parts, body);
-        self.inflight.fetch_add(1, Ordering::Relaxed);
-        let _guard = InflightGuard(&self.inflight);
+        if !self.single {
+            // Boxed: the single-server path's future stays as small as it
+            // was before upstreams had several servers.
+            return Box::pin(self.forward_balanced(req, &down, &watch, upgrading)).await;
+        }
+        let server = &self.servers[0];
+        if let Some(chosen) = down.chosen {
+            chosen.store(0, Ordering::Relaxed);
+        }
+        let _answered = server.start();
         let result = tokio::select! {
             // The upstream first: no random draw per poll.
             biased;
-            r = self.pool.send(req) => Some(r),
+            r = server.pool.send(req) => Some(r),
             () = upstream_deadline(self.config.timeout, &watch) => None,
         };
-        let name = &self.config.name;
         match result {
-            Some(Ok(mut resp)) => {
-                strip_hop_by_hop(resp.headers_mut());
-                Ok(resp)
-            }
+            Some(Ok(resp)) => self.response_head(resp, upgrading),
             // The client's body failed (too large, malformed, too slow)
             // before the upstream answered: the client's fault, not the
             // upstream's.
             Some(Err(_)) if watch.failure().is_some() => {
                 Err(self.client_error(watch.failure().unwrap_or(BodyFailure::Malformed)))
             }
-            Some(Err(e @ PoolError::Connect(_))) if is_timeout(&e) => {
-                self.timeouts.inc();
-                tracing::warn!(upstream = %name, "upstream connect timed out");
-                Err(ProxyError::GatewayTimeout)
+            Some(Err(e)) => Err(self.upstream_error(server, Some(&e))),
+            None => Err(self.upstream_error(server, None)),
+        }
+    }
+
+    /// [`UpstreamClient::forward`] over several servers, or with health
+    /// checks: picks a server that is up, and tries a second one when the
+    /// first could not take the request.
+    async fn forward_balanced(
+        &self,
+        mut req: Request<RequestBody>,
+        down: &Downstream<'_>,
+        watch: &Arc<BodyWatch>,
+        upgrading: bool,
+    ) -> Result<Response<UpstreamBody<RequestBody>>, ProxyError> {
+        let n = self.servers.len();
+        // One clock reading for every server (they share an epoch).
+        let now = self.servers[0].health.now_ms();
+        let up = |i: usize| self.servers[i].health.is_up(now);
+        let load = |i: usize| self.servers[i].inflight();
+        let key = self.balancer.key(down.client_ip, req.headers());
+        let Some(mut i) = self.balancer.pick(n, key, None, up, load) else {
+            self.unavailable.inc();
+            tracing::warn!(upstream = %self.config.name, "every server of the upstream is out");
+            return Err(ProxyError::UpstreamUnavailable);
+        };
+        // What a request that may have reached a server is sent again
+        // from: an idempotent request without a body (a streamed body
+        // cannot be replayed, and a server may have acted on any body).
+        let replay = (n > 1 && idempotent(req.method()) && req.body().is_end_stream())
+            .then(|| (req.method().clone(), req.uri().clone(), req.headers().clone()));
+        let mut retried = false;
+        loop {
+            let server = &self.servers[i];
+            if let Some(chosen) = down.chosen {
+                chosen.store(i, Ordering::Relaxed);
             }
-            Some(Err(e @ PoolError::Connect(_))) => {
-                self.connect_errors.inc();
-                tracing::warn!(upstream = %name, error = %e, "upstream connect failed");
-                Err(ProxyError::BadGateway)
+            let result = {
+                let _answered = server.start();
+                tokio::select! {
+                    biased;
+                    r = server.pool.try_send(req) => Some(r),
+                    () = upstream_deadline(self.config.timeout, watch) => None,
+                }
+            };
+            let (e, unsent) = match result {
+                Some(Ok(resp)) => {
+                    server.health.succeeded();
+                    return self.response_head(resp, upgrading);
+                }
+                Some(Err(_)) if watch.failure().is_some() => {
+                    return Err(self.client_error(watch.failure().unwrap_or(BodyFailure::Malformed)));
+                }
+                // Out of time: no second try.
+                None => return Err(self.upstream_error(server, None)),
+                Some(Err((e, unsent))) => (e, unsent),
+            };
+            let answer = self.upstream_error(server, Some(&e));
+            if retried {
+                return Err(answer);
             }
-            Some(Err(e)) => {
-                self.resets.inc();
-                tracing::warn!(upstream = %name, error = %e, "upstream request failed");
-                Err(ProxyError::BadGateway)
-            }
+            // Unsent (the connection failed first): any request may go
+            // elsewhere. Sent: only one that can be replayed.
+            let again = unsent.or_else(|| {
+                replay.as_ref().map(|(method, uri, headers)| {
+                    let mut r = Request::new(RequestBody::empty(watch.clone()));
+                    *r.method_mut() = method.clone();
+                    *r.uri_mut() = uri.clone();
+                    *r.headers_mut() = headers.clone();
+                    r
+                })
+            });
+            let Some(again) = again else { return Err(answer) };
+            let Some(next) = self.balancer.pick(n, key, Some(i), up, load) else { return Err(answer) };
+            tracing::info!(upstream = %self.config.name, from = %server.address, to = %self.servers[next].address, "retrying on another server");
+            (req, i, retried) = (again, next, true);
+        }
+    }
+
+    /// The upstream's response head as the client gets it: without its
+    /// hop-by-hop headers, except the `Upgrade` of a switch the client
+    /// asked for (`upgrading`).
+    fn response_head(
+        &self,
+        mut resp: Response<UpstreamBody<RequestBody>>,
+        upgrading: bool,
+    ) -> Result<Response<UpstreamBody<RequestBody>>, ProxyError> {
+        let version = resp.version();
+        if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+            strip_hop_by_hop(resp.headers_mut());
+            crate::via::append(resp.headers_mut(), version);
+            return Ok(resp);
+        }
+        // A switch nobody asked for would leave the client reading a
+        // protocol it does not speak.
+        if !upgrading {
+            self.resets.inc();
+            tracing::warn!(upstream = %self.config.name, "upstream switched protocols unasked");
+            return Err(ProxyError::BadGateway);
+        }
+        let protocol = resp.headers().get(header::UPGRADE).cloned();
+        strip_hop_by_hop(resp.headers_mut());
+        crate::via::append(resp.headers_mut(), version);
+        tunnel::answer_client(resp.headers_mut(), protocol);
+        Ok(resp)
+    }
+
+    /// Counts and logs a failed upstream call (`None`: out of time) and
+    /// names its answer; the server is taken out for a while, unless it is
+    /// the only one and unchecked.
+    fn upstream_error(&self, server: &UpstreamServer, e: Option<&PoolError>) -> ProxyError {
+        server.failures.inc();
+        if !self.single {
+            server.health.failed();
+        }
+        let name = &self.config.name;
+        let address = &server.address;
+        match e {
             None => {
                 self.timeouts.inc();
-                tracing::warn!(upstream = %name, "upstream timed out");
-                Err(ProxyError::GatewayTimeout)
+                tracing::warn!(upstream = %name, server = %address, "upstream timed out");
+                ProxyError::GatewayTimeout
+            }
+            Some(e @ PoolError::Connect(_)) if is_timeout(e) => {
+                self.timeouts.inc();
+                tracing::warn!(upstream = %name, server = %address, "upstream connect timed out");
+                ProxyError::GatewayTimeout
+            }
+            Some(e @ PoolError::Connect(_)) => {
+                self.connect_errors.inc();
+                tracing::warn!(upstream = %name, server = %address, error = %e, "upstream connect failed");
+                ProxyError::BadGateway
+            }
+            Some(e) => {
+                self.resets.inc();
+                tracing::warn!(upstream = %name, server = %address, error = %e, "upstream request failed");
+                ProxyError::BadGateway
             }
         }
     }
@@ -230,6 +469,13 @@ impl UpstreamClient {
             }
         }
     }
+}
+
+/// Methods whose request can be sent twice with the effect of once (RFC
+/// 9110 9.2.2).
+fn idempotent(method: &http::Method) -> bool {
+    use http::Method;
+    [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE, Method::PUT, Method::DELETE].contains(method)
 }
 
 /// Completes once the upstream has had `timeout` to answer, not counting
@@ -324,6 +570,8 @@ pub struct RequestBody {
     /// Armed while waiting for the client.
     timer: Option<Pin<Box<Sleep>>>,
     watch: Arc<BodyWatch>,
+    /// See [`Downstream::bytes_in`].
+    bytes_in: Option<Arc<AtomicU64>>,
 }
 
 /// The error a [`RequestBody`] ends with; [`BodyWatch`] says why.
@@ -341,6 +589,21 @@ impl RequestBody {
             read_timeout: down.body_read_timeout,
             timer: None,
             watch,
+            bytes_in: down.bytes_in.clone(),
+        }
+    }
+
+    /// A body that has ended: what a request without a body is sent again
+    /// with.
+    fn empty(watch: Arc<BodyWatch>) -> RequestBody {
+        RequestBody {
+            ahead: VecDeque::new(),
+            rest: None,
+            remaining: None,
+            read_timeout: Duration::ZERO,
+            timer: None,
+            watch,
+            bytes_in: None,
         }
     }
 
@@ -373,6 +636,9 @@ impl RequestBody {
 
     /// Counts `len` bytes against `max_body`.
     fn take(&mut self, len: u64) -> Result<(), BodyFailure> {
+        if let Some(n) = &self.bytes_in {
+            n.fetch_add(len, Ordering::Relaxed);
+        }
         if let Some(remaining) = self.remaining {
             if len > remaining {
                 return Err(BodyFailure::TooLarge);
@@ -437,6 +703,13 @@ impl Body for RequestBody {
     fn size_hint(&self) -> SizeHint {
         let ahead: u64 = self.ahead.iter().filter_map(|f| f.data_ref()).map(|d| d.len() as u64).sum();
         match &self.rest {
+            // Read whole, with trailers: chunked, the only framing that
+            // carries them.
+            None if self.ahead.back().is_some_and(Frame::is_trailers) => {
+                let mut hint = SizeHint::new();
+                hint.set_lower(ahead);
+                hint
+            }
             // Read whole: the upstream gets a Content-Length.
             None => SizeHint::with_exact(ahead),
             Some(rest) => {
@@ -465,13 +738,21 @@ pub fn undecodable_transfer_coding(headers: &HeaderMap) -> bool {
         .any(|coding| !coding.is_empty() && !coding.eq_ignore_ascii_case(b"chunked"))
 }
 
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
+/// Removes the hop-by-hop headers; says whether `TE` accepted `trailers`
+/// (the next hop may then be told that tollgate does too).
+fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
     // Most messages carry none of these: one pass over the names they do
     // carry is much cheaper than looking each of ten names up (every
     // lookup hashes the name).
     if !headers.keys().any(|n| HOP_BY_HOP.contains(n)) {
-        return;
+        return false;
     }
+    let trailers = headers
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.split(';').next().is_some_and(|t| t.trim().eq_ignore_ascii_case("trailers")));
     // Headers named in Connection are hop-by-hop too.
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
@@ -483,6 +764,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in named.iter().chain(HOP_BY_HOP.iter()) {
         headers.remove(name);
     }
+    trailers
 }
 
 /// `X-Forwarded-For` gets the peer appended when the peer is a trusted

@@ -47,6 +47,11 @@ fn number(n: u64) -> HeaderValue {
     HeaderValue::from_bytes(itoa::Buffer::new().format(n).as_bytes()).unwrap_or(HeaderValue::from_static("0"))
 }
 
+/// A header value that is a whole number.
+fn parse_u64(v: &HeaderValue) -> Option<u64> {
+    std::str::from_utf8(v.as_bytes()).ok()?.trim().parse().ok()
+}
+
 /// How many decimal digits `n` takes.
 fn digits(n: u64) -> usize {
     n.checked_ilog10().map_or(1, |d| d as usize + 1)
@@ -56,11 +61,25 @@ fn digits(n: u64) -> usize {
 /// in rule order: shadow rules never show) to `headers`. `primary` is the
 /// index of the rule the `X-RateLimit-*` trio describes. Nothing is added
 /// when no rule matched.
+///
+/// An upstream's own rate-limit headers are kept, never made more
+/// permissive (the IETF draft's rule for intermediaries): `RateLimit` and
+/// `RateLimit-Policy` get tollgate's items as further field lines (a list
+/// split over lines is one list), and an `X-RateLimit-*` trio whose
+/// remaining is lower than tollgate's stays as the upstream sent it. With no
+/// upstream headers (the common case) this costs nothing more than writing
+/// tollgate's own.
 pub fn write(headers: &mut HeaderMap, reports: &[RuleReport<'_>], primary: usize) {
     let Some(p) = reports.get(primary) else { return };
-    headers.insert(X_RATELIMIT_LIMIT, p.rule.limit_value.clone());
-    headers.insert(X_RATELIMIT_REMAINING, number(p.remaining));
-    headers.insert(X_RATELIMIT_RESET, number(p.reset_secs));
+    match headers.insert(X_RATELIMIT_REMAINING, number(p.remaining)) {
+        Some(theirs) if parse_u64(&theirs).is_some_and(|t| t < p.remaining) => {
+            headers.insert(X_RATELIMIT_REMAINING, theirs);
+        }
+        _ => {
+            headers.insert(X_RATELIMIT_LIMIT, p.rule.limit_value.clone());
+            headers.insert(X_RATELIMIT_RESET, number(p.reset_secs));
+        }
+    }
 
     // `RateLimit` is written on every response: into a buffer of its exact
     // length, which then becomes the header value without another copy.
@@ -90,7 +109,7 @@ pub fn write(headers: &mut HeaderMap, reports: &[RuleReport<'_>], primary: usize
     if let [only] = reports
         && let Some(v) = &only.rule.policy_value
     {
-        headers.insert(RATELIMIT_POLICY, v.clone());
+        headers.append(RATELIMIT_POLICY, v.clone());
     }
     // Rule names are validated to printable ASCII without quotes or
     // backslashes (the sf-string alphabet, nothing to escape), so
@@ -99,10 +118,10 @@ pub fn write(headers: &mut HeaderMap, reports: &[RuleReport<'_>], primary: usize
     if reports.len() > 1
         && let Ok(v) = HeaderValue::from_str(&policy)
     {
-        headers.insert(RATELIMIT_POLICY, v);
+        headers.append(RATELIMIT_POLICY, v);
     }
     if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(state)) {
-        headers.insert(RATELIMIT, v);
+        headers.append(RATELIMIT, v);
     }
 }
 

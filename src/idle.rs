@@ -31,6 +31,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
+use hyper::body::{Body, Frame, SizeHint};
+use prometheus::IntCounter;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
@@ -38,26 +40,116 @@ use crate::send_budget::SendBudget;
 
 /// Requests in flight on one connection.
 #[derive(Debug, Clone, Default)]
-pub struct Inflight(Arc<AtomicUsize>);
+pub struct Inflight(Arc<InflightState>);
+
+#[derive(Debug, Default)]
+struct InflightState {
+    count: AtomicUsize,
+    /// Where requests whose client went away are counted.
+    gone: Option<IntCounter>,
+}
 
 impl Inflight {
-    /// Marks a request in flight until the guard is dropped.
+    /// Requests in flight, those whose client goes away counted in `gone`.
+    pub fn counting_gone(gone: IntCounter) -> Inflight {
+        Inflight(Arc::new(InflightState { count: AtomicUsize::new(0), gone: Some(gone) }))
+    }
+
+    /// Marks a request in flight until the guard is dropped. A guard
+    /// dropped before [`InflightGuard::answered`] is a client that went
+    /// away (hyper drops a request's future and body when its client does).
     pub fn start(&self) -> InflightGuard {
-        self.0.fetch_add(1, Ordering::Relaxed);
-        InflightGuard(self.0.clone())
+        self.0.count.fetch_add(1, Ordering::Relaxed);
+        InflightGuard { state: self.0.clone(), answered: false }
     }
 
     fn busy(&self) -> bool {
-        self.0.load(Ordering::Relaxed) > 0
+        self.0.count.load(Ordering::Relaxed) > 0
     }
 }
 
 /// See [`Inflight::start`].
-pub struct InflightGuard(Arc<AtomicUsize>);
+pub struct InflightGuard {
+    state: Arc<InflightState>,
+    answered: bool,
+}
+
+impl InflightGuard {
+    /// The client got its whole answer (or the connection became a
+    /// tunnel): dropping the guard is no longer a client going away.
+    pub fn answered(&mut self) {
+        self.answered = true;
+    }
+}
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.state.count.fetch_sub(1, Ordering::Relaxed);
+        if !self.answered
+            && let Some(gone) = &self.state.gone
+        {
+            gone.inc();
+        }
+    }
+}
+
+/// A response body that keeps its request in flight until it ends: a
+/// streaming response (server-sent events, a long poll) whose upstream is
+/// silent for a while is not an idle connection. How long the upstream may
+/// stay silent is its own `timeout` (see [`crate::pool::Pool::limit_silence`]);
+/// a client that stops reading meets the send timeout. A body dropped
+/// before its end is a client that went away, and is counted as such.
+pub struct InflightBody<B: Body> {
+    body: B,
+    /// Until the body ends or fails.
+    guard: Option<InflightGuard>,
+}
+
+impl<B: Body> InflightBody<B> {
+    pub fn new(body: B, guard: InflightGuard) -> InflightBody<B> {
+        InflightBody { body, guard: Some(guard) }
+    }
+
+    /// A body whose request is tracked elsewhere (a tunnel's 101).
+    pub fn untracked(body: B) -> InflightBody<B> {
+        InflightBody { body, guard: None }
+    }
+}
+
+impl<B: Body + Unpin> Body for InflightBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let frame = ready!(Pin::new(&mut self.body).poll_frame(cx));
+        // Ended, or failed on the upstream's side: neither is the client's
+        // doing.
+        if (!matches!(frame, Some(Ok(_))) || self.body.is_end_stream())
+            && let Some(mut guard) = self.guard.take()
+        {
+            guard.answered();
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl<B: Body> Drop for InflightBody<B> {
+    fn drop(&mut self) {
+        // A body with nothing to send (HEAD, 204, 304) may be dropped
+        // unpolled; any other dropped before its end lost its client.
+        if let Some(guard) = &mut self.guard
+            && self.body.is_end_stream()
+        {
+            guard.answered();
+        }
     }
 }
 

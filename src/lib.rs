@@ -19,7 +19,10 @@
 //! | [`normalize`] | one spelling per request: canonical path, host, method and header names, or 400 |
 //! | [`proxy`] | the request path: route, decide, forward or reject |
 //! | [`forward`] | hop-by-hop and `X-Forwarded-*` headers, request bodies (read ahead up to `buffer_body`, `max_body`, `body_read_timeout`) |
-//! | [`pool`] | keep-alive connections to one upstream, reused request after request |
+//! | [`tunnel`] | WebSocket and other upgrades: after the upstream's 101, bytes copied both ways |
+//! | [`balance`] | which server of an upstream a request goes to: round robin, least request, consistent hash |
+//! | [`health`] | which servers take requests: passive backoff after failures, active health checks |
+//! | [`pool`] | keep-alive connections to one upstream server, reused request after request |
 //! | [`client`] | who the client is: trusted proxies, `X-Forwarded-For`, IPv6 prefixes |
 //! | [`identity`] | verified user identity from a JWT (`[client] jwt`) |
 //! | [`rules`] | the compiled rule set: which rules match, the bucket key of each |
@@ -27,6 +30,9 @@
 //! | [`limiter`] | the five algorithms' arithmetic, pure, time injected |
 //! | [`headers`] | `X-RateLimit-*`, `RateLimit-Policy`, `RateLimit`, `Retry-After` |
 //! | [`error`] | every status tollgate answers itself, with its JSON body |
+//! | [`request_id`] | `X-Request-Id`: kept from a trusted proxy or generated, sent upstream and in every answer |
+//! | [`via`] | the `Via` hop tollgate adds to forwarded requests and responses |
+//! | [`access_log`] | one JSON line per request, written off the request path by a thread behind a bounded queue |
 //!
 //! Around it:
 //!
@@ -41,12 +47,14 @@
 //! | [`summary`] | a periodic `info` log line: requests allowed and limited since the last one |
 //! | [`clock`] | wall-clock time, or a manual clock for tests |
 //! | [`cli`] | the `tollgate` command line: run, `check`, `explain` |
-//! | [`process`] | what the binaries share: the async runtime, logging, the shutdown signal |
+//! | [`process`] | what the binaries share: the async runtime, logging, the shutdown signal, SIGHUP |
 //! | [`floor`] | `tollgate-floor`: the same server setup and upstream pool with nothing between them, a bench target |
 
 #![forbid(unsafe_code)]
 
+pub mod access_log;
 pub mod admin;
+pub mod balance;
 pub mod cli;
 pub mod client;
 pub mod clock;
@@ -57,6 +65,7 @@ pub mod error;
 pub mod floor;
 pub mod forward;
 pub mod headers;
+pub mod health;
 pub mod identity;
 pub mod idle;
 pub mod limiter;
@@ -67,9 +76,12 @@ pub mod process;
 pub mod proxy;
 pub mod redirect;
 pub mod reload;
+pub mod request_id;
 pub mod rules;
 pub mod send_budget;
 pub mod server;
 pub mod store;
 pub mod summary;
 pub mod tls;
+pub mod tunnel;
+pub mod via;

@@ -23,10 +23,26 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     process::init_logging(&cli.log_format);
     match &cli.command {
-        Some(Command::Check) => match cli::check(&cli.config) {
+        Some(Command::Check(args)) => match cli::check(&cli.config) {
             Ok(summary) => {
                 println!("{summary}");
-                ExitCode::SUCCESS
+                let Some(admin) = &args.running else { return ExitCode::SUCCESS };
+                match cli::check_running(&cli.config, admin) {
+                    Ok(lines) if lines.is_empty() => {
+                        println!("upstreams and routes reload by themselves; nothing else differs from {admin}");
+                        ExitCode::SUCCESS
+                    }
+                    Ok(lines) => {
+                        for line in lines {
+                            println!("{line}");
+                        }
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("{e}");
+                        ExitCode::from(1)
+                    }
+                }
             }
             Err(errors) => {
                 eprintln!("{errors}");

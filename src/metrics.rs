@@ -6,7 +6,9 @@
 //! reload) and keep them. No label carries a per-client value, so the number
 //! of series is bounded by the config.
 
-use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
 
 /// Every metric tollgate exports.
 pub struct Metrics {
@@ -19,6 +21,7 @@ pub struct Metrics {
     pub store_errors_total: IntCounterVec,
     pub store_duration_seconds: Histogram,
     pub rules_reloads_total: IntCounterVec,
+    pub config_reloads_total: IntCounterVec,
     pub rules_active: IntGauge,
     pub store_degraded: IntGauge,
     pub local_cache_hits_total: IntCounter,
@@ -27,12 +30,20 @@ pub struct Metrics {
     pub lease_give_backs_dropped_total: IntCounter,
     pub store_fallback_transitions_total: IntCounterVec,
     pub connections_active: IntGauge,
+    pub tunnels_active: IntGauge,
     pub connections_refused_total: IntCounter,
+    pub client_gone_total: IntCounter,
     pub store_evictions_total: IntCounter,
     pub redis_calls_total: IntCounter,
     pub redis_call_checks_total: IntCounter,
     pub redis_misrouted_total: IntCounter,
+    pub upstream_server_requests_total: IntCounterVec,
+    pub upstream_server_failures_total: IntCounterVec,
+    pub upstream_server_inflight: IntGaugeVec,
+    pub upstream_server_healthy: IntGaugeVec,
+    pub upstream_unavailable_total: IntCounterVec,
     pub tls_reload_failures_total: IntCounter,
+    pub access_log_dropped_total: IntCounter,
 }
 
 /// Per-rule decision counters, resolved once per rule per reload.
@@ -74,6 +85,9 @@ impl Metrics {
         }
         fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
             reg(r, IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric definition"))
+        }
+        fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+            reg(r, IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric definition"))
         }
         fn gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
             reg(r, IntGauge::new(name, help).expect("valid metric definition"))
@@ -129,6 +143,12 @@ impl Metrics {
                 "Rule reloads by result (success, failure).",
                 &["result"],
             ),
+            config_reloads_total: counter_vec(
+                &registry,
+                "tollgate_config_reloads_total",
+                "Reloads of the main file's routes and upstreams by result (success, failure).",
+                &["result"],
+            ),
             rules_active: gauge(&registry, "tollgate_rules_active", "Rules currently in force."),
             store_degraded: gauge(
                 &registry,
@@ -171,11 +191,32 @@ impl Metrics {
                 &["direction"],
             ),
             connections_active: gauge(&registry, "tollgate_connections_active", "Client connections open now."),
+            tunnels_active: gauge(
+                &registry,
+                "tollgate_tunnels_active",
+                "WebSocket and other upgraded connections being relayed now (each also counts in tollgate_connections_active).",
+            ),
+            access_log_dropped_total: reg(
+                &registry,
+                IntCounter::new(
+                    "tollgate_access_log_dropped_total",
+                    "Access log lines dropped: the writer's queue was full (a slow disk) or the write failed.",
+                )
+                .expect("valid metric definition"),
+            ),
             connections_refused_total: reg(
                 &registry,
                 IntCounter::new(
                     "tollgate_connections_refused_total",
                     "Client connections closed at once because max_connections was reached.",
+                )
+                .expect("valid metric definition"),
+            ),
+            client_gone_total: reg(
+                &registry,
+                IntCounter::new(
+                    "tollgate_client_gone_total",
+                    "Requests whose client went away before their response ended (not an upstream failure).",
                 )
                 .expect("valid metric definition"),
             ),
@@ -211,6 +252,36 @@ impl Metrics {
                 )
                 .expect("valid metric definition"),
             ),
+            upstream_server_requests_total: counter_vec(
+                &registry,
+                "tollgate_upstream_server_requests_total",
+                "Requests sent to each upstream server (a retry counts again, on the server it went to).",
+                &["upstream", "server"],
+            ),
+            upstream_server_failures_total: counter_vec(
+                &registry,
+                "tollgate_upstream_server_failures_total",
+                "Requests to each upstream server that were refused, reset or timed out.",
+                &["upstream", "server"],
+            ),
+            upstream_server_inflight: gauge_vec(
+                &registry,
+                "tollgate_upstream_server_inflight",
+                "Requests sent to each upstream server and not yet answered.",
+                &["upstream", "server"],
+            ),
+            upstream_server_healthy: gauge_vec(
+                &registry,
+                "tollgate_upstream_server_healthy",
+                "1 while an upstream server takes requests, 0 while failures or health checks have taken it out.",
+                &["upstream", "server"],
+            ),
+            upstream_unavailable_total: counter_vec(
+                &registry,
+                "tollgate_upstream_unavailable_total",
+                "Requests answered 503 because every server of their upstream was out.",
+                &["upstream"],
+            ),
             tls_reload_failures_total: reg(
                 &registry,
                 IntCounter::new(
@@ -227,6 +298,7 @@ impl Metrics {
         // proxy, rules' and routes' when they are built).
         for result in ["success", "failure"] {
             metrics.rules_reloads_total.with_label_values(&[result]);
+            metrics.config_reloads_total.with_label_values(&[result]);
         }
         metrics
     }

@@ -15,22 +15,32 @@
 //! another connection when a reused one closed before it was sent, idle
 //! connections closed after [`IDLE_TIMEOUT`] and at most [`MAX_IDLE`] of
 //! them.
+//!
+//! An `https://` server is reached over TLS (rustls: the upstream's CA
+//! file or the system's roots, SNI, an optional client certificate). With
+//! `protocol = "h2"` a server gets one HTTP/2 connection that carries every
+//! request at once (ALPN `h2` over TLS, prior knowledge over cleartext),
+//! opened again when it closes.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HOST, HeaderValue};
 use http::{Request, Response, Uri};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper::client::conn::http1::{self, SendRequest};
+use hyper::client::conn::{http1, http2};
 use hyper_util::client::legacy::connect::HttpConnector;
-use tokio::time::Instant;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use prometheus::IntCounter;
+use rustls::pki_types::ServerName;
+use tokio::time::{Instant, Sleep};
+use tokio_rustls::TlsConnector;
 use tower_service::Service;
 
-use crate::config::Upstream;
+use crate::config::{Server, Upstream};
 
 /// How long a connection may sit unused before it is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -73,40 +83,71 @@ struct Shared<B> {
     idle: Mutex<Vec<Idle<B>>>,
     /// Whether the task that closes idle connections runs.
     reaping: std::sync::Once,
+    /// The longest a response body may wait for the upstream's next bytes,
+    /// and where such a timeout is counted (see [`Pool::limit_silence`]).
+    silence: Option<(Duration, IntCounter)>,
+    /// For an `https://` server: the connector and the name to ask for.
+    tls: Option<(TlsConnector, ServerName<'static>)>,
+    /// `protocol = "h2"`: the one connection, shared by every request.
+    h2: Option<Mutex<Option<http2::SendRequest<B>>>>,
+}
+
+/// A connection's sending half: HTTP/1.1 (one request at a time, pooled)
+/// or HTTP/2 (shared).
+enum Sender<B> {
+    H1(http1::SendRequest<B>),
+    H2(http2::SendRequest<B>),
 }
 
 struct Idle<B> {
-    sender: SendRequest<B>,
+    sender: http1::SendRequest<B>,
     since: Instant,
 }
 
 impl<B> Pool<B>
 where
-    B: Body + Send + 'static,
+    B: Body + Send + Unpin + 'static,
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
-    /// Connections to `upstream`, each reading at most `max_buf_size` ahead
-    /// of the client.
-    pub fn for_upstream(upstream: &Upstream, max_buf_size: usize) -> Pool<B> {
+    /// Connections to one of `upstream`'s servers, each reading at most
+    /// `max_buf_size` ahead of the client.
+    pub fn for_server(upstream: &Upstream, server: &Server, max_buf_size: usize) -> Pool<B> {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(upstream.connect_timeout));
         connector.set_nodelay(true);
         connector.set_keepalive(Some(KEEPALIVE));
+        let https = server.scheme == http::uri::Scheme::HTTPS;
+        // The connector opens TCP; TLS is done here, on top.
+        connector.enforce_http(!https);
         let mut origin = http::uri::Parts::default();
-        origin.scheme = Some(upstream.scheme.clone());
-        origin.authority = Some(upstream.authority.clone());
+        origin.scheme = Some(server.scheme.clone());
+        origin.authority = Some(server.authority.clone());
         origin.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
         // Made of a validated scheme and authority.
         let origin = Uri::from_parts(origin).unwrap_or_default();
-        Pool::new(connector, origin, max_buf_size)
+        let host = server.authority.host().trim_start_matches('[').trim_end_matches(']');
+        let tls = upstream.tls.as_ref().and_then(|t| {
+            let name = t.server_name.clone().or_else(|| ServerName::try_from(host.to_string()).ok())?;
+            Some((TlsConnector::from(t.client.clone()), name))
+        });
+        let h2 = (upstream.protocol == crate::config::Protocol::H2).then(|| Mutex::new(None));
+        Pool::new(connector, origin, max_buf_size, tls, h2)
     }
 
-    /// Connections to `origin` (an `http://` URI with an authority), opened by
-    /// `connector`, each reading at most `max_buf_size` ahead.
-    fn new(connector: HttpConnector, origin: Uri, max_buf_size: usize) -> Pool<B> {
+    /// Connections to `origin` (an `http://` or `https://` URI with an
+    /// authority), opened by `connector`, each reading at most
+    /// `max_buf_size` ahead.
+    fn new(
+        connector: HttpConnector,
+        origin: Uri,
+        max_buf_size: usize,
+        tls: Option<(TlsConnector, ServerName<'static>)>,
+        h2: Option<Mutex<Option<http2::SendRequest<B>>>>,
+    ) -> Pool<B> {
+        let default_port = if tls.is_some() { 443 } else { 80 };
         let host = match (origin.host(), origin.port_u16()) {
-            (Some(h), Some(p)) if p != 80 => HeaderValue::try_from(format!("{h}:{p}")),
+            (Some(h), Some(p)) if p != default_port => HeaderValue::try_from(format!("{h}:{p}")),
             (h, _) => HeaderValue::try_from(h.unwrap_or_default()),
         }
         // An authority's host and port are always a valid value.
@@ -119,53 +160,137 @@ where
                 max_buf_size,
                 idle: Mutex::new(Vec::new()),
                 reaping: std::sync::Once::new(),
+                silence: None,
+                tls,
+                h2,
             }),
         }
     }
 
+    /// Whether requests go over HTTP/1.1 (not HTTP/2).
+    pub fn speaks_http1(&self) -> bool {
+        self.shared.h2.is_none()
+    }
+
+    /// A response body whose upstream sends nothing for `timeout` fails
+    /// (the client's response is cut, its connection closed with it) and
+    /// counts in `timeouts`: a streaming response (server-sent events, a
+    /// long poll) lives as long as its upstream keeps it moving, and no
+    /// longer than `timeout` past its last bytes.
+    pub fn limit_silence(mut self, timeout: Duration, timeouts: IntCounter) -> Pool<B> {
+        // Only at construction, before the pool is shared.
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.silence = Some((timeout, timeouts));
+        }
+        self
+    }
+
     /// Sends `req` (its target in origin form) on an idle connection, or a
     /// new one, and returns the response head, its body still streaming.
-    pub async fn send(&self, mut req: Request<B>) -> Result<Response<UpstreamBody<B>>, PoolError> {
-        if !req.headers().contains_key(HOST) {
+    pub async fn send(&self, req: Request<B>) -> Result<Response<UpstreamBody<B>>, PoolError> {
+        self.try_send(req).await.map_err(|(e, _)| e)
+    }
+
+    /// [`Pool::send`], which also gives the request back when none of it
+    /// was sent (no connection could be opened, or hyper returned it
+    /// unsent), so that it can go to another server.
+    pub async fn try_send(
+        &self,
+        mut req: Request<B>,
+    ) -> Result<Response<UpstreamBody<B>>, (PoolError, Option<Request<B>>)> {
+        let add_host = !req.headers().contains_key(HOST);
+        if add_host {
             req.headers_mut().insert(HOST, self.shared.host.clone());
         }
+        // A request given back goes to another server: without this one's
+        // host.
+        let give_back = |mut req: Request<B>| {
+            if add_host {
+                req.headers_mut().remove(HOST);
+            }
+            req
+        };
         loop {
             let (mut sender, reused) = match self.shared.checkout() {
                 Some(s) => (s, true),
-                None => (self.connect().await?, false),
+                None => match self.connect().await {
+                    Ok(s) => (s, false),
+                    Err(e) => return Err((e, Some(give_back(req)))),
+                },
             };
-            match sender.try_send_request(req).await {
+            let sent = match &mut sender {
+                Sender::H1(s) => s.try_send_request(req).await,
+                Sender::H2(s) => s.try_send_request(req).await,
+            };
+            match sent {
                 Ok(resp) => {
+                    // An HTTP/2 connection stays shared: nothing to give
+                    // back when the body ends.
+                    let sender = match sender {
+                        Sender::H1(s) => Some(s),
+                        Sender::H2(_) => None,
+                    };
                     let shared = self.shared.clone();
-                    return Ok(resp.map(|body| UpstreamBody { body, conn: Some((sender, shared)) }));
+                    return Ok(resp.map(|body| UpstreamBody { body, shared, sender, silence: None, moved: false }));
                 }
                 Err(mut e) => match e.take_message() {
                     // Not sent: the idle connection closed under it. A new
                     // connection cannot have that excuse.
                     Some(unsent) if reused => req = unsent,
-                    _ => return Err(PoolError::Request(e.into_error())),
+                    unsent => return Err((PoolError::Request(e.into_error()), unsent.map(give_back))),
                 },
             }
         }
     }
 
-    async fn connect(&self) -> Result<SendRequest<B>, PoolError> {
+    async fn connect(&self) -> Result<Sender<B>, PoolError> {
         let io = self.shared.connector.clone().call(self.shared.origin.clone()).await;
         let io = io.map_err(|e| PoolError::Connect(e.into()))?;
+        match &self.shared.tls {
+            None => self.handshake(io).await,
+            Some((tls, name)) => {
+                let tls = tls.connect(name.clone(), io.into_inner()).await;
+                let tls = tls.map_err(|e| PoolError::Connect(e.into()))?;
+                self.handshake(TokioIo::new(tls)).await
+            }
+        }
+    }
+
+    /// HTTP/1.1 or HTTP/2 on a connection just opened.
+    async fn handshake<I>(&self, io: I) -> Result<Sender<B>, PoolError>
+    where
+        I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    {
+        if let Some(shared) = &self.shared.h2 {
+            let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+                .timer(hyper_util::rt::TokioTimer::new())
+                .handshake::<_, B>(io)
+                .await
+                .map_err(|e| PoolError::Connect(e.into()))?;
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(error = %e, "upstream HTTP/2 connection ended with an error");
+                }
+            });
+            *shared.lock().unwrap_or_else(|p| p.into_inner()) = Some(sender.clone());
+            return Ok(Sender::H2(sender));
+        }
         let (sender, conn) = http1::Builder::new()
             .max_buf_size(self.shared.max_buf_size)
             .handshake::<_, B>(io)
             .await
             .map_err(|e| PoolError::Connect(e.into()))?;
+        // With upgrades: a 101 hands the connection over to a tunnel
+        // (crate::tunnel) instead of ending it.
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            if let Err(e) = conn.with_upgrades().await {
                 tracing::debug!(error = %e, "upstream connection ended with an error");
             }
         });
         self.shared.reaping.call_once(|| {
             tokio::spawn(reap(Arc::downgrade(&self.shared)));
         });
-        Ok(sender)
+        Ok(Sender::H1(sender))
     }
 }
 
@@ -174,8 +299,13 @@ impl<B: Send + 'static> Shared<B> {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The most recently used idle connection that can take a request.
-    fn checkout(&self) -> Option<SendRequest<B>> {
+    /// The most recently used idle connection that can take a request (or
+    /// the HTTP/2 connection, while it is open).
+    fn checkout(&self) -> Option<Sender<B>> {
+        if let Some(h2) = &self.h2 {
+            let shared = h2.lock().unwrap_or_else(|p| p.into_inner());
+            return shared.as_ref().filter(|s| s.is_ready()).map(|s| Sender::H2(s.clone()));
+        }
         let mut idle = self.idle();
         while let Some(Idle { sender, since }) = idle.pop() {
             if since.elapsed() >= IDLE_TIMEOUT {
@@ -185,14 +315,14 @@ impl<B: Send + 'static> Shared<B> {
             }
             // Not ready: the upstream closed it while it was idle.
             if sender.is_ready() {
-                return Some(sender);
+                return Some(Sender::H1(sender));
             }
         }
         None
     }
 
     /// Takes back a connection whose response has ended.
-    fn put(self: Arc<Self>, sender: SendRequest<B>) {
+    fn put(self: &Arc<Self>, sender: http1::SendRequest<B>) {
         if sender.is_ready() {
             let mut idle = self.idle();
             if idle.len() < MAX_IDLE {
@@ -207,9 +337,10 @@ impl<B: Send + 'static> Shared<B> {
         // the upstream answered early): pooled once it is done.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let mut sender = sender;
+            let shared = self.clone();
             rt.spawn(async move {
                 if sender.ready().await.is_ok() {
-                    let mut idle = self.idle();
+                    let mut idle = shared.idle();
                     if idle.len() < MAX_IDLE {
                         idle.push(Idle { sender, since: Instant::now() });
                     }
@@ -234,32 +365,60 @@ async fn reap<B: Send + 'static>(shared: Weak<Shared<B>>) {
 /// rest is unread on the wire).
 pub struct UpstreamBody<B: Send + 'static> {
     body: Incoming,
-    conn: Option<(SendRequest<B>, Arc<Shared<B>>)>,
+    shared: Arc<Shared<B>>,
+    /// `None` once released, or when the connection ends with the body.
+    sender: Option<http1::SendRequest<B>>,
+    /// Armed while the upstream sends nothing ([`Pool::limit_silence`]).
+    silence: Option<Pin<Box<Sleep>>>,
+    /// Bytes came since `silence` was armed: re-armed from now when next
+    /// needed (one timer per body, reset, rather than one per wait).
+    moved: bool,
 }
 
 impl<B: Send + 'static> UpstreamBody<B> {
     fn release(&mut self) {
-        if let Some((sender, shared)) = self.conn.take() {
-            shared.put(sender);
+        if let Some(sender) = self.sender.take() {
+            self.shared.put(sender);
         }
     }
 }
 
 impl<B: Send + 'static> Body for UpstreamBody<B> {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        let frame = ready!(Pin::new(&mut this.body).poll_frame(cx));
+        let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) else {
+            let Some((limit, timeouts)) = &this.shared.silence else { return Poll::Pending };
+            let timer = match &mut this.silence {
+                Some(timer) if this.moved => {
+                    timer.as_mut().reset(Instant::now() + *limit);
+                    timer
+                }
+                Some(timer) => timer,
+                None => this.silence.insert(Box::pin(tokio::time::sleep(*limit))),
+            };
+            this.moved = false;
+            if timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            timeouts.inc();
+            this.silence = None;
+            // The connection ends with the body: its rest is unread.
+            this.sender = None;
+            let e = std::io::Error::new(std::io::ErrorKind::TimedOut, "the upstream sent nothing for its timeout");
+            return Poll::Ready(Some(Err(e.into())));
+        };
+        this.moved = true;
         match &frame {
             None => this.release(),
             Some(Ok(_)) if this.body.is_end_stream() => this.release(),
             // An error ends the connection with it.
-            Some(Err(_)) => this.conn = None,
+            Some(Err(_)) => this.sender = None,
             Some(Ok(_)) => {}
         }
-        Poll::Ready(frame)
+        Poll::Ready(frame.map(|f| f.map_err(Into::into)))
     }
 
     fn is_end_stream(&self) -> bool {

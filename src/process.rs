@@ -1,5 +1,5 @@
-//! What the binaries share around the library: the async runtime, logging
-//! and the shutdown signal.
+//! What the binaries share around the library: the async runtime, logging,
+//! the shutdown signal and SIGHUP.
 
 /// The async runtime: one worker thread per CPU this process may run on.
 /// Pinned to a single CPU (`taskset`, a one-CPU container quota), a
@@ -38,6 +38,44 @@ pub async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = ctrl_c.await;
+    }
+}
+
+/// SIGHUP, caught from now on (its default action ends the process):
+/// registered when the server is bound, before anything could send it.
+/// `None` when the platform has no SIGHUP or it cannot be caught.
+pub fn hangup_signal() -> Option<Hangup> {
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(s) => Some(Hangup(s)),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot catch SIGHUP; the access log will not be reopened on it");
+                None
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
+/// A registered SIGHUP (see [`hangup_signal`]).
+pub struct Hangup(#[cfg(unix)] tokio::signal::unix::Signal);
+
+impl Hangup {
+    /// Calls `then` on every SIGHUP, until the task is dropped. This is
+    /// what logrotate's `postrotate` sends (`kill -HUP`).
+    pub async fn each(mut self, mut then: impl FnMut()) {
+        #[cfg(unix)]
+        while self.0.recv().await.is_some() {
+            then();
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = (&mut self, &mut then);
+        }
     }
 }
 

@@ -17,9 +17,10 @@ use http::{Request, Response};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
+use crate::access_log::{AccessLog, Logged, Note};
 use crate::client::{self, Peer};
 use crate::config::{ClientConfig, Config, InvalidToken, KeyPart, Normalization, OnError, Route};
-use crate::error::ProxyError;
+use crate::error::{self, ProxyError};
 use crate::forward::{Downstream, RequestBody, UpstreamClient};
 use crate::headers::{self, RuleReport};
 use crate::identity::{Identity, JwtVerifier};
@@ -27,12 +28,18 @@ use crate::limiter::{Verdict, ceil_secs};
 use crate::metrics::{Metrics, RouteCounters};
 use crate::normalize;
 use crate::pool::UpstreamBody;
+use crate::request_id;
 use crate::rules::{RequestFacts, Rule, RuleSet};
 use crate::store::{Answer, AnyStore, Check, Mode, Store, StoreError};
+use crate::tunnel;
 
 /// The body of every response tollgate sends: the upstream's, streamed, or
 /// one tollgate wrote.
 pub type ProxyBody = Either<UpstreamBody<RequestBody>, Full<Bytes>>;
+
+/// [`ProxyBody`] as it leaves [`Proxy::handle`]: counted for the access log
+/// when there is one.
+pub type LoggedBody = Logged<ProxyBody>;
 
 /// Everything the request path shares: built once at start-up, the rules
 /// swapped on reload.
@@ -52,10 +59,12 @@ pub struct Proxy {
     body_read_timeout: Duration,
     jwt: Option<JwtVerifier>,
     default_on_error: OnError,
-    upstreams: Vec<UpstreamClient>,
-    /// Routes sorted by descending prefix length, host-specific first.
-    routes: Vec<(Route, RouteCounters)>,
+    /// Routes and upstreams, swapped when the main file changes; a request
+    /// keeps the ones it started with to its end.
+    routing: ArcSwap<Routing>,
     no_route: RouteCounters,
+    /// `[log] access`; `None` when off.
+    access_log: Option<AccessLog>,
 }
 
 /// How far past the store timeout the proxy's own bound on a store check
@@ -70,18 +79,46 @@ struct Pending<'r> {
     cost: u64,
 }
 
-impl Proxy {
-    /// Builds the request path for `config` with `rules` in force.
-    pub fn new(config: &Config, rules: RuleSet, store: AnyStore, metrics: Arc<Metrics>) -> Proxy {
-        let upstreams = config.upstreams.iter().map(|u| UpstreamClient::new(u, &metrics)).collect();
+/// The routes and the upstreams they lead to.
+pub struct Routing {
+    upstreams: Vec<UpstreamClient>,
+    /// Routes sorted by descending prefix length, host-specific first.
+    routes: Vec<(Route, RouteCounters)>,
+}
+
+impl Routing {
+    /// Builds the upstreams of `config` (their connection pools, health
+    /// checks and metric handles) and its routes.
+    pub fn new(config: &Config, metrics: &Metrics) -> Routing {
+        let upstreams = config.upstreams.iter().map(|u| UpstreamClient::new(u, metrics)).collect();
         let mut routes: Vec<(Route, RouteCounters)> =
             config.routes.iter().map(|r| (r.clone(), metrics.route_counters(&r.name))).collect();
         routes.sort_by_key(|(r, _)| (std::cmp::Reverse(r.path_prefix.len()), r.host.is_none()));
+        Routing { upstreams, routes }
+    }
+
+    fn route(&self, host: Option<&str>, path: &str) -> Option<usize> {
+        self.routes.iter().position(|(r, _)| {
+            path.starts_with(r.path_prefix.as_str()) && r.host.as_deref().is_none_or(|h| Some(h) == host)
+        })
+    }
+}
+
+impl Proxy {
+    /// Builds the request path for `config` with `rules` in force.
+    pub fn new(config: &Config, rules: RuleSet, store: AnyStore, metrics: Arc<Metrics>) -> Proxy {
+        let routing = Routing::new(config, &metrics);
         store.set_idle_horizon(rules.idle_horizon);
         metrics.rules_active.set(rules.rules.len() as i64);
         // At zero from the start, like every counter whose labels are known.
         metrics.store_errors_total.with_label_values(&[store.backend()]);
+        let access_log =
+            AccessLog::start(&config.log.access, metrics.access_log_dropped_total.clone()).unwrap_or_else(|e| {
+                tracing::error!(error = %e, "cannot start the access log writer; requests are not logged");
+                None
+            });
         Proxy {
+            access_log,
             rules: ArcSwap::from_pointee(rules),
             store,
             no_route: metrics.route_counters("none"),
@@ -109,9 +146,15 @@ impl Proxy {
                 }
             }),
             default_on_error: config.store.on_error,
-            upstreams,
-            routes,
+            routing: ArcSwap::from_pointee(routing),
         }
+    }
+
+    /// Puts new routes and upstreams in force (the main file changed).
+    /// Requests under way finish on the old ones, which close their
+    /// connections and stop their health checks once the last is done.
+    pub fn swap_routing(&self, routing: Routing) {
+        self.routing.store(Arc::new(routing));
     }
 
     /// Puts a new rule set in force. Existing buckets keep their counts: the
@@ -129,27 +172,68 @@ impl Proxy {
     }
 
     /// Serves one request from `peer`; never fails (every failure is an
-    /// answer).
-    pub async fn handle(&self, req: Request<Incoming>, peer: &Peer) -> Response<ProxyBody> {
+    /// answer). The request gets its id first (see [`crate::request_id`]);
+    /// with an access log, its line is sent when the response body ends or
+    /// the client goes away, this future dropped before an answer included.
+    pub async fn handle(&self, mut req: Request<Incoming>, peer: &Peer) -> Response<LoggedBody> {
         let started = Instant::now();
-        let resp = self.serve(req, peer).await;
+        let request_id = request_id::assign(req.headers_mut(), peer.trusted);
+        let mut pending = self.access_log.as_ref().map(|log| log.begin(req.method(), req.uri(), peer.ip, &request_id));
+        let note = match &mut pending {
+            Some(p) => p.note(),
+            None => Note::off(),
+        };
+        let resp = self.serve(req, peer, &request_id, note).await;
         self.metrics.request_duration_seconds.observe(started.elapsed().as_secs_f64());
-        resp
+        if let Some(p) = &mut pending {
+            p.respond(resp.status().as_u16());
+        }
+        resp.map(|body| Logged::new(body, pending))
     }
 
-    fn route(&self, host: Option<&str>, path: &str) -> Option<usize> {
-        self.routes.iter().position(|(r, _)| {
-            path.starts_with(r.path_prefix.as_str()) && r.host.as_deref().is_none_or(|h| Some(h) == host)
-        })
+    /// The access log entry of a request refused before the request path
+    /// (over `max_connections`), read from the first bytes of its
+    /// connection; `None` when the log is off.
+    pub fn log_refused(
+        &self,
+        head: &[u8],
+        peer: std::net::IpAddr,
+        request_id: &http::HeaderValue,
+    ) -> Option<crate::access_log::Pending> {
+        let log = self.access_log.as_ref()?;
+        let (method, uri) = crate::access_log::request_line(head);
+        Some(log.begin(&method, &uri, client::canonical(peer), request_id))
     }
 
-    async fn serve(&self, mut req: Request<Incoming>, peer: &Peer) -> Response<ProxyBody> {
+    /// Makes the access log reopen its file (SIGHUP).
+    pub fn reopen_access_log(&self) {
+        if let Some(log) = &self.access_log {
+            log.reopen();
+        }
+    }
+
+    /// Waits, up to `within`, for the access log lines queued so far to be
+    /// written (at shutdown).
+    pub async fn flush_access_log(&self, within: Duration) {
+        if let Some(log) = &self.access_log {
+            log.flush(within).await;
+        }
+    }
+
+    async fn serve(
+        &self,
+        mut req: Request<Incoming>,
+        peer: &Peer,
+        request_id: &http::HeaderValue,
+        mut note: Note<'_>,
+    ) -> Response<ProxyBody> {
+        let routing = self.routing.load_full();
         // One spelling of the request before anything reads it (see
         // crate::normalize): what is refused here is refused before routing
         // and counts as a rejection of no route.
         let bad = |counters: &RouteCounters, why: String| {
             counters.rejected.inc();
-            ProxyError::BadRequest(why).into_response().map(Either::Right)
+            ProxyError::BadRequest(why).into_response(request_id).map(Either::Right)
         };
         if !self.normalization.underscores_in_headers {
             normalize::drop_underscored(req.headers_mut());
@@ -167,11 +251,11 @@ impl Proxy {
         };
         let path = canonical_path.as_deref().unwrap_or(req.uri().path());
         let host_name = host.as_ref().map(|h| h.name.as_str());
-        let route = self.route(host_name, path);
-        let counters = route.map_or(&self.no_route, |i| &self.routes[i].1);
-        if let Some(e) = self.oversized(&req, route) {
+        let route = routing.route(host_name, path);
+        let counters = route.map_or(&self.no_route, |i| &routing.routes[i].1);
+        if let Some(e) = self.oversized(&req, route.map(|i| &routing.routes[i].0)) {
             counters.rejected.inc();
-            return e.into_response().map(Either::Right);
+            return e.into_response(request_id).map(Either::Right);
         }
         let client_ip = match client::client_addr(peer.ip, req.headers(), &self.client.trusted_proxies) {
             Ok(ip) => ip,
@@ -179,6 +263,7 @@ impl Proxy {
                 return bad(counters, "The forwarding headers from a trusted proxy name no client address.".into());
             }
         };
+        note.client(client_ip);
         let rules = self.rules.load();
         if rules.reads_method
             && let Err(why) = normalize::method_override(req.headers())
@@ -206,8 +291,8 @@ impl Proxy {
                 query: req.uri().query(),
                 host: host_name,
                 route: route.map(|i| {
-                    let r = &self.routes[i].0;
-                    (r.name.as_str(), self.upstreams[r.upstream].config.name.as_str())
+                    let r = &routing.routes[i].0;
+                    (r.name.as_str(), routing.upstreams[r.upstream].config.name.as_str())
                 }),
                 headers: req.headers(),
                 client: client::key_addr(client_ip, self.client.ipv6_prefix),
@@ -229,9 +314,9 @@ impl Proxy {
             if let Some(deny) = rules.denied(&facts) {
                 counters.denied.inc();
                 tracing::debug!(deny = %deny.name, client = %client_ip, "denied");
-                return ProxyError::Forbidden.into_response().map(Either::Right);
+                return ProxyError::Forbidden.into_response(request_id).map(Either::Right);
             }
-            let inflight = route.map_or(0, |i| self.upstreams[self.routes[i].0.upstream].inflight());
+            let inflight = route.map_or(0, |i| routing.upstreams[routing.routes[i].0.upstream].inflight());
             let mut pending: Vec<Pending<'_>> = Vec::new();
             for rule in rules.matching(&facts) {
                 if let Some(Identity::Invalid(reason)) = &identity
@@ -239,19 +324,19 @@ impl Proxy {
                     && rule.spec.key.contains(&KeyPart::User)
                 {
                     counters.rejected.inc();
-                    return ProxyError::Unauthorized(reason).into_response().map(Either::Right);
+                    return ProxyError::Unauthorized(reason).into_response(request_id).map(Either::Right);
                 }
                 let cost = match rule.cost(req.headers()) {
                     Ok(c) => c,
                     Err(reason) => {
                         counters.rejected.inc();
-                        return ProxyError::BadRequest(reason).into_response().map(Either::Right);
+                        return ProxyError::BadRequest(reason).into_response(request_id).map(Either::Right);
                     }
                 };
                 let mut key = String::with_capacity(64);
                 if let Err(reason) = rule.key(&facts, &mut key) {
                     counters.rejected.inc();
-                    return ProxyError::BadRequest(reason).into_response().map(Either::Right);
+                    return ProxyError::BadRequest(reason).into_response(request_id).map(Either::Right);
                 }
                 pending.push(Pending { rule, key, check_limits: rule.effective_limits(inflight), cost });
             }
@@ -305,6 +390,15 @@ impl Proxy {
                     // (or by `decide`'s backstop).
                     tracing::debug!(error = %e, "store check failed");
                 }
+                if note.enabled() {
+                    match rejected {
+                        Some((i, _)) => note.rule(pending[i].rule.name()),
+                        None if !reports.is_empty() => {
+                            note.rule(reports[headers::most_restrictive(&reports)].rule.name())
+                        }
+                        None => {}
+                    }
+                }
                 if let Some((i, secs)) = rejected {
                     // The store counted nothing for a rejected request:
                     // rules that would have admitted it still have its cost
@@ -326,21 +420,35 @@ impl Proxy {
                         window_seconds: rule.window_secs,
                         retry_after_seconds: secs,
                     };
-                    let mut resp = err.into_response().map(Either::Right);
+                    let mut resp = if error::accepts_problem(req.headers()) {
+                        // Every enforced rule this request is over.
+                        let violated: Vec<&str> = pending
+                            .iter()
+                            .zip(&answers)
+                            .filter(|(p, a)| p.rule.enforced() && matches!(a, Ok(v) if !v.allowed))
+                            .map(|(p, _)| p.rule.name())
+                            .collect();
+                        err.into_problem_response(request_id, &violated)
+                    } else {
+                        err.into_response(request_id)
+                    }
+                    .map(Either::Right);
                     let primary = report_of[i].unwrap_or(0);
                     headers::write(resp.headers_mut(), &reports, primary);
                     return resp;
                 }
                 if denied {
                     counters.store_unavailable.inc();
-                    return ProxyError::StoreUnavailable { retry_after_seconds: 1 }.into_response().map(Either::Right);
+                    return ProxyError::StoreUnavailable { retry_after_seconds: 1 }
+                        .into_response(request_id)
+                        .map(Either::Right);
                 }
             }
         }
 
         let Some(route) = route else {
             counters.rejected.inc();
-            let mut resp = ProxyError::NoRoute.into_response().map(Either::Right);
+            let mut resp = ProxyError::NoRoute.into_response(request_id).map(Either::Right);
             let primary = headers::most_restrictive(&reports);
             headers::write(resp.headers_mut(), &reports, primary);
             return resp;
@@ -351,24 +459,52 @@ impl Proxy {
             tokio::time::sleep(Duration::from_nanos(delay)).await;
         }
         let primary = headers::most_restrictive(&reports);
-        let upstream = &self.upstreams[self.routes[route].0.upstream];
+        let upstream = &routing.upstreams[routing.routes[route].0.upstream];
         let version = req.version();
+        // Taken before the request moves on: hyper completes the client's
+        // side once the 101 has been written.
+        let upgrade = tunnel::requested(&req).map(|protocol| (protocol, hyper::upgrade::on(&mut req)));
+        let (upgrade, client_upgrade) = upgrade.unzip();
+        // Noted before the request leaves, so that a client that goes away
+        // while it is out still has its server logged; with several
+        // servers, the one picked is noted once forwarding returns.
+        let chosen = std::sync::atomic::AtomicUsize::new(usize::MAX);
+        if note.enabled()
+            && upstream.servers() == 1
+            && let Some(server) = upstream.server_authority(0)
+        {
+            note.upstream(server);
+        }
         let down = Downstream {
             peer,
+            client_ip,
             host: host.as_ref().map(|h| h.name.as_str()),
             host_header: host.as_ref().and_then(|h| h.rewrite.clone()),
             path: canonical_path,
-            max_body: self.routes[route].0.max_body,
-            buffer_body: self.routes[route].0.buffer_body,
+            max_body: routing.routes[route].0.max_body,
+            buffer_body: routing.routes[route].0.buffer_body,
             body_read_timeout: self.body_read_timeout,
+            upgrade,
+            bytes_in: note.bytes_in(),
+            chosen: note.enabled().then_some(&chosen),
         };
-        let mut resp = match upstream.forward(req, down).await {
+        let result = upstream.forward(req, down).await;
+        if let Some(server) = upstream.server_authority(chosen.load(std::sync::atomic::Ordering::Relaxed)) {
+            note.upstream(server);
+        }
+        let mut resp = match result {
             Ok(mut resp) => {
                 // Answer in the client's protocol, not the upstream's.
                 *resp.version_mut() = version;
+                if let Some(client) = client_upgrade
+                    && resp.status() == http::StatusCode::SWITCHING_PROTOCOLS
+                {
+                    let upstream = hyper::upgrade::on(&mut resp);
+                    resp.extensions_mut().insert(tunnel::Pending { client, upstream });
+                }
                 resp.map(Either::Left)
             }
-            Err(e) => e.into_response().map(Either::Right),
+            Err(e) => e.into_response(request_id).map(Either::Right),
         };
         headers::write(resp.headers_mut(), &reports, primary);
         resp
@@ -379,7 +515,7 @@ impl Proxy {
     /// coding tollgate cannot decode, 413 for a declared body
     /// length (a chunked body is cut off while it is read instead, see
     /// [`crate::forward::RequestBody`]).
-    fn oversized(&self, req: &Request<Incoming>, route: Option<usize>) -> Option<ProxyError> {
+    fn oversized(&self, req: &Request<Incoming>, route: Option<&Route>) -> Option<ProxyError> {
         if req.uri().path_and_query().map_or(0, |p| p.as_str().len()) > self.max_uri_bytes {
             return Some(ProxyError::UriTooLong);
         }
@@ -391,7 +527,7 @@ impl Proxy {
         if crate::forward::undecodable_transfer_coding(req.headers()) {
             return Some(ProxyError::UnsupportedTransferEncoding);
         }
-        let max_body = route.and_then(|i| self.routes[i].0.max_body)?;
+        let max_body = route.and_then(|r| r.max_body)?;
         let declared = req.headers().get(header::CONTENT_LENGTH)?.to_str().ok()?.trim().parse::<u64>().ok()?;
         (declared > max_body).then_some(ProxyError::PayloadTooLarge)
     }
@@ -502,6 +638,12 @@ impl Proxy {
 
     /// In-flight requests to an upstream, by name (for tests and `explain`).
     pub fn upstream_inflight(&self, name: &str) -> Option<usize> {
-        self.upstreams.iter().find(|u| u.config.name == name).map(UpstreamClient::inflight)
+        self.routing.load().upstreams.iter().find(|u| u.config.name == name).map(UpstreamClient::inflight)
+    }
+
+    /// Brings the gauges the request path does not set itself up to date,
+    /// before metrics are rendered.
+    pub fn refresh_gauges(&self) {
+        self.routing.load().upstreams.iter().for_each(UpstreamClient::refresh_gauges);
     }
 }

@@ -58,7 +58,8 @@ pub fn redirect<B>(req: &Request<B>, https_port: u16) -> Response<Full<Bytes>> {
         .cloned()
         .or_else(|| req.headers().get(HOST).and_then(|h| Authority::try_from(h.as_bytes()).ok()));
     let Some(host) = authority.as_ref().map(Authority::host).filter(|h| !h.is_empty()) else {
-        return ProxyError::BadRequest("a Host header is needed to redirect to HTTPS".into()).into_response();
+        return ProxyError::BadRequest("a Host header is needed to redirect to HTTPS".into())
+            .into_response(&crate::request_id::generate());
     };
     let target = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
     let location = if https_port == 443 {
@@ -69,7 +70,8 @@ pub fn redirect<B>(req: &Request<B>, https_port: u16) -> Response<Full<Bytes>> {
     // The host passed Authority's grammar and the target hyper's: a valid
     // value; a failure still gets an answer.
     let Ok(location) = HeaderValue::try_from(location) else {
-        return ProxyError::BadRequest("the Host header cannot be redirected to".into()).into_response();
+        return ProxyError::BadRequest("the Host header cannot be redirected to".into())
+            .into_response(&crate::request_id::generate());
     };
     let mut resp = Response::new(Full::new(Bytes::new()));
     *resp.status_mut() = StatusCode::PERMANENT_REDIRECT;

@@ -1,4 +1,12 @@
-//! Hot reload of the rules: notify -> debounce -> validate -> swap.
+//! Hot reload of the rules, and of the main file's routes and upstreams:
+//! notify -> debounce -> validate -> swap.
+//!
+//! The main file is watched and polled like the rules. A valid new main
+//! file puts its `[[upstream]]` and `[[route]]` tables in force (requests
+//! under way finish on the old ones); what else it changed (listeners, the
+//! store, `[client]`, `[log]`, the rules path) applies only after a restart,
+//! and the reload says so in its log line. A broken main file keeps the
+//! running config, like a broken rules file does.
 //!
 //! The rules path is watched with notify, together with its parent
 //! directory, so that both an edited file and a Kubernetes ConfigMap style
@@ -45,7 +53,11 @@ pub struct ReloadStatus {
 
 /// Reloads the rules for one proxy.
 pub struct Reloader {
-    config: Config,
+    /// The config in force: the one tollgate started with, its routes and
+    /// upstreams replaced by each successful reload of the main file.
+    config: Mutex<Config>,
+    /// The main file's fingerprint at the last look.
+    main_fingerprint: Mutex<u64>,
     proxy: Arc<Proxy>,
     pub status: Mutex<ReloadStatus>,
     fingerprint: Mutex<u64>,
@@ -60,9 +72,18 @@ pub struct Reloader {
 impl Reloader {
     pub fn new(config: Config, proxy: Arc<Proxy>) -> Reloader {
         let fingerprint = Mutex::new(fingerprint(&config.rules_path));
+        let main_fingerprint = Mutex::new(file_fingerprint(&config.path));
         let status = ReloadStatus { last_success: Some(SystemTime::now()), ..Default::default() };
         let jwks = proxy.jwt().and_then(|j| j.jwks_path()).map(|p| (p.clone(), Mutex::new(file_fingerprint(p))));
-        Reloader { config, proxy, status: Mutex::new(status), fingerprint, jwks, content_reads: AtomicU64::new(0) }
+        Reloader {
+            config: Mutex::new(config),
+            main_fingerprint,
+            proxy,
+            status: Mutex::new(status),
+            fingerprint,
+            jwks,
+            content_reads: AtomicU64::new(0),
+        }
     }
 
     /// How many times the contents of a rules or JWKS file were read (a
@@ -75,6 +96,11 @@ impl Reloader {
     /// Returns whether the rules were reloaded. Blocking (file IO): the
     /// watcher runs it on a blocking thread.
     pub fn poll(&self) -> bool {
+        let path = lock(&self.config).path.clone();
+        let main = file_fingerprint(&path);
+        if main != std::mem::replace(&mut *lock(&self.main_fingerprint), main) {
+            let _ = self.reload_config();
+        }
         let reloaded = self.changed();
         if reloaded {
             let _ = self.reload();
@@ -101,13 +127,14 @@ impl Reloader {
     /// stay.
     pub fn reload(&self) -> Result<(), ConfigErrors> {
         let m = &self.proxy.metrics;
-        let (print, racy) = fingerprint_racy(&self.config.rules_path);
+        let config = lock(&self.config).clone();
+        let (print, racy) = fingerprint_racy(&config.rules_path);
         // A file modified within the timestamps' resolution of this look
         // could be written again with the same metadata: look again next
         // time (at most one extra reload).
         *lock(&self.fingerprint) = if racy { 0 } else { print };
         self.content_reads.fetch_add(1, Ordering::Relaxed);
-        match load_rules(&self.config.rules_path, &self.config) {
+        match load_rules(&config.rules_path, &config) {
             Ok(loaded) => {
                 let set = RuleSet::from_loaded(loaded, m);
                 let n = set.rules.len();
@@ -117,7 +144,7 @@ impl Reloader {
                 s.last_success = Some(SystemTime::now());
                 s.last_error = None;
                 s.reloads += 1;
-                tracing::info!(rules = n, path = %self.config.rules_path.display(), "rules reloaded");
+                tracing::info!(rules = n, path = %config.rules_path.display(), "rules reloaded");
                 Ok(())
             }
             Err(e) => {
@@ -134,15 +161,75 @@ impl Reloader {
         }
     }
 
-    /// Whether the files changed since the last reload attempt.
-    fn changed(&self) -> bool {
-        fingerprint(&self.config.rules_path) != *lock(&self.fingerprint)
+    /// The config in force (its routes and upstreams as last reloaded).
+    pub fn running(&self) -> Config {
+        lock(&self.config).clone()
     }
 
-    /// Watches the rules path until the task is dropped.
+    /// Whether the files changed since the last reload attempt.
+    fn changed(&self) -> bool {
+        fingerprint(&lock(&self.config).rules_path) != *lock(&self.fingerprint)
+    }
+
+    /// Reads and validates the main file now and puts its routes and
+    /// upstreams in force; on error the running config stays. The rules are
+    /// then validated again against the new routes and upstreams.
+    pub fn reload_config(&self) -> Result<(), ConfigErrors> {
+        let m = &self.proxy.metrics;
+        let path = lock(&self.config).path.clone();
+        let new = match Config::load(&path) {
+            Ok(c) => c,
+            Err(e) => {
+                m.config_reloads_total.with_label_values(&["failure"]).inc();
+                for err in &e.0 {
+                    tracing::error!("config reload failed, the running config stays in force: {err}");
+                }
+                return Err(e);
+            }
+        };
+        let restart = {
+            let mut running = lock(&self.config);
+            let restart = needs_restart(&running, &new);
+            self.proxy.swap_routing(crate::proxy::Routing::new(&new, m));
+            running.upstreams = new.upstreams;
+            running.routes = new.routes;
+            restart
+        };
+        m.config_reloads_total.with_label_values(&["success"]).inc();
+        if restart.is_empty() {
+            tracing::info!(path = %path.display(), "routes and upstreams reloaded");
+        } else {
+            tracing::warn!(
+                path = %path.display(),
+                "routes and upstreams reloaded; {} changed too and apply only after a restart",
+                restart.join(", ")
+            );
+        }
+        let _ = self.reload();
+        Ok(())
+    }
+
+    /// Watches the rules path and the main file until the task is dropped.
     pub async fn watch(self: Arc<Self>) {
         let (tx, mut rx) = mpsc::unbounded_channel::<()>();
-        let _watcher = match watcher(&self.config.rules_path, tx) {
+        let (rules_path, main_path) = {
+            let c = lock(&self.config);
+            (c.rules_path.clone(), c.path.clone())
+        };
+        // The main file's directory, for an edit or a rename over it; the
+        // poll covers what a watch misses.
+        let _main_watcher = main_path.parent().filter(|p| !p.as_os_str().is_empty()).and_then(|dir| {
+            let tx = tx.clone();
+            let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+                if res.is_ok() {
+                    let _ = tx.send(());
+                }
+            })
+            .ok()?;
+            w.watch(dir, RecursiveMode::NonRecursive).ok()?;
+            Some(w)
+        });
+        let _watcher = match watcher(&rules_path, tx) {
             Ok(w) => Some(w),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot watch the rules path; polling every {POLL:?} instead");
@@ -177,6 +264,35 @@ impl Reloader {
             tracing::error!(error = %e, "the rules poll failed");
         }
     }
+}
+
+/// A fingerprint of each section of `config` that applies only after a
+/// restart: what `/config` shows and `tollgate check --running` compares.
+/// The sections are plain data; their debug forms differ exactly when a
+/// value does (FNV-1a over them: the same in every process of one build).
+pub fn restart_fingerprints(config: &Config) -> Vec<(&'static str, String)> {
+    let fnv = |text: String| {
+        let h = text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        format!("{h:016x}")
+    };
+    vec![
+        ("[listen]", fnv(format!("{:?}", config.listen))),
+        ("[store]", fnv(format!("{:?}", config.store))),
+        ("[client]", fnv(format!("{:?}", config.client))),
+        ("[log]", fnv(format!("{:?}", config.log))),
+        ("[rules] path", fnv(format!("{:?}", config.rules_path))),
+    ]
+}
+
+/// The sections of `new` that differ from the running config and apply
+/// only after a restart.
+fn needs_restart(running: &Config, new: &Config) -> Vec<&'static str> {
+    restart_fingerprints(running)
+        .into_iter()
+        .zip(restart_fingerprints(new))
+        .filter(|((_, a), (_, b))| a != b)
+        .map(|((name, _), _)| name)
+        .collect()
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

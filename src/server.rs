@@ -17,15 +17,16 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use prometheus::IntGauge;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::admin::Admin;
 use crate::client::Peer;
 use crate::clock::SharedClock;
 use crate::config::{Backend, Config, ConfigErrors, load_rules};
-use crate::idle::{IdleIo, Inflight};
+use crate::idle::{IdleIo, Inflight, InflightBody};
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 use crate::reload::Reloader;
@@ -33,6 +34,7 @@ use crate::rules::RuleSet;
 use crate::send_budget::SendBudget;
 use crate::store::{AnyStore, MemoryStore, RedisStore};
 use crate::tls::{CertWatcher, Tls};
+use crate::tunnel::{self, Tunnels};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +64,9 @@ pub struct Server {
     decision_listener: Option<TcpListener>,
     /// `[listen] envoy_rls`.
     envoy_rls_listener: Option<TcpListener>,
+    /// SIGHUP, caught from `bind` on: reopens the access log and reloads
+    /// the rules.
+    hangup: Option<crate::process::Hangup>,
 }
 
 /// How often idle keys are swept from the memory store (and from the Redis
@@ -104,6 +109,7 @@ impl Server {
             Some(addr) => Some(bind(addr).await?),
             None => None,
         };
+        let hangup = crate::process::hangup_signal();
         Ok(Server {
             config,
             proxy,
@@ -114,6 +120,7 @@ impl Server {
             redirect_listener,
             decision_listener,
             envoy_rls_listener,
+            hangup,
         })
     }
 
@@ -165,8 +172,10 @@ impl Server {
             redirect_listener,
             decision_listener,
             envoy_rls_listener,
+            hangup,
         } = self;
         let watch = tokio::spawn(reloader.clone().watch());
+        let hangups = hangup.map(|h| tokio::spawn(h.each(on_hangup(proxy.clone(), reloader.clone()))));
         let _summary = crate::summary::spawn(&proxy.metrics);
         let sweep = tokio::spawn({
             let proxy = proxy.clone();
@@ -199,6 +208,10 @@ impl Server {
 
         serve_proxy(proxy_listener, proxy.clone(), &config, tls, slots, shutdown).await;
         proxy.store.close().await;
+        proxy.flush_access_log(ACCESS_LOG_FLUSH).await;
+        if let Some(h) = hangups {
+            h.abort();
+        }
 
         for task in cert_watch.into_iter().chain(redirect_task).chain(decision_task).chain(envoy_rls_task) {
             task.abort();
@@ -206,6 +219,29 @@ impl Server {
         watch.abort();
         sweep.abort();
         admin_task.abort();
+    }
+}
+
+/// How long shutdown waits for the access log's last lines to be written.
+const ACCESS_LOG_FLUSH: Duration = Duration::from_secs(2);
+
+/// What a SIGHUP does: the access log's file is reopened (logrotate has
+/// moved it away), and the main file and the rules are reloaded as a change
+/// to their files would, on a blocking thread (file IO).
+fn on_hangup(proxy: Arc<Proxy>, reloader: Arc<Reloader>) -> impl FnMut() {
+    move || {
+        tracing::info!(
+            "SIGHUP: reopening the access log, reloading the main file's routes and upstreams and the rules"
+        );
+        proxy.reopen_access_log();
+        let reloader = reloader.clone();
+        tokio::task::spawn_blocking(move || {
+            // Reloads the rules too, against the new routes; a broken main
+            // file still leaves the rules to be reloaded.
+            if reloader.reload_config().is_err() {
+                let _ = reloader.reload();
+            }
+        });
     }
 }
 
@@ -251,10 +287,13 @@ async fn serve_proxy(
     slots: Arc<Semaphore>,
     shutdown: impl Future<Output = ()>,
 ) {
+    let (tunnels, close_tunnels) =
+        tunnel::tunnels(config.listen.tunnel_idle_timeout, proxy.metrics.tunnels_active.clone());
     let setup = Arc::new(ConnectionSetup {
         builder: connection_builder(config),
         idle_timeout: config.listen.idle_timeout,
         send_timeout: config.listen.send_timeout,
+        tunnels,
     });
     let graceful = GracefulShutdown::new();
     let handshake_timeout = config.listen.header_read_timeout;
@@ -278,7 +317,7 @@ async fn serve_proxy(
             // A TLS client cannot read a plain-text answer, and a handshake
             // is the work an overloaded server must not take on: closed.
             if tls.is_none() {
-                tokio::spawn(refuse(stream));
+                tokio::spawn(refuse(stream, proxy.clone(), peer));
             }
             continue;
         };
@@ -287,16 +326,13 @@ async fn serve_proxy(
         client.https = tls.is_some();
         let client = Arc::new(client);
         let watcher = graceful.watcher();
-        let active = proxy.metrics.connections_active.clone();
-        active.inc();
+        let slot = Arc::new(Slot::new(permit, proxy.metrics.connections_active.clone()));
         let proxy = proxy.clone();
         let setup = setup.clone();
         match &tls {
             None => {
                 tokio::spawn(async move {
-                    serve_connection(stream, peer, proxy, client, &setup, watcher).await;
-                    active.dec();
-                    drop(permit);
+                    serve_connection(stream, peer, proxy, client, &setup, watcher, slot).await;
                 });
             }
             Some(tls) => {
@@ -305,12 +341,10 @@ async fn serve_proxy(
                     // The handshake holds a connection slot: bounded like the
                     // request headers that follow it.
                     match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                        Ok(Ok(stream)) => serve_connection(stream, peer, proxy, client, &setup, watcher).await,
+                        Ok(Ok(stream)) => serve_connection(stream, peer, proxy, client, &setup, watcher, slot).await,
                         Ok(Err(e)) => tracing::debug!(error = %e, %peer, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                     }
-                    active.dec();
-                    drop(permit);
                 });
             }
         }
@@ -320,6 +354,9 @@ async fn serve_proxy(
     if tokio::time::timeout(config.listen.drain_timeout, graceful.shutdown()).await.is_err() {
         tracing::warn!("drain timeout reached; closing the remaining connections");
     }
+    // Tunnels never end the way requests do: they are closed once the
+    // requests have drained.
+    close_tunnels.close(Duration::from_secs(1)).await;
 }
 
 /// What every client connection is served with.
@@ -327,6 +364,34 @@ struct ConnectionSetup {
     builder: auto::Builder<TokioExecutor>,
     idle_timeout: Duration,
     send_timeout: Duration,
+    tunnels: Tunnels,
+}
+
+/// One client connection, as each of its requests sees it.
+struct Conn {
+    peer: Arc<Peer>,
+    tunnels: Tunnels,
+    slot: Arc<Slot>,
+}
+
+/// A client connection's place under `max_connections`, held by the
+/// connection and by a tunnel it turned into, until both are gone.
+struct Slot {
+    _permit: OwnedSemaphorePermit,
+    active: IntGauge,
+}
+
+impl Slot {
+    fn new(permit: OwnedSemaphorePermit, active: IntGauge) -> Slot {
+        active.inc();
+        Slot { _permit: permit, active }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.active.dec();
+    }
 }
 
 /// Serves one client connection (plain TCP, or TLS once its handshake is
@@ -338,30 +403,45 @@ async fn serve_connection<IO>(
     client: Arc<Peer>,
     setup: &ConnectionSetup,
     watcher: Watcher,
+    slot: Arc<Slot>,
 ) where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let inflight = Inflight::default();
+    let inflight = Inflight::counting_gone(proxy.metrics.client_gone_total.clone());
     let budget = SendBudget::default();
     let io = IdleIo::new(stream, setup.idle_timeout, setup.send_timeout, inflight.clone(), budget.clone());
+    // What a request of this connection may need besides the proxy: one
+    // shared value, so a request clones one `Arc`, not each part.
+    let conn = Arc::new(Conn { peer: client, tunnels: setup.tunnels.clone(), slot });
     let svc = service_fn(move |req| {
         let proxy = proxy.clone();
-        let client = client.clone();
-        let busy = inflight.start();
+        let conn = conn.clone();
+        // In flight until the response body ends: a streaming response
+        // is not an idle connection (see `InflightBody`).
+        let mut busy = inflight.start();
         // HTTP/1.1 sends one response at a time and hyper bounds what
         // it queues: only HTTP/2's streams share a budget (and the
         // per-piece count costs HTTP/1.1 nothing).
         let budget = (req.version() == hyper::Version::HTTP_2).then(|| budget.clone());
         async move {
-            let resp = proxy.handle(req, &client).await;
-            drop(busy);
+            let mut resp = proxy.handle(req, &conn.peer).await;
+            if resp.status() == hyper::StatusCode::SWITCHING_PROTOCOLS
+                && let Some(pending) = resp.extensions_mut().remove::<tunnel::Pending>()
+            {
+                // The tunnel keeps the connection's slot, and its request
+                // stays in flight so that the connection's own idle timeout
+                // leaves it to the tunnel's.
+                busy.answered();
+                tokio::spawn(pending.run(conn.tunnels.clone(), (conn.slot.clone(), busy)));
+                return Ok(resp.map(|body| Either::Right(InflightBody::untracked(body))));
+            }
             Ok::<_, Infallible>(resp.map(|body| match budget {
-                Some(budget) => Either::Left(budget.body(body)),
-                None => Either::Right(body),
+                Some(budget) => Either::Left(budget.body(InflightBody::new(body, busy))),
+                None => Either::Right(InflightBody::new(body, busy)),
             }))
         }
     });
-    let conn = setup.builder.serve_connection(TokioIo::new(io), svc).into_owned();
+    let conn = setup.builder.serve_connection_with_upgrades(TokioIo::new(io), svc).into_owned();
     if let Err(e) = watcher.watch(conn).await {
         tracing::debug!(error = %e, %peer, "connection ended with an error");
     }
@@ -375,15 +455,27 @@ async fn serve_connection<IO>(
 /// error to clients such as hyper's, and closing a socket with the request
 /// still unread makes the kernel send a reset that can destroy the response
 /// on its way.
-async fn refuse(mut stream: TcpStream) {
-    const BODY: &str = r#"{"error":"overloaded","message":"Too many connections; retry shortly."}"#;
+async fn refuse(mut stream: TcpStream, proxy: Arc<Proxy>, peer: SocketAddr) {
+    // A generated id is hex digits and '-': no JSON escaping needed.
+    let request_id = crate::request_id::generate();
+    let id = String::from_utf8_lossy(request_id.as_bytes());
+    let body =
+        format!(r#"{{"error":"overloaded","message":"Too many connections; retry shortly.","request_id":"{id}"}}"#);
     let resp = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{BODY}",
-        BODY.len()
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nx-request-id: {id}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
     );
     let mut request = [0u8; 8192];
-    let _ = tokio::time::timeout(Duration::from_secs(1), stream.read(&mut request)).await;
-    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(resp.as_bytes())).await;
+    let read = tokio::time::timeout(Duration::from_secs(1), stream.read(&mut request)).await;
+    let head = &request[..read.ok().and_then(Result::ok).unwrap_or(0)];
+    let pending = proxy.log_refused(head, peer.ip(), &request_id);
+    let sent = tokio::time::timeout(Duration::from_secs(1), stream.write_all(resp.as_bytes())).await;
+    if let Some(mut p) = pending {
+        p.respond(503);
+        if matches!(sent, Ok(Ok(()))) {
+            p.sent(body.len() as u64);
+        }
+    }
     let _ = stream.shutdown().await;
 }
 

@@ -89,7 +89,7 @@ window = "1m"
         ])
     );
     assert_eq!(
-        r.text(),
+        r.text_without_id(),
         r#"{"error":"too_many_requests","rule":"login-by-ip","limit":5,"window_seconds":60,"retry_after_seconds":40,"message":"Rate limit exceeded: at most 5 requests per 60 s under rule \"login-by-ip\". Retry in 40 s."}"#
     );
     assert_eq!(upstream.hits(), 5);

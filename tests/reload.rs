@@ -264,3 +264,86 @@ async fn a_rule_whose_algorithm_changes_starts_from_a_fresh_bucket() {
     wait_rules(&tg, "the fixed window in force", |r| r["rules"][0]["algorithm"] == "fixed_window").await;
     assert_eq!(statuses(4, || tg.get("/")).await, [200, 200, 200, 429]);
 }
+
+#[tokio::test]
+async fn routes_and_upstreams_reload_with_the_main_file_and_requests_under_way_finish_on_the_old_ones() {
+    let (a, b) = (Upstream::start().await, Upstream::start().await);
+    let tg = Tollgate::start(&a, "").await;
+    let main = tg.dir.path().join("tollgate.toml");
+    assert_eq!(tg.get("/x").send().await.status, 200);
+    assert_eq!((a.hits(), b.hits()), (1, 0));
+
+    // A request held at the old upstream while the main file changes.
+    let held = tokio::spawn(tg.get("/held").header("x-echo-hold", "1").send());
+    a.wait_held(1).await;
+
+    // The same upstream name, now at B, and a new route to it under /b.
+    let moved = config(b.addr) + "\n[[route]]\npath_prefix = \"/b\"\nupstream = \"svc\"\n";
+    write_atomic(&main, &moved);
+    eventually("requests go to the new upstream", || async { tg.get("/x").send().await.status == 200 && b.hits() > 0 })
+        .await;
+    let before = a.hits();
+    assert_eq!(statuses(5, || tg.get("/b/y")).await, [200; 5]);
+    assert_eq!(a.hits(), before, "a request went to the old upstream after the reload");
+
+    // The request under way finishes on the old upstream.
+    a.release(1);
+    let r = held.await.expect("held request");
+    assert_eq!(r.status, 200);
+    let m = tg.metrics().await;
+    assert!(metric(&m, "tollgate_config_reloads_total", &[("result", "success")]) >= Some(1.0));
+    assert_eq!(metric(&m, "tollgate_config_reloads_total", &[("result", "failure")]), Some(0.0));
+}
+
+#[tokio::test]
+async fn a_broken_main_file_keeps_the_running_routes_and_upstreams() {
+    let (a, b) = (Upstream::start().await, Upstream::start().await);
+    let tg = Tollgate::start(&a, "").await;
+    let main = tg.dir.path().join("tollgate.toml");
+
+    // Valid TOML naming B, but a route to an upstream that does not exist.
+    let broken = config(b.addr).replace("upstream = \"svc\"", "upstream = \"nowhere\"");
+    write_atomic(&main, &broken);
+    eventually("the failed reload is counted", || async {
+        metric(&tg.metrics().await, "tollgate_config_reloads_total", &[("result", "failure")]) >= Some(1.0)
+    })
+    .await;
+    assert_eq!(statuses(3, || tg.get("/x")).await, [200; 3]);
+    assert_eq!((a.hits(), b.hits()), (3, 0));
+
+    // Fixed: in force.
+    write_atomic(&main, &config(b.addr));
+    eventually("the fixed file is in force", || async { tg.get("/x").send().await.status == 200 && b.hits() > 0 })
+        .await;
+}
+
+// Multi-threaded: the check runs as a blocking child process while this
+// process's tollgate answers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_running_names_the_sections_that_need_a_restart() {
+    let (a, b) = (Upstream::start().await, Upstream::start().await);
+    let tg = Tollgate::start(&a, "").await;
+    let check = |file: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["check", "--running", &tg.admin_addr.to_string(), "--config"])
+            .arg(tg.dir.path().join(file))
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("tollgate runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // Only the upstream moved: it reloads by itself.
+    std::fs::write(tg.dir.path().join("moved.toml"), config(b.addr)).expect("write");
+    let out = check("moved.toml");
+    assert!(out.contains("nothing else differs"), "{out}");
+    // A listener setting and the store's timeout changed too.
+    let changed = config(b.addr)
+        .replace("admin = \"127.0.0.1:0\"\n", "admin = \"127.0.0.1:0\"\nidle_timeout = \"5s\"\n")
+        + "\n[store]\ntimeout = \"50ms\"\n";
+    std::fs::write(tg.dir.path().join("changed.toml"), changed).expect("write");
+    let out = check("changed.toml");
+    assert!(out.contains("[listen] differs from the running tollgate"), "{out}");
+    assert!(out.contains("[store] differs from the running tollgate"), "{out}");
+    assert!(!out.contains("[client]") && !out.contains("[log]") && !out.contains("[rules] path"), "{out}");
+}

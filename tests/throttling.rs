@@ -209,7 +209,7 @@ window = "1m"
         assert_eq!(r.status, 400, "x-cost: {bad:?}");
         assert_eq!(r.header("content-type"), Some("application/json"));
         assert_eq!(
-            r.text(),
+            r.text_without_id(),
             r#"{"error":"bad_request","message":"header x-cost must be a whole number from 1 to 20"}"#
         );
     }

@@ -11,17 +11,19 @@
 
 mod envoy;
 mod error;
+mod log;
 mod machine;
 mod raw;
 mod rules_file;
 mod tls;
+mod upstream;
+mod upstream_tls;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::HeaderName;
-use http::uri::{Authority, Scheme};
 use ipnet::IpNet;
 use serde::Deserialize;
 use toml::Spanned;
@@ -30,10 +32,12 @@ pub use crate::normalize::{EncodedSlashes, Normalization};
 
 pub use envoy::EnvoyMapping;
 pub use error::{ConfigError, ConfigErrors, line_col};
+pub use log::{AccessLogTarget, LogConfig};
 pub use rules_file::{
     ClientSet, Cost, DenySpec, InvalidToken, KeyPart, LoadedRules, MatchSpec, PathPattern, RuleMode, RuleSpec,
     RulesFile, Throttle, load_rules, parse_rules, parse_rules_file, rule_files, rule_files_or_empty,
 };
+pub use upstream::{Balance, HashKey, HealthCheck, Protocol, Server, Upstream, UpstreamTls};
 
 /// What a check does when the store cannot answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -71,6 +75,8 @@ pub struct Config {
     pub client: ClientConfig,
     pub upstreams: Vec<Upstream>,
     pub routes: Vec<Route>,
+    /// `[log]`: the access log.
+    pub log: LogConfig,
 }
 
 /// `[listen]`
@@ -97,6 +103,9 @@ pub struct Listen {
     /// A client that takes none of the response's bytes for this long is
     /// disconnected.
     pub send_timeout: Duration,
+    /// A WebSocket (or other upgraded) tunnel that moves no byte for this
+    /// long is closed.
+    pub tunnel_idle_timeout: Duration,
     /// `[[listen.tls]]`, read and checked: when not empty the proxy
     /// listener speaks TLS only, and the first is the default certificate.
     pub tls: Vec<crate::tls::Certificate>,
@@ -158,19 +167,6 @@ pub struct ClientConfig {
     pub ipv6_prefix: u8,
     pub user_header: HeaderName,
     pub api_key_header: HeaderName,
-}
-
-/// `[[upstream]]`
-#[derive(Debug, Clone)]
-pub struct Upstream {
-    pub name: String,
-    pub scheme: Scheme,
-    pub authority: Authority,
-    /// A path prefix from the URL (`http://h/base` -> `/base`), without the
-    /// trailing slash; empty for none.
-    pub base_path: String,
-    pub connect_timeout: Duration,
-    pub timeout: Duration,
 }
 
 /// `[[route]]`
@@ -394,6 +390,11 @@ impl Validator<'_> {
                 "listen.send_timeout",
                 Duration::from_secs(60),
             ),
+            tunnel_idle_timeout: self.opt_duration(
+                listen.tunnel_idle_timeout.as_ref(),
+                "listen.tunnel_idle_timeout",
+                Duration::from_secs(3600),
+            ),
         };
 
         let rules = raw.rules.unwrap_or_default();
@@ -555,50 +556,15 @@ impl Validator<'_> {
         // one claiming it is undefined.
         let mut defined: Vec<String> = Vec::new();
         for u in raw.upstream {
-            let u = u.into_inner();
-            if defined.contains(u.name.get_ref()) {
-                self.error(u.name.span(), format!("upstream {:?} is defined twice", u.name.get_ref()));
+            let name = &u.get_ref().name;
+            if defined.contains(name.get_ref()) {
+                self.error(name.span(), format!("upstream {:?} is defined twice", name.get_ref()));
                 continue;
             }
-            defined.push(u.name.get_ref().clone());
-            let connect_timeout =
-                self.opt_duration(u.connect_timeout.as_ref(), "upstream.connect_timeout", Duration::from_secs(1));
-            let timeout = self.opt_duration(u.timeout.as_ref(), "upstream.timeout", Duration::from_secs(30));
-            let uri: http::Uri = match u.url.get_ref().parse() {
-                Ok(uri) => uri,
-                Err(_) => {
-                    self.error(
-                        u.url.span(),
-                        format!("upstream url {:?} is not a URL such as \"http://127.0.0.1:9001\"", u.url.get_ref()),
-                    );
-                    continue;
-                }
-            };
-            let (Some(scheme), Some(authority)) = (uri.scheme().cloned(), uri.authority().cloned()) else {
-                self.error(
-                    u.url.span(),
-                    format!(
-                        "upstream url {:?} needs a scheme and a host, such as \"http://127.0.0.1:9001\"",
-                        u.url.get_ref()
-                    ),
-                );
-                continue;
-            };
-            if scheme != Scheme::HTTP {
-                self.error(
-                    u.url.span(),
-                    "only http:// upstreams are supported (tollgate sits in front of services on a private network)",
-                );
-                continue;
+            defined.push(name.get_ref().clone());
+            if let Some(u) = self.upstream(u) {
+                upstreams.push(u);
             }
-            upstreams.push(Upstream {
-                name: u.name.into_inner(),
-                scheme,
-                authority,
-                base_path: uri.path().trim_end_matches('/').to_string(),
-                connect_timeout,
-                timeout,
-            });
         }
 
         let mut routes = Vec::new();
@@ -648,7 +614,8 @@ impl Validator<'_> {
             });
         }
 
-        Config { path: self.file.to_path_buf(), listen, rules_path, store, client, upstreams, routes }
+        let log = self.log(raw.log);
+        Config { path: self.file.to_path_buf(), listen, rules_path, store, client, upstreams, routes, log }
     }
 }
 

@@ -18,6 +18,7 @@ pub struct RawConfig {
     pub upstream: Vec<Spanned<RawUpstream>>,
     #[serde(default)]
     pub route: Vec<Spanned<RawRoute>>,
+    pub log: Option<super::log::RawLog>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -36,6 +37,7 @@ pub struct RawListen {
     pub underscores_in_headers: Option<bool>,
     pub body_read_timeout: Option<Spanned<String>>,
     pub send_timeout: Option<Spanned<String>>,
+    pub tunnel_idle_timeout: Option<Spanned<String>>,
     pub tls: Option<Vec<Spanned<RawTls>>>,
     pub http_redirect: Option<Spanned<String>>,
     pub decision: Option<Spanned<String>>,
@@ -84,13 +86,34 @@ pub struct RawClient {
     pub api_key_header: Option<Spanned<String>>,
 }
 
+/// `[[upstream]]` as serde reads it.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstream {
     pub name: Spanned<String>,
-    pub url: Spanned<String>,
+    pub url: Option<Spanned<String>>,
+    pub servers: Option<Spanned<Vec<Spanned<String>>>>,
+    pub balance: Option<Spanned<String>>,
+    pub hash_key: Option<Spanned<String>>,
+    pub health_check: Option<Spanned<RawHealthCheck>>,
     pub connect_timeout: Option<Spanned<String>>,
     pub timeout: Option<Spanned<String>>,
+    pub protocol: Option<Spanned<String>>,
+    pub tls_ca_file: Option<Spanned<String>>,
+    pub tls_cert_file: Option<Spanned<String>>,
+    pub tls_key_file: Option<Spanned<String>>,
+    pub tls_server_name: Option<Spanned<String>>,
+}
+
+/// `health_check = { ... }`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHealthCheck {
+    pub path: Option<Spanned<String>>,
+    pub interval: Option<Spanned<String>>,
+    pub timeout: Option<Spanned<String>>,
+    pub healthy: Option<Spanned<i64>>,
+    pub unhealthy: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -83,8 +83,8 @@ fn the_issue_main_file_parses() {
     assert_eq!(c.upstreams.len(), 1);
     let u = &c.upstreams[0];
     assert_eq!(u.name, "orders");
-    assert_eq!(u.scheme, Scheme::HTTP);
-    assert_eq!(u.authority.as_str(), "127.0.0.1:9001");
+    assert_eq!(u.servers[0].scheme, http::uri::Scheme::HTTP);
+    assert_eq!(u.servers[0].authority.as_str(), "127.0.0.1:9001");
     assert_eq!(u.base_path, "");
     assert_eq!(u.connect_timeout, SEC);
     assert_eq!(u.timeout, 30 * SEC);
@@ -172,7 +172,7 @@ upstream = "users"
     let names: Vec<&str> = c.upstreams.iter().map(|u| u.name.as_str()).collect();
     assert_eq!(names, ["orders", "users"]);
     let o = &c.upstreams[0];
-    assert_eq!(o.authority.as_str(), "orders.internal:9001");
+    assert_eq!(o.servers[0].authority.as_str(), "orders.internal:9001");
     assert_eq!(o.base_path, "/base");
     assert_eq!(o.connect_timeout, 250 * MS);
     assert_eq!(o.timeout, 3600 * SEC);
@@ -259,13 +259,13 @@ fn unknown_key_at_the_top_level() {
     assert_eq!(
         errors("[listen]\nproxy = \"0.0.0.0:8080\"\n\n[limits]\nx = 1\n"),
         [
-            "t.toml:4:2: unknown field `limits`, expected one of `listen`, `rules`, `store`, `client`, `upstream`, `route`"
+            "t.toml:4:2: unknown field `limits`, expected one of `listen`, `rules`, `store`, `client`, `upstream`, `route`, `log`"
         ]
     );
     assert_eq!(
         errors("verbose = true\n"),
         [
-            "t.toml:1:1: unknown field `verbose`, expected one of `listen`, `rules`, `store`, `client`, `upstream`, `route`"
+            "t.toml:1:1: unknown field `verbose`, expected one of `listen`, `rules`, `store`, `client`, `upstream`, `route`, `log`"
         ]
     );
 }
@@ -297,7 +297,9 @@ fn unknown_key_in_a_table() {
     );
     assert_eq!(
         errors("[[upstream]]\nname = \"a\"\nurl = \"http://a\"\nretries = 3\n"),
-        ["t.toml:4:1: unknown field `retries`, expected one of `name`, `url`, `connect_timeout`, `timeout`"]
+        [
+            "t.toml:4:1: unknown field `retries`, expected one of `name`, `url`, `servers`, `balance`, `hash_key`, `health_check`, `connect_timeout`, `timeout`, `protocol`, `tls_ca_file`, `tls_cert_file`, `tls_key_file`, `tls_server_name`"
+        ]
     );
     let route = errors("[[route]]\npath = \"/\"\nupstream = \"a\"\n");
     assert_eq!(route.len(), 1);
@@ -408,19 +410,13 @@ fn a_route_prefix_must_start_with_a_slash() {
 
 #[test]
 fn a_route_on_an_invalid_upstream_gets_no_second_error() {
-    let src = ISSUE_MAIN.replace("http://127.0.0.1:9001", "https://127.0.0.1:9001");
-    assert_eq!(
-        errors(&src),
-        ["t.toml:22:7: only http:// upstreams are supported (tollgate sits in front of services on a private network)"]
-    );
+    let src = ISSUE_MAIN.replace("http://127.0.0.1:9001", "ftp://127.0.0.1:9001");
+    assert_eq!(errors(&src), ["t.toml:22:7: upstream servers are http:// or https://"]);
     // ...and a second upstream of the same name is still a duplicate.
     let src = format!("{src}\n[[upstream]]\nname = \"orders\"\nurl = \"http://127.0.0.1:9002\"\n");
     assert_eq!(
         errors(&src),
-        [
-            "t.toml:22:7: only http:// upstreams are supported (tollgate sits in front of services on a private network)",
-            "t.toml:31:8: upstream \"orders\" is defined twice",
-        ]
+        ["t.toml:22:7: upstream servers are http:// or https://", "t.toml:31:8: upstream \"orders\" is defined twice",]
     );
 }
 
@@ -436,10 +432,10 @@ fn a_duplicate_upstream() {
 }
 
 #[test]
-fn upstreams_must_be_plain_http_urls() {
+fn upstreams_are_http_or_https_urls() {
     assert_eq!(
-        errors("[[upstream]]\nname = \"a\"\nurl = \"https://a.example.com\"\n"),
-        ["t.toml:3:7: only http:// upstreams are supported (tollgate sits in front of services on a private network)"]
+        errors("[[upstream]]\nname = \"a\"\nurl = \"ftp://a.example.com\"\n"),
+        ["t.toml:3:7: upstream servers are http:// or https://"]
     );
     assert_eq!(
         errors("[[upstream]]\nname = \"a\"\nurl = \"127.0.0.1:9001\"\n"),
@@ -526,7 +522,7 @@ fn store_pool_size_is_bounded() {
 fn every_problem_in_one_file_is_reported_in_file_order() {
     let src = r#"[[upstream]]
 name = "orders"
-url = "https://127.0.0.1:9001"
+url = "ftp://127.0.0.1:9001"
 timeout = "soon"
 
 [listen]
@@ -557,7 +553,7 @@ upstream = "billing"
     assert_eq!(
         errors(src),
         [
-            "t.toml:3:7: only http:// upstreams are supported (tollgate sits in front of services on a private network)",
+            "t.toml:3:7: upstream servers are http:// or https://",
             "t.toml:4:11: upstream.timeout \"soon\" is not a duration (expected number at 0); write e.g. \"250ms\", \"1s\", \"5m\", \"1h\", \"1d\"",
             "t.toml:7:9: listen.proxy \"8080\" is not an address such as \"0.0.0.0:8080\" or \"[::1]:8080\"",
             "t.toml:8:9: listen.admin \"nowhere\" is not an address such as \"0.0.0.0:8080\" or \"[::1]:8080\"",
@@ -1011,7 +1007,7 @@ fn unknown_keys_in_a_rule_and_in_match() {
     );
     assert_eq!(
         rule_errors("[[rules]]\nname = \"r\"\n"),
-        ["r.toml:1:3: unknown field `rules`, expected `rule` or `deny`"]
+        ["r.toml:1:3: unknown field `rules`, expected one of `rule`, `deny`, `envoy`"]
     );
 }
 

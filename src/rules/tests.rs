@@ -703,11 +703,14 @@ fn headers_for_one_rule() {
 }
 
 #[test]
-fn headers_replace_what_the_upstream_sent() {
+fn headers_keep_what_the_upstream_sent_and_never_loosen_it() {
     let s = one("");
     let reports = [RuleReport::new(&s.rules[0], &verdict(true, 9, 100), 10)];
+    // The upstream's structured items stay, tollgate's are added; an
+    // X-RateLimit trio more permissive than tollgate's is replaced.
     let mut h = HeaderMap::new();
     h.insert("x-ratelimit-limit", HeaderValue::from_static("1000"));
+    h.insert("x-ratelimit-remaining", HeaderValue::from_static("999"));
     h.append("ratelimit", HeaderValue::from_static("\"upstream\";r=1;t=1"));
     h.append("ratelimit", HeaderValue::from_static("\"upstream2\";r=1;t=1"));
     h.insert("content-type", HeaderValue::from_static("text/plain"));
@@ -720,9 +723,20 @@ fn headers_replace_what_the_upstream_sent() {
             ("x-ratelimit-remaining", "9"),
             ("x-ratelimit-reset", "1"),
             ("ratelimit-policy", "\"r\";q=10;w=1"),
+            ("ratelimit", "\"upstream\";r=1;t=1"),
+            ("ratelimit", "\"upstream2\";r=1;t=1"),
             ("ratelimit", "\"r\";r=9;t=1"),
         ])
     );
+    // A stricter upstream trio is left as it was.
+    let mut h = HeaderMap::new();
+    h.insert("x-ratelimit-limit", HeaderValue::from_static("3"));
+    h.insert("x-ratelimit-remaining", HeaderValue::from_static("2"));
+    h.insert("x-ratelimit-reset", HeaderValue::from_static("30"));
+    headers::write(&mut h, &reports, 0);
+    assert_eq!(h["x-ratelimit-limit"], "3");
+    assert_eq!(h["x-ratelimit-remaining"], "2");
+    assert_eq!(h["x-ratelimit-reset"], "30");
 }
 
 #[test]

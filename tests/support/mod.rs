@@ -587,6 +587,17 @@ impl Reply {
         std::str::from_utf8(&self.body).expect("UTF-8 body")
     }
 
+    /// A body tollgate wrote, without the `request_id` it ends with, after
+    /// checking that the id is the response's `X-Request-Id`: for comparing
+    /// whole bodies with a fixed text.
+    pub fn text_without_id(&self) -> String {
+        let id = self.header("x-request-id").expect("tollgate's answers carry X-Request-Id");
+        let tail = format!(r#","request_id":"{id}"}}"#);
+        let body = self.text();
+        let Some(rest) = body.strip_suffix(&tail) else { panic!("body does not end with {tail}: {body}") };
+        format!("{rest}}}")
+    }
+
     pub fn json(&self) -> Value {
         serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("body is not JSON ({e}): {:?}", self.text()))
     }

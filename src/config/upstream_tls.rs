@@ -1,0 +1,135 @@
+//! How tollgate talks to an upstream's servers: `https://` with a CA file,
+//! SNI and an optional client certificate, and `protocol = "h2"`.
+
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+
+use super::Validator;
+use super::raw::RawUpstream;
+
+/// `protocol`: what is spoken to the servers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Protocol {
+    /// HTTP/1.1, a request per connection at a time, connections pooled.
+    #[default]
+    Http1,
+    /// HTTP/2: one connection per server, requests multiplexed on it (over
+    /// TLS with ALPN `h2`, or cleartext with prior knowledge).
+    H2,
+}
+
+/// The TLS client side for `https://` servers.
+#[derive(Debug, Clone)]
+pub struct UpstreamTls {
+    pub client: Arc<rustls::ClientConfig>,
+    /// `tls_server_name`: the name sent in SNI and checked against the
+    /// server's certificate, instead of each server's own host.
+    pub server_name: Option<ServerName<'static>>,
+}
+
+impl Validator<'_> {
+    pub(super) fn protocol(&mut self, u: &RawUpstream) -> Option<Protocol> {
+        match u.protocol.as_ref().map(|p| (p, p.get_ref().as_str())) {
+            None | Some((_, "http/1.1")) => Some(Protocol::Http1),
+            Some((_, "h2")) => Some(Protocol::H2),
+            Some((p, other)) => {
+                self.error(p.span(), format!("upstream protocol {other:?} is not \"http/1.1\" or \"h2\""));
+                None
+            }
+        }
+    }
+
+    /// The TLS settings of an upstream whose servers are `https` (`None`
+    /// for `http`, where any `tls_*` key is an error).
+    pub(super) fn upstream_tls(
+        &mut self,
+        u: &RawUpstream,
+        https: bool,
+        protocol: Protocol,
+    ) -> Option<Option<UpstreamTls>> {
+        let keys = [&u.tls_ca_file, &u.tls_cert_file, &u.tls_key_file, &u.tls_server_name];
+        if !https {
+            if let Some(k) = keys.iter().copied().flatten().next() {
+                self.error(k.span(), "tls_* keys are for https:// upstream servers");
+                return None;
+            }
+            return Some(None);
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        match &u.tls_ca_file {
+            Some(ca) => {
+                let (path, pem) = self.read_relative(ca)?;
+                let certs: Vec<CertificateDer<'static>> = match CertificateDer::pem_slice_iter(&pem).collect() {
+                    Ok(c) => c,
+                    Err(e) => {
+                        self.error(ca.span(), format!("{} is not a PEM certificate file ({e})", path.display()));
+                        return None;
+                    }
+                };
+                let (added, _) = roots.add_parsable_certificates(certs);
+                if added == 0 {
+                    self.error(ca.span(), format!("{} holds no usable CA certificate", path.display()));
+                    return None;
+                }
+            }
+            // The system's trust store, as curl would use.
+            None => {
+                let found = rustls_native_certs::load_native_certs();
+                roots.add_parsable_certificates(found.certs);
+            }
+        }
+        let server_name = match &u.tls_server_name {
+            Some(n) => match ServerName::try_from(n.get_ref().clone()) {
+                Ok(name) => Some(name),
+                Err(_) => {
+                    self.error(
+                        n.span(),
+                        format!("tls_server_name {:?} is not a DNS name or an IP address", n.get_ref()),
+                    );
+                    return None;
+                }
+            },
+            None => None,
+        };
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .ok()?
+            .with_root_certificates(roots);
+        let mut client = match (&u.tls_cert_file, &u.tls_key_file) {
+            (None, None) => builder.with_no_client_auth(),
+            (Some(cert), Some(key)) => {
+                let (cert_path, cert_pem) = self.read_relative(cert)?;
+                let (key_path, key_pem) = self.read_relative(key)?;
+                let chain: Vec<CertificateDer<'static>> =
+                    CertificateDer::pem_slice_iter(&cert_pem).collect::<Result<_, _>>().unwrap_or_default();
+                if chain.is_empty() {
+                    self.error(cert.span(), format!("{} holds no PEM certificate", cert_path.display()));
+                    return None;
+                }
+                let Ok(private) = PrivateKeyDer::from_pem_slice(&key_pem) else {
+                    self.error(key.span(), format!("{} holds no PEM private key", key_path.display()));
+                    return None;
+                };
+                match builder.with_client_auth_cert(chain, private) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        self.error(key.span(), format!("the client certificate and key cannot be used ({e})"));
+                        return None;
+                    }
+                }
+            }
+            (Some(k), None) | (None, Some(k)) => {
+                self.error(k.span(), "tls_cert_file and tls_key_file go together");
+                return None;
+            }
+        };
+        client.alpn_protocols = match protocol {
+            Protocol::H2 => vec![b"h2".to_vec()],
+            Protocol::Http1 => vec![b"http/1.1".to_vec()],
+        };
+        Some(Some(UpstreamTls { client: Arc::new(client), server_name }))
+    }
+}
