@@ -153,7 +153,7 @@ async fn check(proxy: &Proxy, body: &[u8]) -> Result<Value, String> {
     };
     let o = decide(proxy, rule, &key, cost).await?;
     let headers: Map<String, Value> = o
-        .headers
+        .headers()
         .iter()
         .map(|(k, v)| (k.as_str().to_string(), Value::String(v.to_str().unwrap_or("").to_string())))
         .collect();
@@ -187,7 +187,7 @@ pub fn max_cost(rule: &Rule) -> u64 {
 }
 
 /// One decision, whoever asked (`/v1/check` or Envoy's `ShouldRateLimit`).
-pub struct Outcome {
+pub struct Outcome<'r> {
     pub allowed: bool,
     /// What the client is told remains (`None`: exempt, or the store
     /// failed).
@@ -198,16 +198,38 @@ pub struct Outcome {
     pub reset_after: Nanos,
     /// Leaky-bucket shaping: how long the proxy would hold the request.
     pub delay: Nanos,
-    /// The rate-limit headers the proxy would send (none for shadow rules).
-    pub headers: HeaderMap,
+    /// What the proxy's rate-limit headers would say (none for shadow
+    /// rules, exempt clients and store failures). Kept as a report rather
+    /// than rendered, so that `ShouldRateLimit` renders one set of headers
+    /// for all its descriptors, as the proxy does for all its rules.
+    pub report: Option<RuleReport<'r>>,
     pub exempt: bool,
     pub store_unavailable: bool,
+}
+
+impl Outcome<'_> {
+    /// The rate-limit headers the proxy would send for this one rule.
+    pub fn headers(&self) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        if let Some(report) = self.report {
+            headers::write(&mut headers, &[report], 0);
+            if !self.allowed {
+                headers::write_retry_after(&mut headers, self.retry_after);
+            }
+        }
+        headers
+    }
 }
 
 /// Decides `cost` units of `rule` for the key parts in `key` (named as in
 /// the rule's key list), counting in the store and the rule's metrics as a
 /// proxied request does. `Err` carries the sentence for the caller.
-pub async fn decide(proxy: &Proxy, rule: &Rule, key: &Map<String, Value>, cost: u64) -> Result<Outcome, String> {
+pub async fn decide<'r>(
+    proxy: &Proxy,
+    rule: &'r Rule,
+    key: &Map<String, Value>,
+    cost: u64,
+) -> Result<Outcome<'r>, String> {
     let given = KeyValues::parse(proxy, rule, key)?;
     let facts = given.facts();
     let mut o = Outcome {
@@ -216,7 +238,7 @@ pub async fn decide(proxy: &Proxy, rule: &Rule, key: &Map<String, Value>, cost: 
         retry_after: 0,
         reset_after: 0,
         delay: 0,
-        headers: HeaderMap::new(),
+        report: None,
         exempt: false,
         store_unavailable: false,
     };
@@ -243,17 +265,16 @@ pub async fn decide(proxy: &Proxy, rule: &Rule, key: &Map<String, Value>, cost: 
     o.reset_after = verdict.reset_after;
     if rule.enforced() {
         let report = RuleReport::new(rule, &verdict, limits.capacity());
-        headers::write(&mut o.headers, &[report], 0);
         if verdict.allowed {
             rule.counters.allowed.inc();
             o.delay = verdict.delay;
         } else {
             rule.counters.limited.inc();
             o.retry_after = ceil_secs(verdict.retry_after).max(1);
-            headers::write_retry_after(&mut o.headers, o.retry_after);
         }
         o.allowed = verdict.allowed;
         o.remaining = Some(report.remaining);
+        o.report = Some(report);
     } else {
         // Shadow rules are measured, never enforced nor shown.
         if verdict.allowed {

@@ -148,6 +148,15 @@ pub fn resolve(
                 }
             }
         }
+        if ok && fixed.is_empty() && parts.is_empty() {
+            // Rule keyed on nothing and no `match`: would cover only a
+            // descriptor without entries, which Envoy never sends.
+            error(
+                e.rule.span(),
+                "[[envoy]] needs a match (e.g. match = { generic_key = \"checkout\" }): Envoy never sends a descriptor without entries".into(),
+            );
+            ok = false;
+        }
         if ok {
             out.push(EnvoyMapping {
                 domain: e.domain.into_inner(),
@@ -160,4 +169,129 @@ pub fn resolve(
         }
     }
     (out, errors)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::super::{Config, ConfigErrors, LoadedRules, load_rules};
+
+    const RULES: &str = "[[rule]]\nname = \"per-user\"\nkey = [\"user\", \"header:x-tier\"]\nlimit = 5\nwindow = \"1m\"\n\n[[rule]]\nname = \"global\"\nkey = []\nlimit = 100\nwindow = \"1s\"\n\n";
+
+    fn load(files: &[(&str, &str)]) -> Result<LoadedRules, ConfigErrors> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (name, text) in files {
+            std::fs::write(dir.path().join(name), text).expect("write");
+        }
+        let config = Config::parse(Path::new("/etc/tollgate/tollgate.toml"), "").expect("empty main file");
+        load_rules(dir.path(), &config).map_err(|mut e| {
+            // Paths relative to the temporary directory, for exact messages.
+            for err in &mut e.0 {
+                err.file = err.file.strip_prefix(dir.path()).map(Path::to_path_buf).unwrap_or(err.file.clone());
+            }
+            e
+        })
+    }
+
+    fn errors(envoy: &str) -> Vec<String> {
+        match load(&[("r.toml", &format!("{RULES}{envoy}"))]) {
+            Ok(_) => panic!("expected errors for:\n{envoy}"),
+            Err(e) => e.0.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    #[test]
+    fn a_mapping_gives_each_key_part_its_entry_in_the_rules_order() {
+        let loaded = load(&[(
+            "r.toml",
+            &format!(
+                "{RULES}[[envoy]]\ndomain = \"edge\"\nmatch = {{ generic_key = \"checkout\" }}\nkey = {{ \"header:x-tier\" = \"tier\", user = \"user_id\" }}\nrule = \"per-user\"\n"
+            ),
+        )])
+        .expect("valid");
+        let m = &loaded.envoy[0];
+        assert_eq!((m.domain.as_str(), m.rule.as_str(), m.line), ("edge", "per-user", 13));
+        assert_eq!(m.fixed, [("generic_key".to_string(), "checkout".to_string())]);
+        assert_eq!(
+            m.parts,
+            [("user".to_string(), "user_id".to_string()), ("header:x-tier".to_string(), "tier".to_string())]
+        );
+        // Exactly these entries, in any order.
+        let key = m.key_of("edge", [("tier", "gold"), ("user_id", "alice"), ("generic_key", "checkout")].into_iter());
+        assert_eq!(key.expect("covered").get("user").and_then(|v| v.as_str()), Some("alice"));
+        assert!(
+            m.key_of("other", [("tier", "gold"), ("user_id", "a"), ("generic_key", "checkout")].into_iter()).is_none()
+        );
+        assert!(m.key_of("edge", [("tier", "gold"), ("user_id", "a"), ("generic_key", "cart")].into_iter()).is_none());
+        assert!(m.key_of("edge", [("user_id", "a"), ("generic_key", "checkout")].into_iter()).is_none());
+        assert!(
+            m.key_of("edge", [("tier", "g"), ("user_id", "a"), ("generic_key", "checkout"), ("x", "y")].into_iter())
+                .is_none()
+        );
+        assert!(m.key_of("edge", [("tier", "g"), ("tier", "g"), ("generic_key", "checkout")].into_iter()).is_none());
+    }
+
+    #[test]
+    fn a_mapping_may_name_a_rule_of_an_earlier_file_only() {
+        let envoy = "[[envoy]]\ndomain = \"edge\"\nmatch = { generic_key = \"all\" }\nrule = \"global\"\n";
+        assert_eq!(load(&[("a.toml", RULES), ("b.toml", envoy)]).expect("valid").envoy.len(), 1);
+        let e = load(&[("a.toml", envoy), ("b.toml", RULES)]).expect_err("rule comes later");
+        assert_eq!(
+            e.0.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            [
+                "a.toml:4:8: [[envoy]] names rule \"global\", which is not defined in this file or a rules file before it"
+            ]
+        );
+    }
+
+    #[test]
+    fn every_mistake_has_its_position() {
+        assert_eq!(
+            errors("[[envoy]]\ndomain = \"\"\nmatch = { a = \"b\" }\nrule = \"global\"\n"),
+            ["r.toml:14:10: [[envoy]] domain must not be empty"]
+        );
+        assert_eq!(
+            errors("[[envoy]]\ndomain = \"edge\"\nrule = \"global\"\n"),
+            [
+                "r.toml:15:8: [[envoy]] needs a match (e.g. match = { generic_key = \"checkout\" }): Envoy never sends a descriptor without entries"
+            ]
+        );
+        assert_eq!(
+            errors("[[envoy]]\ndomain = \"edge\"\nkey = { user = \"u\" }\nrule = \"per-user\"\n"),
+            [
+                "r.toml:15:7: [[envoy]] key must name the descriptor entry for \"header:x-tier\", a key part of rule \"per-user\", e.g. key = { \"header:x-tier\" = \"...\" }"
+            ]
+        );
+        assert_eq!(
+            errors(
+                "[[envoy]]\ndomain = \"edge\"\nkey = { user = \"u\", \"header:x-tier\" = \"t\", ip = \"addr\" }\nrule = \"per-user\"\n"
+            ),
+            [
+                "r.toml:15:7: [[envoy]] key maps \"ip\", which is not a key part of rule \"per-user\" (its key: [\"user\", \"header:x-tier\"])"
+            ]
+        );
+        assert_eq!(
+            errors(
+                "[[envoy]]\ndomain = \"edge\"\nmatch = { u = \"x\" }\nkey = { user = \"u\", \"header:x-tier\" = \"t\" }\nrule = \"per-user\"\n"
+            ),
+            ["r.toml:16:7: [[envoy]] descriptor entry \"u\" is both in match and in key"]
+        );
+        assert_eq!(
+            errors("[[envoy]]\ndomain = \"edge\"\nmatch = { a = \"b\" }\nrule = \"nope\"\n"),
+            ["r.toml:16:8: [[envoy]] names rule \"nope\", which is not defined in this file or a rules file before it"]
+        );
+        assert_eq!(
+            errors("[[envoy]]\ndomain = \"edge\"\nmatch = { a = \"b\" }\nrule = \"global\"\nlimit = 3\n"),
+            ["r.toml:17:1: unknown field `limit`, expected one of `domain`, `rule`, `match`, `key`"]
+        );
+        assert_eq!(
+            errors("[[envoy]]\nmatch = { a = \"b\" }\nrule = \"global\"\n"),
+            ["r.toml:13:1: missing field `domain`"]
+        );
+        assert_eq!(
+            errors("[[envoy]]\ndomain = \"edge\"\nmatch = { a = 1 }\nrule = \"global\"\n"),
+            ["r.toml:15:15: invalid type: integer `1`, expected a string"]
+        );
+    }
 }

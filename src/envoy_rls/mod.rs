@@ -25,8 +25,10 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+use crate::headers::RuleReport;
 use crate::proxy::Proxy;
 use crate::rules::Rule;
+use proto::envoy::config::core::v3::HeaderValue;
 use proto::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit};
 use proto::envoy::service::ratelimit::v3::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
 use proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
@@ -38,6 +40,15 @@ const MAX_CONNECTIONS: usize = 1024;
 /// a handful; more is a misuse, refused rather than served at length.
 const MAX_DESCRIPTORS: usize = 64;
 
+/// Entries per descriptor: Envoy's actions make one entry each, a handful.
+/// With [`MAX_DESCRIPTORS`] this bounds the matching work of one request.
+const MAX_ENTRIES: usize = 32;
+
+/// The largest request message: a request at both bounds above with long
+/// values fits; tonic's default (4 MiB) would let one request hold that
+/// much memory per stream.
+const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+
 /// The rate limit service: the proxy's rules and store.
 pub struct Rls {
     proxy: Arc<Proxy>,
@@ -46,7 +57,7 @@ pub struct Rls {
 /// Accepts gRPC connections until the task is aborted (at shutdown).
 pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let service = RateLimitServiceServer::new(Rls { proxy });
+    let service = RateLimitServiceServer::new(Rls { proxy }).max_decoding_message_size(MAX_MESSAGE_BYTES);
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     builder.timer(TokioTimer::new()).max_concurrent_streams(256);
     loop {
@@ -54,6 +65,8 @@ pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
+        // Over the bound, the connection is closed: Envoy counts the
+        // failure and applies its `failure_mode_deny`.
         let Ok(permit) = slots.clone().try_acquire_owned() else { continue };
         let _ = stream.set_nodelay(true);
         let svc = TowerToHyperService::new(service.clone());
@@ -72,56 +85,116 @@ impl RateLimitService for Rls {
         request: tonic::Request<RateLimitRequest>,
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
         let req = request.into_inner();
+        // Envoy's own service refuses these two the same way.
         if req.domain.is_empty() {
             return Err(tonic::Status::invalid_argument("domain must not be empty"));
         }
         if req.descriptors.is_empty() || req.descriptors.len() > MAX_DESCRIPTORS {
             return Err(tonic::Status::invalid_argument(format!("a request needs 1 to {MAX_DESCRIPTORS} descriptors")));
         }
+        if req.descriptors.iter().any(|d| d.entries.len() > MAX_ENTRIES) {
+            return Err(tonic::Status::invalid_argument(format!("a descriptor has at most {MAX_ENTRIES} entries")));
+        }
         let rules = self.proxy.rules.load();
         let mut over = false;
         let mut statuses = Vec::with_capacity(req.descriptors.len());
+        let mut reports = Vec::new();
+        let mut retry_after = 0;
         for d in &req.descriptors {
-            let entries = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()));
             let found = rules.envoy.iter().find_map(|m| {
-                let key = m.key_of(&req.domain, entries.clone())?;
+                let key = m.key_of(&req.domain, d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())))?;
                 Some((rules.rules.iter().find(|r| r.name() == m.rule)?, key))
             });
             let Some((rule, key)) = found else {
+                // As Envoy's own service answers a descriptor it has no
+                // limit for.
                 statuses.push(DescriptorStatus { code: Code::Ok as i32, ..Default::default() });
                 continue;
             };
-            // Envoy sends 0 for "not set": one hit. A descriptor's own
+            // 0 is proto3's "not set": one hit. A descriptor's own
             // hits_addend overrides the request's.
             let cost = d.hits_addend.unwrap_or(u64::from(req.hits_addend)).max(1);
-            let max = crate::decision::max_cost(rule);
-            if cost > max {
-                return Err(tonic::Status::invalid_argument(format!(
-                    "hits_addend {cost} is over {max}, the most rule {:?} takes at once",
-                    rule.name()
-                )));
+            if cost > crate::decision::max_cost(rule) {
+                // More than the rule ever admits at once: over the limit,
+                // without spending. Not an error, which Envoy's default
+                // `failure_mode_deny = false` would let through.
+                if rule.enforced() {
+                    over = true;
+                }
+                statuses.push(DescriptorStatus {
+                    code: if rule.enforced() { Code::OverLimit } else { Code::Ok } as i32,
+                    current_limit: Some(current_limit(rule)),
+                    ..Default::default()
+                });
+                continue;
             }
-            let o = crate::decision::decide(&self.proxy, rule, &key, cost)
-                .await
-                .map_err(tonic::Status::invalid_argument)?;
+            let o = match crate::decision::decide(&self.proxy, rule, &key, cost).await {
+                Ok(o) => o,
+                Err(why) => {
+                    // A value the rule cannot key on (empty, an `ip` that
+                    // is no address): refused, as the proxy answers such a
+                    // request 400. Not an error, which Envoy's default
+                    // failure mode would let through.
+                    tracing::debug!(rule = rule.name(), why, "envoy_rls: descriptor refused");
+                    over = true;
+                    statuses.push(DescriptorStatus { code: Code::OverLimit as i32, ..Default::default() });
+                    continue;
+                }
+            };
             over |= !o.allowed;
-            statuses.push(DescriptorStatus {
-                code: if o.allowed { Code::Ok } else { Code::OverLimit } as i32,
-                current_limit: Some(current_limit(rule)),
-                limit_remaining: o.remaining.map_or(0, |r| r.min(u64::from(u32::MAX)) as u32),
-                duration_until_reset: Some(prost_types::Duration {
-                    seconds: (o.reset_after / 1_000_000_000).min(i64::MAX as u64) as i64,
-                    nanos: (o.reset_after % 1_000_000_000) as i32,
-                }),
-                quota: None,
+            if !o.allowed {
+                retry_after = retry_after.max(o.retry_after);
+            }
+            reports.extend(o.report);
+            statuses.push(match o.remaining {
+                Some(remaining) => DescriptorStatus {
+                    code: if o.allowed { Code::Ok } else { Code::OverLimit } as i32,
+                    current_limit: Some(current_limit(rule)),
+                    limit_remaining: remaining.min(u64::from(u32::MAX)) as u32,
+                    duration_until_reset: Some(prost_types::Duration {
+                        seconds: (o.reset_after / 1_000_000_000).min(i64::MAX as u64) as i64,
+                        nanos: (o.reset_after % 1_000_000_000) as i32,
+                    }),
+                    quota: None,
+                },
+                // Exempt, or the store failed: no limit was counted.
+                None => DescriptorStatus {
+                    code: if o.allowed { Code::Ok } else { Code::OverLimit } as i32,
+                    ..Default::default()
+                },
             });
         }
         Ok(tonic::Response::new(RateLimitResponse {
             overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
             statuses,
+            response_headers_to_add: response_headers(&reports, retry_after),
             ..Default::default()
         }))
     }
+}
+
+/// The rate-limit headers the proxy would send for these rules (its most
+/// restrictive one in the `X-RateLimit-*` trio, every one in `RateLimit`),
+/// for Envoy to add to the client's response.
+fn response_headers(reports: &[RuleReport<'_>], retry_after: u64) -> Vec<HeaderValue> {
+    if reports.is_empty() {
+        return Vec::new();
+    }
+    let mut headers = http::HeaderMap::new();
+    crate::headers::write(&mut headers, reports, crate::headers::most_restrictive(reports));
+    if retry_after > 0 {
+        crate::headers::write_retry_after(&mut headers, retry_after);
+    }
+    headers
+        .iter()
+        .filter_map(|(k, v)| {
+            Some(HeaderValue {
+                key: k.as_str().to_string(),
+                value: v.to_str().ok()?.to_string(),
+                raw_value: Vec::new(),
+            })
+        })
+        .collect()
 }
 
 /// The rule's limit as Envoy states limits: requests per second, minute,
