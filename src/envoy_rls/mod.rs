@@ -151,9 +151,11 @@ impl RateLimitService for Rls {
                     code: if o.allowed { Code::Ok } else { Code::OverLimit } as i32,
                     current_limit: Some(current_limit(rule)),
                     limit_remaining: remaining.min(u64::from(u32::MAX)) as u32,
+                    // Whole seconds, rounded up as the reset headers are:
+                    // Envoy's own x-ratelimit-reset reads only the seconds.
                     duration_until_reset: Some(prost_types::Duration {
-                        seconds: (o.reset_after / 1_000_000_000).min(i64::MAX as u64) as i64,
-                        nanos: (o.reset_after % 1_000_000_000) as i32,
+                        seconds: crate::limiter::ceil_secs(o.reset_after).min(i64::MAX as u64) as i64,
+                        nanos: 0,
                     }),
                     quota: None,
                 },
