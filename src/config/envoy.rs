@@ -18,22 +18,11 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
 use serde_json::{Map, Value};
 use toml::Spanned;
 
+use super::raw::RawEnvoy;
 use super::{ConfigError, RuleSpec};
-
-/// `[[envoy]]` as serde reads it.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawEnvoy {
-    pub domain: Spanned<String>,
-    pub rule: Spanned<String>,
-    #[serde(rename = "match")]
-    pub matcher: Option<Spanned<BTreeMap<String, String>>>,
-    pub key: Option<Spanned<BTreeMap<String, String>>>,
-}
 
 /// One validated `[[envoy]]` entry.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -2,6 +2,8 @@
 //! values that are validated later keep their position (`Spanned`) so the
 //! error can point at them.
 
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -144,7 +146,7 @@ pub struct RawRulesFile {
     #[serde(default)]
     pub deny: Vec<Spanned<RawDeny>>,
     #[serde(default)]
-    pub envoy: Vec<Spanned<super::envoy::RawEnvoy>>,
+    pub envoy: Vec<Spanned<RawEnvoy>>,
 }
 
 /// Who a `[[deny]]` entry or a rule's `exempt` names.
@@ -154,6 +156,18 @@ pub struct RawClients {
     pub ips: Option<Vec<Spanned<String>>>,
     pub users: Option<Vec<String>>,
     pub api_keys: Option<Vec<String>>,
+}
+
+/// `[[envoy]]`: Envoy rate limit descriptors a rule decides (see
+/// [`super::envoy`]).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawEnvoy {
+    pub domain: Spanned<String>,
+    pub rule: Spanned<String>,
+    #[serde(rename = "match")]
+    pub matcher: Option<Spanned<BTreeMap<String, String>>>,
+    pub key: Option<Spanned<BTreeMap<String, String>>>,
 }
 
 /// `[[deny]]`: clients answered 403 before any counting.

@@ -157,7 +157,7 @@ pub struct RulesFile {
     pub rules: Vec<(RuleSpec, std::ops::Range<usize>)>,
     pub denies: Vec<DenySpec>,
     /// `[[envoy]]` entries, checked against the rules by [`load_rules`].
-    pub envoy: Vec<Spanned<super::envoy::RawEnvoy>>,
+    pub envoy: Vec<Spanned<super::raw::RawEnvoy>>,
 }
 
 /// A validated rule.
