@@ -59,7 +59,12 @@ pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let service = RateLimitServiceServer::new(Rls { proxy }).max_decoding_message_size(MAX_MESSAGE_BYTES);
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-    builder.timer(TokioTimer::new()).max_concurrent_streams(256);
+    // Pings free the slot of an Envoy that went away without closing.
+    builder
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(256)
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(Duration::from_secs(10));
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -202,9 +207,14 @@ fn response_headers(reports: &[RuleReport<'_>], retry_after: u64) -> Vec<HeaderV
 /// The rule's limit as Envoy states limits: requests per second, minute,
 /// hour, day, week, month (30 days) or year (365 days). A window that is
 /// one of those units is reported as is; another window as the rate over
-/// the smallest unit that holds it, rounded down (5 per 10 s: 30 per
-/// minute).
+/// the smallest unit that holds it, rounded down but at least 1 (5 per
+/// 10 s: 30 per minute; 1 per 366 days: 1 per year).
 fn current_limit(rule: &Rule) -> RateLimit {
+    let (requests_per_unit, unit) = per_unit(rule.spec.limit, rule.spec.window);
+    RateLimit { name: rule.name().to_string(), requests_per_unit, unit: unit as i32 }
+}
+
+fn per_unit(limit: u64, window: Duration) -> (u32, Unit) {
     const UNITS: [(u64, Unit); 7] = [
         (1, Unit::Second),
         (60, Unit::Minute),
@@ -214,13 +224,28 @@ fn current_limit(rule: &Rule) -> RateLimit {
         (30 * 86_400, Unit::Month),
         (365 * 86_400, Unit::Year),
     ];
-    let window = rule.spec.window.as_nanos().max(1);
+    let window = window.as_nanos().max(1);
     let (secs, unit) =
         UNITS.iter().copied().find(|(s, _)| u128::from(*s) * 1_000_000_000 >= window).unwrap_or(UNITS[6]);
-    let per_unit = u128::from(rule.spec.limit) * u128::from(secs) * 1_000_000_000 / window;
-    RateLimit {
-        name: rule.name().to_string(),
-        requests_per_unit: per_unit.min(u128::from(u32::MAX)) as u32,
-        unit: unit as i32,
+    let n = u128::from(limit) * u128::from(secs) * 1_000_000_000 / window;
+    (n.clamp(1, u128::from(u32::MAX)) as u32, unit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_are_stated_in_envoys_units() {
+        let s = Duration::from_secs;
+        assert_eq!(per_unit(100, s(1)), (100, Unit::Second));
+        assert_eq!(per_unit(3, s(60)), (3, Unit::Minute));
+        assert_eq!(per_unit(5, s(10)), (30, Unit::Minute));
+        assert_eq!(per_unit(5, Duration::from_millis(250)), (20, Unit::Second));
+        assert_eq!(per_unit(7, s(90)), (280, Unit::Hour));
+        assert_eq!(per_unit(1000, s(86_400)), (1000, Unit::Day));
+        assert_eq!(per_unit(2, s(3 * 86_400)), (4, Unit::Week));
+        assert_eq!(per_unit(1, s(366 * 86_400)), (1, Unit::Year));
+        assert_eq!(per_unit(1_000_000_000, Duration::from_millis(1)), (u32::MAX, Unit::Second));
     }
 }
