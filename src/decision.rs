@@ -143,6 +143,11 @@ async fn check(proxy: &Proxy, body: &[u8]) -> Result<Value, String> {
     let Some(rule) = rules.rules.iter().find(|r| r.name() == name) else {
         return Err(format!("No rule is named {name:?}."));
     };
+    if rule.spec.algorithm.holds() {
+        return Err(format!(
+            "Rule {name:?} limits requests in flight (algorithm = \"concurrency\"): a check cannot hold a slot."
+        ));
+    }
     let max_cost = max_cost(rule);
     let cost = match cost {
         None => 1,
@@ -182,7 +187,7 @@ async fn check(proxy: &Proxy, body: &[u8]) -> Result<Value, String> {
 pub fn max_cost(rule: &Rule) -> u64 {
     match rule.spec.cost {
         Cost::Header(_) => rule.spec.max_cost,
-        Cost::Fixed(_) => rule.nominal.capacity().max(rule.spec.max_cost),
+        Cost::Fixed(_) => rule.plans().map(|p| p.nominal.capacity()).max().unwrap_or(1).max(rule.spec.max_cost),
     }
 }
 
@@ -249,7 +254,10 @@ pub async fn decide<'r>(
     }
     let mut bucket = String::with_capacity(64);
     rule.key(&facts, &mut bucket)?;
-    let (answer, limits) = proxy.decide_one(rule, bucket, cost).await;
+    // An override or tier applies as for a proxied request (a tier header
+    // only when it is one of the key parts given).
+    let plan = rule.plan_for(&bucket, &facts);
+    let (answer, limits) = proxy.decide_one(rule, plan, bucket, cost).await;
     let verdict = match answer {
         Ok(v) => v,
         Err(e) => {
@@ -264,7 +272,7 @@ pub async fn decide<'r>(
     };
     o.reset_after = verdict.reset_after;
     if rule.enforced() {
-        let report = RuleReport::new(rule, &verdict, limits.capacity());
+        let report = RuleReport::of(rule, plan, &verdict, limits.capacity());
         if verdict.allowed {
             rule.counters.allowed.inc();
             o.delay = verdict.delay;
@@ -396,6 +404,8 @@ impl KeyValues {
             client_ip: self.client_ip,
             user: self.user.as_deref(),
             api_key: self.api_key.as_deref(),
+            // JWT claims are the proxy's: a check carries no token.
+            tier_claim: None,
         }
     }
 }

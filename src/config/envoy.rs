@@ -94,6 +94,18 @@ pub fn resolve(
             );
             continue;
         };
+        if rule.algorithm.holds() {
+            // Envoy never says when a request ends: a slot would never be
+            // given back.
+            error(
+                e.rule.span(),
+                format!(
+                    "[[envoy]] names rule {:?}, which limits requests in flight (algorithm = \"concurrency\"): Envoy's rate limit service cannot hold a slot",
+                    rule.name
+                ),
+            );
+            continue;
+        }
         let fixed: Vec<(String, String)> =
             e.matcher.as_ref().map(|m| m.get_ref().clone().into_iter().collect()).unwrap_or_default();
         let (key_span, key) = match &e.key {
@@ -273,6 +285,14 @@ mod tests {
         assert_eq!(
             errors("[[envoy]]\ndomain = \"edge\"\nmatch = { a = \"b\" }\nrule = \"global\"\nlimit = 3\n"),
             ["r.toml:17:1: unknown field `limit`, expected one of `domain`, `rule`, `match`, `key`"]
+        );
+        assert_eq!(
+            errors(
+                "[[rule]]\nname = \"in-flight\"\nalgorithm = \"concurrency\"\nkey = []\nlimit = 2\n\n[[envoy]]\ndomain = \"edge\"\nmatch = { a = \"b\" }\nrule = \"in-flight\"\n"
+            ),
+            [
+                "r.toml:22:8: [[envoy]] names rule \"in-flight\", which limits requests in flight (algorithm = \"concurrency\"): Envoy's rate limit service cannot hold a slot"
+            ]
         );
         assert_eq!(
             errors("[[envoy]]\nmatch = { a = \"b\" }\nrule = \"global\"\n"),

@@ -27,7 +27,7 @@ use tokio::sync::Semaphore;
 
 use crate::headers::RuleReport;
 use crate::proxy::Proxy;
-use crate::rules::Rule;
+use crate::rules::{Plan, Rule};
 use proto::envoy::config::core::v3::HeaderValue;
 use proto::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit};
 use proto::envoy::service::ratelimit::v3::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
@@ -128,7 +128,7 @@ impl RateLimitService for Rls {
                 }
                 statuses.push(DescriptorStatus {
                     code: if rule.enforced() { Code::OverLimit } else { Code::Ok } as i32,
-                    current_limit: Some(current_limit(rule)),
+                    current_limit: Some(current_limit(rule, &rule.plan)),
                     ..Default::default()
                 });
                 continue;
@@ -154,7 +154,7 @@ impl RateLimitService for Rls {
             statuses.push(match o.remaining {
                 Some(remaining) => DescriptorStatus {
                     code: if o.allowed { Code::Ok } else { Code::OverLimit } as i32,
-                    current_limit: Some(current_limit(rule)),
+                    current_limit: Some(current_limit(rule, o.report.map_or(&rule.plan, |r| r.plan))),
                     limit_remaining: remaining.min(u64::from(u32::MAX)) as u32,
                     // Whole seconds, rounded up as the reset headers are:
                     // Envoy's own x-ratelimit-reset reads only the seconds.
@@ -209,8 +209,10 @@ fn response_headers(reports: &[RuleReport<'_>], retry_after: u64) -> Vec<HeaderV
 /// one of those units is reported as is; another window as the rate over
 /// the smallest unit that holds it, rounded down but at least 1 (5 per
 /// 10 s: 30 per minute; 1 per 366 days: 1 per year).
-fn current_limit(rule: &Rule) -> RateLimit {
-    let (requests_per_unit, unit) = per_unit(rule.spec.limit, rule.spec.window);
+/// `plan` is the rule's own limits, or the override's or tier's the
+/// descriptor was checked against.
+fn current_limit(rule: &Rule, plan: &Plan) -> RateLimit {
+    let (requests_per_unit, unit) = per_unit(plan.nominal.limit, Duration::from_nanos(plan.nominal.window));
     RateLimit { name: rule.name().to_string(), requests_per_unit, unit: unit as i32 }
 }
 
