@@ -272,3 +272,14 @@ async fn on_a_redis_cluster_the_proxy_and_the_api_share_the_counter() {
         assert!(refused.body.get("store_unavailable").is_none(), "{}", refused.body);
     }
 }
+
+#[tokio::test]
+async fn a_concurrency_rule_is_not_checked() {
+    let upstream = Upstream::start().await;
+    let rules =
+        format!("{PER_USER}\n[[rule]]\nname = \"in-flight\"\nalgorithm = \"concurrency\"\nkey = []\nlimit = 2\n");
+    let t = start(&upstream, &rules).await;
+    let a = check(decision_addr(&t), json!({"rule": "in-flight", "key": {}})).await;
+    assert_eq!(a.status, 400, "{}", a.body);
+    assert!(a.body["message"].as_str().is_some_and(|m| m.contains("cannot hold a slot")), "{}", a.body);
+}

@@ -429,3 +429,21 @@ async fn on_a_redis_cluster_envoy_and_the_proxy_share_the_counter() {
         ["OVER_LIMIT", "OK", "OK"]
     );
 }
+
+/// A key's `[[rule.override]]` applies to its descriptors as to its
+/// proxied requests, and `current_limit` says so.
+#[tokio::test]
+async fn a_keys_override_is_its_limit_here_too() {
+    let upstream = Upstream::start().await;
+    let rules = RULES.replace(
+        "limit = 3\nwindow = \"60s\"\n",
+        "limit = 3\nwindow = \"60s\"\n\n[[rule.override]]\nkey = \"user=vip\"\nlimit = 10\n",
+    );
+    let (t, mut rls) = start(&upstream, &rules).await;
+    let r = rls.ok(one(&[("generic_key", "checkout"), ("user_id", "vip")])).await;
+    let s = &r["statuses"][0];
+    assert_eq!((remaining(s), &s["current_limit"]["requests_per_unit"]), (9, &json!(10)), "{r}");
+    assert_eq!(t.get("/").header("x-user-id", "vip").send().await.header("x-ratelimit-remaining"), Some("8"));
+    let r = rls.ok(alice()).await;
+    assert_eq!(r["statuses"][0]["current_limit"]["requests_per_unit"], 3, "{r}");
+}
