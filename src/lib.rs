@@ -43,6 +43,7 @@
 //! | [`admin`] | `/metrics`, `/healthz`, `/readyz`, `/rules` |
 //! | [`metrics`] | Prometheus metrics on an explicit registry |
 //! | [`summary`] | a periodic `info` log line: requests allowed and limited since the last one |
+//! | [`top`] | the heaviest keys of each rule (`/top`, `tollgate top`) in fixed-memory sketches |
 //! | [`clock`] | wall-clock time, or a manual clock for tests |
 //! | [`cli`] | the `tollgate` command line: run, `check`, `explain` |
 //! | [`process`] | what the binaries share: the async runtime, logging, the shutdown signal, SIGHUP |
@@ -79,5 +80,6 @@ pub mod server;
 pub mod store;
 pub mod summary;
 pub mod tls;
+pub mod top;
 pub mod tunnel;
 pub mod via;

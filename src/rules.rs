@@ -73,6 +73,9 @@ pub struct Rule {
     /// The start of every key of this rule: the encoded name and a `|`.
     key_prefix: String,
     pub counters: RuleCounters,
+    /// Where `/top` counts this rule's keys; `None` with `[admin]
+    /// top_keys = 0` (set by [`crate::top::TopKeys::attach`]).
+    pub top: Option<std::sync::Arc<crate::top::RuleTop>>,
 }
 
 /// What the matcher needs to know about a request.
@@ -239,7 +242,18 @@ impl Rule {
         let counters = metrics.rule_counters(&spec.name);
         let policy_value = http::HeaderValue::from_str(&policy).ok();
         let limit_value = http::HeaderValue::from(spec.limit);
-        Rule { spec, nominal, policy, policy_value, limit_value, quoted_name, window_secs, key_prefix, counters }
+        Rule {
+            spec,
+            nominal,
+            policy,
+            policy_value,
+            limit_value,
+            quoted_name,
+            window_secs,
+            key_prefix,
+            counters,
+            top: None,
+        }
     }
 
     /// Whether the rule reads the user: it keys on it, or `exempt` names
@@ -481,7 +495,7 @@ fn query_param(query: Option<&str>, name: &str) -> Result<Option<Vec<u8>>, ()> {
 
 /// `application/x-www-form-urlencoded` decoding; an invalid `%` escape is
 /// kept as it is, as common frameworks do.
-fn form_decode(s: &str) -> Vec<u8> {
+pub(crate) fn form_decode(s: &str) -> Vec<u8> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
