@@ -200,7 +200,7 @@ mod tests {
                 x ^= x >> 7;
                 x ^= x << 17;
                 // One key in two is one of 8 heavy keys (weighted 1/2^i).
-                if x % 2 == 0 {
+                if x.is_multiple_of(2) {
                     format!("heavy-{}", (x >> 8).trailing_zeros().min(7))
                 } else {
                     format!("light-{}", x % 50_000)
