@@ -74,6 +74,7 @@ impl Server {
     pub async fn bind(config: Config, clock: SharedClock) -> Result<Server, StartError> {
         let metrics = Arc::new(Metrics::new());
         let rules = RuleSet::from_loaded(load_rules(&config.rules_path, &config)?, &metrics);
+        let top = crate::top::TopKeys::new(config.admin.top_keys, clock.clone());
         let store = match config.store.backend {
             Backend::Memory => AnyStore::Memory(
                 MemoryStore::new(clock).bounded(config.store.max_keys, Some(metrics.store_evictions_total.clone())),
@@ -82,7 +83,7 @@ impl Server {
                 RedisStore::connect(&config.store, clock, metrics.clone()).await.map_err(StartError::Store)?,
             ),
         };
-        let proxy = Arc::new(Proxy::new(&config, rules, store, metrics));
+        let proxy = Arc::new(Proxy::new(&config, rules, store, metrics, top));
         let reloader = Arc::new(Reloader::new(config.clone(), proxy.clone()));
         let bind = |addr: SocketAddr| async move {
             TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source })

@@ -106,7 +106,7 @@ struct Summary {
 }
 
 /// A report: the heaviest keys of one rule.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Report {
     pub keys: Vec<TopKey>,
     /// Everything counted in the window (requests or limited requests).
