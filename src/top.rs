@@ -185,11 +185,11 @@ impl TopKeys {
 impl RuleTop {
     fn new(capacity: usize, shards: usize) -> RuleTop {
         let shard = || {
-            Mutex::new(Shard {
-                period: 0,
-                current: [SpaceSaving::new(capacity), SpaceSaving::new(capacity)],
-                previous: [SpaceSaving::new(capacity), SpaceSaving::new(capacity)],
-            })
+            // One hasher for the shard's four sketches: a key is hashed
+            // once, whether it is counted once or twice.
+            let hasher = foldhash::fast::RandomState::default();
+            let sketch = || SpaceSaving::with_hasher(capacity, hasher.clone());
+            Mutex::new(Shard { period: 0, current: [sketch(), sketch()], previous: [sketch(), sketch()] })
         };
         RuleTop { shards: (0..shards).map(|_| shard()).collect() }
     }
@@ -242,9 +242,11 @@ impl Shard {
             self.period = period;
         }
         // A clock stepped back counts in the current period.
-        self.current[By::Requests.index()].record(key);
+        let requests = &mut self.current[By::Requests.index()];
+        let hash = requests.hash(key);
+        requests.record_hashed(key, hash);
         if limited {
-            self.current[By::Limited.index()].record(key);
+            self.current[By::Limited.index()].record_hashed(key, hash);
         }
     }
 }

@@ -51,20 +51,36 @@ impl SpaceSaving {
     /// An empty sketch of `capacity` slots (at least 1); nothing is
     /// allocated until the first key.
     pub fn new(capacity: usize) -> SpaceSaving {
+        SpaceSaving::with_hasher(capacity, foldhash::fast::RandomState::default())
+    }
+
+    /// [`SpaceSaving::new`] hashing keys with `hasher`: sketches sharing
+    /// one take a key's [`SpaceSaving::hash`] computed once.
+    pub fn with_hasher(capacity: usize, hasher: foldhash::fast::RandomState) -> SpaceSaving {
         SpaceSaving {
             capacity: capacity.clamp(1, MAX_CAPACITY),
             total: 0,
             slots: Vec::new(),
             heap: Vec::new(),
             index: HashTable::new(),
-            hasher: foldhash::fast::RandomState::default(),
+            hasher,
         }
+    }
+
+    /// The hash [`SpaceSaving::record_hashed`] takes.
+    pub fn hash(&self, key: &str) -> u64 {
+        self.hasher.hash_one(key)
     }
 
     /// Counts one occurrence of `key`.
     pub fn record(&mut self, key: &str) {
+        self.record_hashed(key, self.hash(key));
+    }
+
+    /// Counts one occurrence of `key`, whose [`SpaceSaving::hash`] (by
+    /// this sketch or one with the same hasher) is `hash`.
+    pub fn record_hashed(&mut self, key: &str, hash: u64) {
         self.total += 1;
-        let hash = self.hasher.hash_one(key);
         let slots = &self.slots;
         if let Some(&s) = self.index.find(hash, |&s| slots[s as usize].key == key) {
             let slot = &mut self.slots[s as usize];
