@@ -64,6 +64,7 @@ fn facts<'a>(
         client_ip: IpAddr::from([203, 0, 113, 7]),
         user: headers.get(&names[0]).map(|v| v.as_bytes()),
         api_key: headers.get(&names[1]).map(|v| v.as_bytes()),
+        tier_claim: None,
     }
 }
 
@@ -192,7 +193,7 @@ fn header_rendering(c: &mut Criterion) {
     let verdict =
         limiter::Verdict { allowed: true, remaining: 57, reset_after: 12 * NANOS_PER_SEC, ..Default::default() };
     let reports: Vec<RuleReport<'_>> =
-        set.rules.iter().map(|r| RuleReport::new(r, &verdict, r.nominal.capacity())).collect();
+        set.rules.iter().map(|r| RuleReport::new(r, &verdict, r.plan.nominal.capacity())).collect();
     let mut g = c.benchmark_group("headers_two_rules");
     g.bench_function("tollgate", |b| {
         b.iter(|| {

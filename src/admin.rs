@@ -119,7 +119,7 @@ impl Admin {
             .iter()
             .map(|r| {
                 let s = &r.spec;
-                json!({
+                let mut rule = json!({
                     "name": s.name,
                     "source": format!("{}:{}", s.source.display(), s.line),
                     "algorithm": s.algorithm.as_str(),
@@ -129,7 +129,25 @@ impl Admin {
                     "key": s.key.iter().map(|k| k.describe()).collect::<Vec<_>>(),
                     "mode": format!("{:?}", s.mode).to_lowercase(),
                     "throttle": format!("{:?}", s.throttle),
-                })
+                });
+                // Only for rules that have them: the common rule stays as it was.
+                if !s.overrides.is_empty() {
+                    rule["overrides"] = s
+                        .overrides
+                        .iter()
+                        .map(|o| json!({"key": o.key, "limit": o.limit, "burst": o.burst, "line": o.line}))
+                        .collect();
+                }
+                if let Some(t) = &s.tiers {
+                    let mut tiers = serde_json::Map::new();
+                    for (name, limit, burst) in &t.tiers {
+                        tiers.insert(name.clone(), json!({"limit": limit, "burst": burst}));
+                    }
+                    tiers.insert("default".into(), json!({"limit": t.default.0, "burst": t.default.1}));
+                    rule["tier"] = t.source.describe().into();
+                    rule["tiers"] = tiers.into();
+                }
+                rule
             })
             .collect();
         json_response(

@@ -173,6 +173,14 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
             let _ = writeln!(out, "route:   none (tollgate would answer 404 after checking the rules)");
         }
     }
+    // A tier read from a JWT claim: the token is verified as the proxy
+    // would (explain shows the `default` tier without a valid one).
+    let tier_claim = match (&config.client.jwt, &set.tier_claim) {
+        (Some(jwt), Some(claim)) => {
+            crate::identity::JwtVerifier::new(jwt).ok().and_then(|v| v.verify_with_claim(&headers, claim).1)
+        }
+        _ => None,
+    };
     let facts = RequestFacts {
         method: &method,
         path,
@@ -184,6 +192,7 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
         client_ip: args.ip,
         user: headers.get(&config.client.user_header).map(|v| v.as_bytes()),
         api_key: headers.get(&config.client.api_key_header).map(|v| v.as_bytes()),
+        tier_claim: tier_claim.as_deref().map(str::as_bytes),
     };
     let matching: Vec<_> = set.matching(&facts).collect();
     if matching.is_empty() {
@@ -201,12 +210,15 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
             Ok((key, rule.cost(&headers).unwrap_or(1)))
         })
         .collect::<Result<_, String>>()?;
+    let plans: Vec<&crate::rules::Plan> =
+        matching.iter().zip(&buckets).map(|(rule, (key, _))| rule.plan_for(key, &facts)).collect();
     let checks: Vec<Check<'_>> = matching
         .iter()
         .zip(&buckets)
-        .map(|(rule, (key, cost))| Check {
+        .zip(&plans)
+        .map(|((rule, (key, cost)), plan)| Check {
             key,
-            limits: rule.nominal,
+            limits: plan.nominal,
             cost: *cost,
             enforced: rule.enforced(),
             // Explain asks Redis only: a rule it cannot answer says so.
@@ -215,22 +227,52 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
         .collect();
     let (peeked, source) = peek(&config, &checks);
     let _ = writeln!(out, "rules:   {} match", matching.len());
-    for ((rule, (key, _)), verdict) in matching.iter().zip(&buckets).zip(peeked) {
+    for (((rule, (key, _)), plan), verdict) in matching.iter().zip(&buckets).zip(&plans).zip(peeked) {
         let s = &rule.spec;
         let _ = writeln!(out, "  - {} ({}:{})", s.name, s.source.display(), s.line);
-        let _ = writeln!(
-            out,
-            "    {} {} per {:?}, burst {}, mode {:?}, throttle {:?}",
-            s.algorithm.as_str(),
-            s.limit,
-            s.window,
-            s.burst,
-            s.mode,
-            s.throttle
-        );
+        if s.algorithm.holds() {
+            let _ = writeln!(
+                out,
+                "    concurrency: at most {} in flight, slot_ttl {:?}, mode {:?}, throttle {:?}",
+                s.limit, s.window, s.mode, s.throttle
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "    {} {} per {:?}, burst {}, mode {:?}, throttle {:?}",
+                s.algorithm.as_str(),
+                s.limit,
+                s.window,
+                s.burst,
+                s.mode,
+                s.throttle
+            );
+        }
+        for o in &s.overrides {
+            let _ = writeln!(out, "    override {} (line {}): limit {}, burst {}", o.key, o.line, o.limit, o.burst);
+        }
+        if let Some(t) = &s.tiers {
+            let listed: Vec<String> = t.tiers.iter().map(|(n, l, b)| format!("{n} = {l}/{b}")).collect();
+            let _ = writeln!(
+                out,
+                "    tier from {}: {}{}default = {}/{} (limit/burst)",
+                t.source.describe(),
+                listed.join(", "),
+                if listed.is_empty() { "" } else { ", " },
+                t.default.0,
+                t.default.1
+            );
+        }
         let parts: Vec<String> = s.key.iter().map(|k| k.describe()).collect();
         let _ = writeln!(out, "    key [{}] -> bucket {key}", parts.join(", "));
-        let capacity = rule.nominal.capacity();
+        if plan.source != crate::rules::PlanSource::Rule {
+            let _ = writeln!(
+                out,
+                "    limits of this request: {}: {} per {:?}, burst {}",
+                plan.source, plan.nominal.limit, s.window, plan.nominal.burst
+            );
+        }
+        let capacity = plan.nominal.capacity();
         match verdict {
             Ok(v) if v.allowed => {
                 let _ = writeln!(out, "    remaining after this request: {} of {capacity} ({source})", v.remaining);

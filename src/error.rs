@@ -20,6 +20,8 @@ use crate::request_id;
 pub enum ProxyError {
     /// A rule rejected the request.
     Limited { rule: String, limit: u64, window_seconds: u64, retry_after_seconds: u64 },
+    /// A concurrency rule's slots are all held by requests in flight.
+    TooManyInFlight { rule: String, limit: u64 },
     /// No route matches the host and path.
     NoRoute,
     /// A `[[deny]]` entry names the client.
@@ -54,7 +56,7 @@ pub enum ProxyError {
 impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
-            ProxyError::Limited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ProxyError::Limited { .. } | ProxyError::TooManyInFlight { .. } => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::Forbidden => StatusCode::FORBIDDEN,
             ProxyError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
@@ -81,6 +83,14 @@ impl ProxyError {
                 "window_seconds": window_seconds,
                 "retry_after_seconds": retry_after_seconds,
                 "message": format!("Rate limit exceeded: at most {limit} requests per {window_seconds} s under rule {rule:?}. Retry in {retry_after_seconds} s."),
+            }),
+            ProxyError::TooManyInFlight { rule, limit } => json!({
+                "error": "too_many_requests",
+                "rule": rule,
+                "limit": limit,
+                "concurrent": true,
+                "retry_after_seconds": CONCURRENCY_RETRY_SECS,
+                "message": in_flight_message(rule, *limit),
             }),
             ProxyError::NoRoute => json!({"error": "not_found", "message": "No route matches this host and path."}),
             ProxyError::Forbidden => json!({"error": "forbidden", "message": "This client is not allowed."}),
@@ -131,6 +141,7 @@ impl ProxyError {
             ProxyError::Limited { retry_after_seconds, .. } | ProxyError::StoreUnavailable { retry_after_seconds } => {
                 Some(*retry_after_seconds)
             }
+            ProxyError::TooManyInFlight { .. } => Some(CONCURRENCY_RETRY_SECS),
             _ => None,
         };
         let body = match &self {
@@ -149,7 +160,7 @@ impl ProxyError {
             }
         };
         let mut resp = Response::new(Full::new(body));
-        if let ProxyError::Limited { .. } = self {
+        if let ProxyError::Limited { .. } | ProxyError::TooManyInFlight { .. } = self {
             // Room for the headers of a 429 (the proxy adds the rate-limit
             // ones): the map is allocated once instead of grown twice.
             *resp.headers_mut() = HeaderMap::with_capacity(LIMITED_HEADERS);
@@ -199,22 +210,39 @@ impl ProxyError {
     /// answers keep their JSON body. Also carries the fields of the plain
     /// JSON body, so a client reads the same facts either way.
     pub fn into_problem_response(self, request_id: &HeaderValue, violated: &[&str]) -> Response<Full<Bytes>> {
-        let ProxyError::Limited { rule, limit, window_seconds, retry_after_seconds } = &self else {
-            return self.into_response(request_id);
+        let (body, retry) = match &self {
+            ProxyError::Limited { rule, limit, window_seconds, retry_after_seconds } => (
+                json!({
+                    "type": QUOTA_EXCEEDED,
+                    "title": "Request cannot be satisfied as assigned quota has been exceeded",
+                    "status": 429,
+                    "detail": format!("Rate limit exceeded: at most {limit} requests per {window_seconds} s under rule {rule:?}. Retry in {retry_after_seconds} s."),
+                    "violated-policies": violated,
+                    "rule": rule,
+                    "limit": limit,
+                    "window_seconds": window_seconds,
+                    "retry_after_seconds": retry_after_seconds,
+                    "request_id": request_id.to_str().unwrap_or_default(),
+                }),
+                *retry_after_seconds,
+            ),
+            ProxyError::TooManyInFlight { rule, limit } => (
+                json!({
+                    "type": QUOTA_EXCEEDED,
+                    "title": "Request cannot be satisfied as assigned quota has been exceeded",
+                    "status": 429,
+                    "detail": in_flight_message(rule, *limit),
+                    "violated-policies": violated,
+                    "rule": rule,
+                    "limit": limit,
+                    "concurrent": true,
+                    "retry_after_seconds": CONCURRENCY_RETRY_SECS,
+                    "request_id": request_id.to_str().unwrap_or_default(),
+                }),
+                CONCURRENCY_RETRY_SECS,
+            ),
+            _ => return self.into_response(request_id),
         };
-        let body = json!({
-            "type": QUOTA_EXCEEDED,
-            "title": "Request cannot be satisfied as assigned quota has been exceeded",
-            "status": 429,
-            "detail": format!("Rate limit exceeded: at most {limit} requests per {window_seconds} s under rule {rule:?}. Retry in {retry_after_seconds} s."),
-            "violated-policies": violated,
-            "rule": rule,
-            "limit": limit,
-            "window_seconds": window_seconds,
-            "retry_after_seconds": retry_after_seconds,
-            "request_id": request_id.to_str().unwrap_or_default(),
-        });
-        let retry = *retry_after_seconds;
         let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
         *resp.headers_mut() = HeaderMap::with_capacity(LIMITED_HEADERS);
         *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
@@ -223,6 +251,16 @@ impl ProxyError {
         headers::write_retry_after(resp.headers_mut(), retry);
         resp
     }
+}
+
+/// `Retry-After` of a concurrency rejection: a slot comes back when some
+/// request ends, which may be any moment.
+const CONCURRENCY_RETRY_SECS: u64 = crate::limiter::CONCURRENCY_RETRY / crate::limiter::NANOS_PER_SEC;
+
+fn in_flight_message(rule: &str, limit: u64) -> String {
+    format!(
+        "Too many requests in flight: at most {limit} at once under rule {rule:?}. Retry in {CONCURRENCY_RETRY_SECS} s."
+    )
 }
 
 /// The headers of a 429: `Content-Type`, `X-Request-Id`, `Retry-After` and

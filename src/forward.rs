@@ -296,14 +296,18 @@ impl UpstreamClient {
             chosen.store(0, Ordering::Relaxed);
         }
         let _answered = server.start();
+        let (mut timer, started) = request_timer(self.config.timeout);
         let result = tokio::select! {
             // The upstream first: no random draw per poll.
             biased;
             r = server.pool.send(req) => Some(r),
-            () = upstream_deadline(self.config.timeout, &watch) => None,
+            () = upstream_deadline(&mut timer, started, self.config.timeout, &watch) => None,
         };
         match result {
-            Some(Ok(resp)) => self.response_head(resp, upgrading),
+            Some(Ok(mut resp)) => {
+                resp.body_mut().keep_timer(timer);
+                self.response_head(resp, upgrading)
+            }
             // The client's body failed (too large, malformed, too slow)
             // before the upstream answered: the client's fault, not the
             // upstream's.
@@ -342,6 +346,8 @@ impl UpstreamClient {
         let replay = (n > 1 && idempotent(req.method()) && req.body().is_end_stream())
             .then(|| (req.method().clone(), req.uri().clone(), req.headers().clone()));
         let mut retried = false;
+        // One deadline for every try.
+        let (mut timer, started) = request_timer(self.config.timeout);
         loop {
             let server = &self.servers[i];
             if let Some(chosen) = down.chosen {
@@ -352,12 +358,13 @@ impl UpstreamClient {
                 tokio::select! {
                     biased;
                     r = server.pool.try_send(req) => Some(r),
-                    () = upstream_deadline(self.config.timeout, watch) => None,
+                    () = upstream_deadline(&mut timer, started, self.config.timeout, watch) => None,
                 }
             };
             let (e, unsent) = match result {
-                Some(Ok(resp)) => {
+                Some(Ok(mut resp)) => {
                     server.health.succeeded();
+                    resp.body_mut().keep_timer(timer);
                     return self.response_head(resp, upgrading);
                 }
                 Some(Err(_)) if watch.failure().is_some() => {
@@ -480,20 +487,35 @@ fn idempotent(method: &http::Method) -> bool {
 
 /// Completes once the upstream has had `timeout` to answer, not counting
 /// the time spent waiting for the client's body.
-async fn upstream_deadline(timeout: Duration, watch: &BodyWatch) {
+///
+/// `timer` is the request's one timer: armed here for the response head,
+/// then handed to the response body as its silence timer
+/// ([`UpstreamBody::keep_timer`]), so that a forwarded request registers
+/// one timer with the runtime, not two (each registration and removal
+/// takes the timer wheel's lock).
+async fn upstream_deadline(timer: &mut Pin<Box<Sleep>>, started: Instant, timeout: Duration, watch: &BodyWatch) {
     // One clock read for the common case (the upstream answers before the
-    // first deadline): a read costs tens of nanoseconds on a virtual
-    // machine, and every forwarded request pays it.
-    let started = Instant::now();
+    // first deadline, read by the caller): a read costs tens of
+    // nanoseconds on a virtual machine, and every forwarded request pays
+    // it.
     let mut now = started;
     loop {
         let deadline = started + timeout + watch.client_wait(now);
         if deadline <= now {
             return;
         }
-        tokio::time::sleep_until(deadline).await;
+        if deadline != timer.deadline() {
+            timer.as_mut().reset(deadline);
+        }
+        timer.as_mut().await;
         now = Instant::now();
     }
+}
+
+/// The timer [`upstream_deadline`] runs on, due at `started + timeout`.
+fn request_timer(timeout: Duration) -> (Pin<Box<Sleep>>, Instant) {
+    let started = Instant::now();
+    (Box::pin(tokio::time::sleep_until(started + timeout)), started)
 }
 
 /// Why a request body failed on the client's side.

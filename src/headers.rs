@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
 use crate::limiter::{Verdict, ceil_secs};
-use crate::rules::Rule;
+use crate::rules::{Plan, Rule};
 
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
@@ -22,6 +22,9 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 #[derive(Clone, Copy)]
 pub struct RuleReport<'r> {
     pub rule: &'r Rule,
+    /// The limits the request was checked against: the rule's own, an
+    /// override's or a tier's.
+    pub plan: &'r Plan,
     /// Requests left, against the rule's nominal limit (soft and elastic
     /// headroom is not advertised).
     pub remaining: u64,
@@ -34,9 +37,15 @@ impl<'r> RuleReport<'r> {
     /// headroom above the nominal capacity is subtracted, so a soft rule
     /// shows remaining 0 at its nominal limit while it still admits.
     pub fn new(rule: &'r Rule, verdict: &Verdict, effective_capacity: u64) -> Self {
-        let headroom = effective_capacity.saturating_sub(rule.nominal.capacity());
+        RuleReport::of(rule, &rule.plan, verdict, effective_capacity)
+    }
+
+    /// [`new`](Self::new) for a request checked against `plan`, one of
+    /// the rule's.
+    pub fn of(rule: &'r Rule, plan: &'r Plan, verdict: &Verdict, effective_capacity: u64) -> Self {
+        let headroom = effective_capacity.saturating_sub(plan.nominal.capacity());
         let remaining = if verdict.allowed { verdict.remaining.saturating_sub(headroom) } else { 0 };
-        RuleReport { rule, remaining, reset_secs: ceil_secs(verdict.reset_after) }
+        RuleReport { rule, plan, remaining, reset_secs: ceil_secs(verdict.reset_after) }
     }
 }
 
@@ -76,7 +85,7 @@ pub fn write(headers: &mut HeaderMap, reports: &[RuleReport<'_>], primary: usize
             headers.insert(X_RATELIMIT_REMAINING, theirs);
         }
         _ => {
-            headers.insert(X_RATELIMIT_LIMIT, p.rule.limit_value.clone());
+            headers.insert(X_RATELIMIT_LIMIT, p.plan.limit_value.clone());
             headers.insert(X_RATELIMIT_RESET, number(p.reset_secs));
         }
     }
@@ -97,7 +106,7 @@ pub fn write(headers: &mut HeaderMap, reports: &[RuleReport<'_>], primary: usize
             state.extend_from_slice(b", ");
         }
         if reports.len() > 1 {
-            policy.push_str(&r.rule.policy);
+            policy.push_str(&r.plan.policy);
         }
         state.extend_from_slice(r.rule.quoted_name.as_bytes());
         state.extend_from_slice(b";r=");
@@ -107,7 +116,7 @@ pub fn write(headers: &mut HeaderMap, reports: &[RuleReport<'_>], primary: usize
     }
     // One rule, the common case: its policy value was rendered at reload.
     if let [only] = reports
-        && let Some(v) = &only.rule.policy_value
+        && let Some(v) = &only.plan.policy_value
     {
         headers.append(RATELIMIT_POLICY, v.clone());
     }

@@ -4,7 +4,9 @@
 //! Configured under `[client] jwt = { ... }`. The token is read from a header
 //! (`authorization` by default, with or without `Bearer `), its signature is
 //! checked against a key file or a JWKS file, and `exp`, `nbf`, `iss` and
-//! `aud` are validated; the identity is one claim (`sub` by default).
+//! `aud` are validated; the identity is one claim (`sub` by default). When a
+//! rule takes its tier from the token (`tier = "claim:NAME"`), that one
+//! more claim is read and remembered with it; otherwise nothing more is.
 //!
 //! The key file decides which algorithms can be used with it: a PEM RSA key
 //! only RS*/PS*, a PEM EC key only ES*, anything else is an HMAC secret and
@@ -190,28 +192,53 @@ impl JwtVerifier {
 
     /// The identity a request proves.
     pub fn verify(&self, headers: &HeaderMap) -> Identity {
-        let Some(raw) = headers.get(&self.header) else { return Identity::Missing };
-        let Ok(raw) = raw.to_str() else { return Identity::Invalid("the token is not valid text") };
+        self.verify_claims(headers, None).0
+    }
+
+    /// The identity a request proves, and the value of one more claim of
+    /// its token (a rule's `tier = "claim:NAME"`): a string, or a number or
+    /// boolean as written; `None` without a verified token or that claim.
+    pub fn verify_with_claim(&self, headers: &HeaderMap, claim: &str) -> (Identity, Option<String>) {
+        self.verify_claims(headers, Some(claim))
+    }
+
+    fn verify_claims(&self, headers: &HeaderMap, tier_claim: Option<&str>) -> (Identity, Option<String>) {
+        match self.verify_token(headers, tier_claim) {
+            Ok((user, tier)) => (Identity::Verified(user), tier),
+            Err(identity) => (identity, None),
+        }
+    }
+
+    fn verify_token(
+        &self,
+        headers: &HeaderMap,
+        tier_claim: Option<&str>,
+    ) -> Result<(String, Option<String>), Identity> {
+        let verified = |identity: Identity| match identity {
+            Identity::Verified(user) => Ok((user, None)),
+            other => Err(other),
+        };
+        let Some(raw) = headers.get(&self.header) else { return verified(Identity::Missing) };
+        let Ok(raw) = raw.to_str() else { return verified(Identity::Invalid("the token is not valid text")) };
         let token = strip_bearer(raw.trim());
         if token.is_empty() {
-            return Identity::Missing;
+            return verified(Identity::Missing);
         }
         if token.len() > MAX_TOKEN_BYTES {
-            return Identity::Invalid("the token is too long");
+            return verified(Identity::Invalid("the token is too long"));
         }
         let now = jsonwebtoken::get_current_timestamp();
-        if let Some(known) = self.verified.get(token, now) {
+        if let Some(known) = self.verified.lookup(token, now, tier_claim) {
             return known;
         }
         let generation = self.verified.generation();
-        let result = self.check(token);
-        let claims = match result {
+        let claims = match self.check(token) {
             Ok(claims) => claims,
             Err(identity) => {
                 if let Identity::Invalid(reason) = identity {
                     self.verified.insert(token, Err(reason), now.saturating_add(FAILURE_TTL), generation);
                 }
-                return identity;
+                return Err(identity);
             }
         };
         let user = match claims.get(&self.claim) {
@@ -220,14 +247,21 @@ impl JwtVerifier {
             _ => {
                 let reason = "the token has no identity claim";
                 self.verified.insert(token, Err(reason), now.saturating_add(FAILURE_TTL), generation);
-                return Identity::Invalid(reason);
+                return Err(Identity::Invalid(reason));
             }
         };
+        let tier = tier_claim.and_then(|c| match claims.get(c) {
+            Some(serde_json::Value::String(s)) => Some(s.clone()),
+            Some(serde_json::Value::Number(n)) => Some(n.to_string()),
+            Some(serde_json::Value::Bool(b)) => Some(b.to_string()),
+            _ => None,
+        });
         // `exp` is a required claim, so a verified token has one.
         if let Some(exp) = claims.get("exp").and_then(serde_json::Value::as_u64) {
-            self.verified.insert(token, Ok(&user), exp.saturating_add(self.validation.leeway), generation);
+            let outcome = Ok(Remembered { user: &user, tier: tier_claim.map(|c| (c, tier.as_deref())) });
+            self.verified.insert(token, outcome, exp.saturating_add(self.validation.leeway), generation);
         }
-        Identity::Verified(user)
+        Ok((user, tier))
     }
 
     /// Checks the token's signature and claims against at most
@@ -297,9 +331,23 @@ type TokenMap = HashMap<Box<str>, VerifiedToken, foldhash::fast::RandomState>;
 
 struct VerifiedToken {
     /// The identity, or why the token was refused.
-    outcome: Result<String, &'static str>,
+    outcome: Result<Verified, &'static str>,
     valid_until: u64,
     generation: u64,
+}
+
+/// What a verified token proved.
+struct Verified {
+    user: String,
+    /// The tier claim asked for when it was verified, and its value: a
+    /// request asking for another claim (the rules changed) verifies again.
+    tier: Option<(Box<str>, Option<Box<str>>)>,
+}
+
+/// A verified token's outcome as [`VerifiedTokens::insert`] takes it.
+struct Remembered<'a> {
+    user: &'a str,
+    tier: Option<(&'a str, Option<&'a str>)>,
 }
 
 const TOKEN_SHARDS: usize = 16;
@@ -328,21 +376,43 @@ impl VerifiedTokens {
         self.generation.load(Ordering::Acquire)
     }
 
-    /// What `token` was found to be, if that still holds at `now` (Unix
-    /// seconds) under the current keys.
-    fn get(&self, token: &str, now: u64) -> Option<Identity> {
+    /// What `token` was found to be (with the value of `tier_claim`), if
+    /// that still holds at `now` (Unix seconds) under the current keys.
+    #[allow(clippy::type_complexity)]
+    fn lookup(
+        &self,
+        token: &str,
+        now: u64,
+        tier_claim: Option<&str>,
+    ) -> Option<Result<(String, Option<String>), Identity>> {
         let shard = self.shard(token);
         let entry = shard.get(token)?;
         if entry.valid_until < now || entry.generation != self.generation() {
             return None;
         }
         Some(match &entry.outcome {
-            Ok(user) => Identity::Verified(user.clone()),
-            Err(reason) => Identity::Invalid(reason),
+            Ok(v) => {
+                let tier = match (tier_claim, &v.tier) {
+                    (None, _) => None,
+                    (Some(want), Some((claim, value))) if **claim == *want => value.as_deref().map(str::to_string),
+                    (Some(_), _) => return None,
+                };
+                Ok((v.user.clone(), tier))
+            }
+            Err(reason) => Err(Identity::Invalid(reason)),
         })
     }
 
-    fn insert(&self, token: &str, outcome: Result<&str, &'static str>, valid_until: u64, generation: u64) {
+    /// [`lookup`](Self::lookup) without a tier claim, as an identity.
+    #[cfg(test)]
+    fn get(&self, token: &str, now: u64) -> Option<Identity> {
+        self.lookup(token, now, None).map(|r| match r {
+            Ok((user, _)) => Identity::Verified(user),
+            Err(identity) => identity,
+        })
+    }
+
+    fn insert(&self, token: &str, outcome: Result<Remembered<'_>, &'static str>, valid_until: u64, generation: u64) {
         if token.len() > MAX_CACHED_TOKEN_BYTES || generation != self.generation() {
             return;
         }
@@ -358,7 +428,10 @@ impl VerifiedTokens {
                 return;
             }
         }
-        let outcome = outcome.map(str::to_string);
+        let outcome = outcome.map(|r| Verified {
+            user: r.user.to_string(),
+            tier: r.tier.map(|(claim, value)| (claim.into(), value.map(Into::into))),
+        });
         shard.insert(token.into(), VerifiedToken { outcome, valid_until, generation });
     }
 
@@ -479,6 +552,25 @@ mod tests {
 
     fn now() -> u64 {
         jsonwebtoken::get_current_timestamp()
+    }
+
+    #[test]
+    fn a_tier_claim_is_read_with_the_identity_and_remembered_with_it() {
+        let v = hs_verifier();
+        let claims = |plan: serde_json::Value| json!({"sub": "u", "plan": plan, "exp": now() + 60, "iss": "https://issuer.example", "aud": "tollgate"});
+        let pro = headers(&token(claims(json!("pro"))));
+        let alice = Identity::Verified("u".into());
+        assert_eq!(v.verify_with_claim(&pro, "plan"), (alice.clone(), Some("pro".into())));
+        assert_eq!(v.verify_with_claim(&pro, "plan"), (alice.clone(), Some("pro".into())));
+        assert_eq!(v.verify(&pro), alice);
+        assert_eq!(v.signature_checks(), 1, "remembered, claim included");
+        // Another claim (the rules changed): verified again for it.
+        assert_eq!(v.verify_with_claim(&pro, "tier"), (alice.clone(), None));
+        assert_eq!(v.signature_checks(), 2);
+        assert_eq!(v.verify_with_claim(&headers(&token(claims(json!(3)))), "plan").1.as_deref(), Some("3"));
+        assert_eq!(v.verify_with_claim(&headers(&token(claims(json!(["pro"])))), "plan").1, None);
+        assert_eq!(v.verify_with_claim(&HeaderMap::new(), "plan"), (Identity::Missing, None));
+        assert_eq!(v.verify_with_claim(&headers("Bearer x.y.z"), "plan").1, None);
     }
 
     #[test]

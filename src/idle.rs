@@ -1,12 +1,19 @@
 //! Closing connections that sit idle.
 //!
-//! hyper's `header_read_timeout` bounds how long a client may take to send
-//! request headers (slowloris), but nothing closes a keep-alive connection
-//! that sends nothing at all for a long time while holding a connection slot.
 //! [`IdleIo`] wraps a connection's socket: when no byte has moved in either
 //! direction for the idle timeout and no request on it is in flight, its next
 //! read reports end-of-file, which hyper treats as the client closing an idle
 //! connection, the cleanest way out for both HTTP/1.1 and HTTP/2.
+//!
+//! The same timer bounds how long a client may take to send a request head
+//! (slowloris), `listen.header_read_timeout`: from the connection's start
+//! (the HTTP/2 preface included: a client that trickles it is not let in)
+//! until its first request, and on HTTP/1.1 from the end of each request
+//! until the next one's head is read (the wait for the next request is
+//! part of it, as it was with hyper's own timer). An HTTP/2 connection that
+//! has sent a request waits for the next up to the idle timeout. hyper's
+//! timer is off: it took a timer and an allocation per request, this one
+//! takes none (one timer per connection, moved lazily).
 //!
 //! A request waiting on a slow upstream moves no bytes but is not idle: the
 //! service holds an [`InflightGuard`] while it works.
@@ -42,9 +49,13 @@ use crate::send_budget::SendBudget;
 #[derive(Debug, Clone, Default)]
 pub struct Inflight(Arc<InflightState>);
 
+/// Two counters rather than one count in flight: the requests started also
+/// tell [`IdleIo`] that a request head has been read, at the same cost (one
+/// atomic addition when a request starts, one when it ends).
 #[derive(Debug, Default)]
 struct InflightState {
-    count: AtomicUsize,
+    started: AtomicUsize,
+    ended: AtomicUsize,
     /// Where requests whose client went away are counted.
     gone: Option<IntCounter>,
 }
@@ -52,19 +63,26 @@ struct InflightState {
 impl Inflight {
     /// Requests in flight, those whose client goes away counted in `gone`.
     pub fn counting_gone(gone: IntCounter) -> Inflight {
-        Inflight(Arc::new(InflightState { count: AtomicUsize::new(0), gone: Some(gone) }))
+        Inflight(Arc::new(InflightState { gone: Some(gone), ..InflightState::default() }))
     }
 
     /// Marks a request in flight until the guard is dropped. A guard
     /// dropped before [`InflightGuard::answered`] is a client that went
     /// away (hyper drops a request's future and body when its client does).
     pub fn start(&self) -> InflightGuard {
-        self.0.count.fetch_add(1, Ordering::Relaxed);
+        self.0.started.fetch_add(1, Ordering::Relaxed);
         InflightGuard { state: self.0.clone(), answered: false }
     }
 
+    /// Requests started on the connection so far.
+    fn started(&self) -> usize {
+        self.0.started.load(Ordering::Relaxed)
+    }
+
     fn busy(&self) -> bool {
-        self.0.count.load(Ordering::Relaxed) > 0
+        // `ended` never passes `started`: read it first.
+        let ended = self.0.ended.load(Ordering::Relaxed);
+        self.0.started.load(Ordering::Relaxed) != ended
     }
 }
 
@@ -84,7 +102,7 @@ impl InflightGuard {
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
-        self.state.count.fetch_sub(1, Ordering::Relaxed);
+        self.state.ended.fetch_add(1, Ordering::Relaxed);
         if !self.answered
             && let Some(gone) = &self.state.gone
         {
@@ -153,12 +171,33 @@ impl<B: Body> Drop for InflightBody<B> {
     }
 }
 
-/// A socket that reads as closed once it has been idle for `timeout`.
+/// What a connection speaks, as far as its first bytes tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    /// So many bytes of the HTTP/2 preface seen, and nothing else.
+    Undecided(usize),
+    Http1,
+    Http2,
+}
+
+/// How an HTTP/2 connection starts (RFC 9113 3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// A socket that reads as closed once it has been idle for `timeout`, or
+/// has taken longer than its header timeout to send a request head.
 pub struct IdleIo<T> {
     inner: T,
     timeout: Duration,
     inflight: Inflight,
     last_activity: Instant,
+    /// `listen.header_read_timeout`; `None`: heads are not timed.
+    header_timeout: Option<Duration>,
+    protocol: Protocol,
+    /// Since when the connection has waited for a request head, and how
+    /// many requests had started then (a later start ends that wait).
+    waiting: Option<(usize, Instant)>,
+    /// Moved lazily: armed no later than the earliest deadline that can
+    /// come before it fires, re-armed from the real deadlines when it does.
     timer: Pin<Box<Sleep>>,
     /// The waker `timer` was last polled with.
     timer_waker: Option<Waker>,
@@ -182,6 +221,9 @@ impl<T> IdleIo<T> {
             timeout,
             inflight,
             last_activity: now,
+            header_timeout: None,
+            protocol: Protocol::Undecided(0),
+            waiting: None,
             timer: Box::pin(tokio::time::sleep_until(now + timeout)),
             timer_waker: None,
             send_timeout,
@@ -189,6 +231,57 @@ impl<T> IdleIo<T> {
             budget,
             stall_timer: None,
         }
+    }
+
+    /// Also reads as closed once a request head has taken longer than
+    /// `timeout` (see the module's documentation for when that clock runs).
+    pub fn with_header_timeout(mut self, timeout: Duration) -> Self {
+        self.header_timeout = Some(timeout);
+        let now = Instant::now();
+        let first = self.timer.deadline().min(now + timeout);
+        self.timer.as_mut().reset(first);
+        self
+    }
+
+    /// Notes what the first bytes of the connection say about its protocol.
+    fn classify(&mut self, bytes: &[u8]) {
+        let Protocol::Undecided(seen) = self.protocol else { return };
+        let want = &H2_PREFACE[seen..];
+        let n = bytes.len().min(want.len());
+        self.protocol = if bytes[..n] != want[..n] {
+            Protocol::Http1
+        } else if seen + n == H2_PREFACE.len() {
+            Protocol::Http2
+        } else {
+            Protocol::Undecided(seen + n)
+        };
+    }
+
+    /// Whether a request head is being waited for, and so timed: nothing is
+    /// in flight, and either no request has started yet or the connection
+    /// is not HTTP/2. Notes since when, the first time it is asked in a wait.
+    fn head_deadline(&mut self) -> Option<Instant> {
+        let timeout = self.header_timeout?;
+        if self.inflight.busy() || !self.heads_may_be_timed() {
+            return None;
+        }
+        let started = self.inflight.started();
+        match self.waiting {
+            Some((n, since)) if n == started => Some(since + timeout),
+            _ => {
+                // The wait began with the last byte moved: the end of the
+                // previous response (or the connection's start), unless
+                // bytes of the next head came in first.
+                self.waiting = Some((started, self.last_activity));
+                Some(self.last_activity + timeout)
+            }
+        }
+    }
+
+    /// Whether a wait for a request head can still come on this
+    /// connection: not once an HTTP/2 connection has sent a request.
+    fn heads_may_be_timed(&self) -> bool {
+        self.header_timeout.is_some() && (self.protocol != Protocol::Http2 || self.inflight.started() == 0)
     }
 
     /// Whether the connection has held response data for the send timeout
@@ -247,19 +340,33 @@ impl<T> IdleIo<T> {
         if !self.timer_waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
             self.timer_waker = Some(cx.waker().clone());
         }
+        // A wait for a head that began since the timer was armed may end
+        // before it: the timer is moved to it (once per wait, and only
+        // earlier when the idle timeout is the longer one).
+        let head = self.head_deadline();
+        if let Some(head) = head
+            && head < self.timer.deadline()
+        {
+            self.timer.as_mut().reset(head);
+        }
+        // Armed no later than a head wait beginning now would end, so that
+        // the next wait (after this request, say) need not move it earlier.
+        let heads_later = self.header_timeout.filter(|_| head.is_none() && self.heads_may_be_timed());
         loop {
             if self.timer.as_mut().poll(cx).is_pending() {
                 return false;
             }
-            let deadline = self.last_activity + self.timeout;
-            if deadline > Instant::now() {
-                self.timer.as_mut().reset(deadline);
+            let now = Instant::now();
+            let idle = self.last_activity + self.timeout;
+            let deadline = head.map_or(idle, |h| h.min(idle));
+            let soonest = |d: Instant| heads_later.map_or(d, |h| d.min(now + h));
+            if deadline > now {
+                self.timer.as_mut().reset(soonest(deadline));
                 continue;
             }
-            if self.inflight.busy() {
-                self.last_activity = Instant::now();
-                let next = self.last_activity + self.timeout;
-                self.timer.as_mut().reset(next);
+            if head.is_none() && self.inflight.busy() {
+                self.last_activity = now;
+                self.timer.as_mut().reset(soonest(now + self.timeout));
                 continue;
             }
             return true;
@@ -281,6 +388,9 @@ impl<T: AsyncRead + Unpin> AsyncRead for IdleIo<T> {
         match Pin::new(&mut self.inner).poll_read(cx, buf) {
             Poll::Ready(r) => {
                 if buf.filled().len() > before {
+                    if matches!(self.protocol, Protocol::Undecided(_)) {
+                        self.classify(&buf.filled()[before..]);
+                    }
                     self.touch();
                 }
                 Poll::Ready(r)
@@ -390,6 +500,66 @@ mod tests {
         // activity too).
         let closed = started.elapsed();
         assert!(closed >= Duration::from_secs(24) && closed <= Duration::from_secs(29), "closed at {closed:?}");
+    }
+
+    /// An `IdleIo` with a 60 s idle timeout and a 5 s header timeout.
+    fn timed(server: tokio::io::DuplexStream, inflight: &Inflight) -> IdleIo<tokio::io::DuplexStream> {
+        IdleIo::new(server, Duration::from_secs(60), Duration::from_secs(60), inflight.clone(), SendBudget::default())
+            .with_header_timeout(Duration::from_secs(5))
+    }
+
+    /// Reads until end of file; how long it took.
+    async fn read_to_close(io: &mut IdleIo<tokio::io::DuplexStream>) -> Duration {
+        let started = Instant::now();
+        let mut buf = [0u8; 64];
+        while io.read(&mut buf).await.expect("read") > 0 {}
+        started.elapsed()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_trickled_in_is_cut_at_the_header_timeout_whatever_the_protocol() {
+        for head in [&b"GET / HTTP/1.1\r\nhost: a\r\n"[..], H2_PREFACE] {
+            let (mut client, server) = tokio::io::duplex(64);
+            let mut io = timed(server, &Inflight::default());
+            let trickle = tokio::spawn(async move {
+                for b in head {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    if client.write_all(&[*b]).await.is_err() {
+                        break;
+                    }
+                }
+                client
+            });
+            assert_eq!(read_to_close(&mut io).await, Duration::from_secs(5), "{:?}", String::from_utf8_lossy(head));
+            drop(trickle);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn http1_times_the_wait_for_each_next_head_and_http2_only_the_first() {
+        // HTTP/1.1: a request, answered 20 s later; the next head is due 5 s
+        // after the answer.
+        let (mut client, server) = tokio::io::duplex(1024);
+        let inflight = Inflight::default();
+        let mut io = timed(server, &inflight);
+        client.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n").await.expect("write");
+        let mut buf = [0u8; 64];
+        assert!(io.read(&mut buf).await.expect("read") > 0);
+        let guard = inflight.start();
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        io.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.expect("answer");
+        drop(guard);
+        assert_eq!(read_to_close(&mut io).await, Duration::from_secs(5));
+
+        // HTTP/2: after a request, only the idle timeout.
+        let (mut client, server) = tokio::io::duplex(1024);
+        let mut io = timed(server, &inflight);
+        client.write_all(H2_PREFACE).await.expect("write");
+        assert!(io.read(&mut buf).await.expect("read") > 0);
+        drop(inflight.start());
+        io.write_all(b"frames").await.expect("answer");
+        assert_eq!(read_to_close(&mut io).await, Duration::from_secs(60));
+        drop(client);
     }
 
     #[tokio::test(start_paused = true)]

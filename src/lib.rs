@@ -20,14 +20,15 @@
 //! | [`proxy`] | the request path: route, decide, forward or reject |
 //! | [`forward`] | hop-by-hop and `X-Forwarded-*` headers, request bodies (read ahead up to `buffer_body`, `max_body`, `body_read_timeout`) |
 //! | [`tunnel`] | WebSocket and other upgrades: after the upstream's 101, bytes copied both ways |
+//! | [`held`] | a request's concurrency slots, held until its response body ends or its client goes away |
 //! | [`balance`] | which server of an upstream a request goes to: round robin, least request, consistent hash |
 //! | [`health`] | which servers take requests: passive backoff after failures, active health checks |
 //! | [`pool`] | keep-alive connections to one upstream server, reused request after request |
 //! | [`client`] | who the client is: trusted proxies, `X-Forwarded-For`, IPv6 prefixes |
 //! | [`identity`] | verified user identity from a JWT (`[client] jwt`) |
-//! | [`rules`] | the compiled rule set: which rules match, the bucket key of each |
+//! | [`rules`] | the compiled rule set: which rules match, the bucket key and limits (overrides, tiers) of each |
 //! | [`store`] | the [`store::Store`] trait; [`store::memory`] keeps counters in this process, [`store::redis`] in a shared Redis (Cluster) |
-//! | [`limiter`] | the five algorithms' arithmetic, pure, time injected |
+//! | [`limiter`] | the six algorithms' arithmetic, pure, time injected |
 //! | [`headers`] | `X-RateLimit-*`, `RateLimit-Policy`, `RateLimit`, `Retry-After` |
 //! | [`error`] | every status tollgate answers itself, with its JSON body |
 //! | [`request_id`] | `X-Request-Id`: kept from a trusted proxy or generated, sent upstream and in every answer |
@@ -63,6 +64,7 @@ pub mod floor;
 pub mod forward;
 pub mod headers;
 pub mod health;
+pub mod held;
 pub mod identity;
 pub mod idle;
 pub mod limiter;

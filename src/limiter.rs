@@ -1,4 +1,4 @@
-//! The arithmetic of the five algorithms, as pure functions of
+//! The arithmetic of the six algorithms, as pure functions of
 //! `(state, now, limits, cost)`.
 //!
 //! Nothing here reads a clock, takes a lock or does IO: the memory store
@@ -59,6 +59,12 @@ pub enum Algorithm {
     /// much of it still overlaps the sliding window: constant memory, close to
     /// exact when requests are spread evenly.
     SlidingWindowCounter,
+    /// At most `limit` requests of a key in flight at once: a slot is taken
+    /// when a request is admitted and given back when its response ends or
+    /// its client goes away. Not a rate: `window` is the slot TTL that
+    /// bounds how long the slots of a crashed instance stay counted in a
+    /// shared store (see `src/store/redis/slots.rs`).
+    Concurrency,
 }
 
 impl Algorithm {
@@ -70,6 +76,7 @@ impl Algorithm {
             Algorithm::FixedWindow => "fixed_window",
             Algorithm::SlidingWindowLog => "sliding_window_log",
             Algorithm::SlidingWindowCounter => "sliding_window_counter",
+            Algorithm::Concurrency => "concurrency",
         }
     }
 
@@ -77,6 +84,19 @@ impl Algorithm {
     /// a fixed-size [`Cell`].
     pub fn uses_log(self) -> bool {
         matches!(self, Algorithm::SlidingWindowLog)
+    }
+
+    /// Whether each admitted request holds something that must be given
+    /// back when it ends (a concurrency slot), rather than being counted
+    /// once.
+    pub fn holds(self) -> bool {
+        matches!(self, Algorithm::Concurrency)
+    }
+
+    /// Whether the Redis store names each request's entry by a request id,
+    /// so that a refund removes exactly that request's entry.
+    pub fn names_requests(self) -> bool {
+        matches!(self, Algorithm::SlidingWindowLog | Algorithm::Concurrency)
     }
 }
 
@@ -127,6 +147,9 @@ impl Limits {
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindowLog => self.window,
             Algorithm::SlidingWindowCounter => self.window.saturating_mul(2),
+            // A held slot is never idle (its counter is dropped when the
+            // last one is given back); the window is the slot TTL.
+            Algorithm::Concurrency => self.window,
         }
     }
 
@@ -161,6 +184,7 @@ pub struct Verdict {
 /// | leaky bucket | last update | `f64` bits: requests queued |
 /// | fixed window | window start | count |
 /// | sliding window counter | current window start | previous count << 32, current count |
+/// | concurrency | [`HELD`] | requests in flight |
 ///
 /// A zero cell is a fresh key for every algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -239,6 +263,7 @@ pub fn evaluate(cell: Cell, now: Nanos, limits: &Limits, cost: u64) -> (Verdict,
         Algorithm::LeakyBucket => bucket(cell, now, limits, cost, true),
         Algorithm::FixedWindow => fixed_window(cell, now, limits, cost),
         Algorithm::SlidingWindowCounter => sliding_counter(cell, now, limits, cost),
+        Algorithm::Concurrency => concurrency(cell, limits, cost),
         Algorithm::SlidingWindowLog => {
             debug_assert!(false, "the log is evaluated by evaluate_log");
             (Verdict::default(), cell)
@@ -376,6 +401,45 @@ fn sliding_counter(cell: Cell, now: Nanos, limits: &Limits, cost: u64) -> (Verdi
         let verdict = Verdict { allowed: false, remaining: 0, reset_after, retry_after, delay: 0 };
         (verdict, cell)
     }
+}
+
+/// The `t` of a concurrency cell: never idle, so a sweep keeps it for as
+/// long as requests hold its slots (it is removed when the last is given
+/// back, see [`release`]).
+pub const HELD: Nanos = Nanos::MAX;
+
+/// How long a client refused a concurrency slot is told to wait: slots come
+/// back when other requests end, which nothing here can predict, so the
+/// shortest whole `Retry-After`.
+pub const CONCURRENCY_RETRY: Nanos = NANOS_PER_SEC;
+
+/// Concurrency: admitted while fewer than `limit` requests hold a slot.
+/// `reset_after` is 0 while slots remain and [`CONCURRENCY_RETRY`] once
+/// none do: when one comes back is not a matter of time.
+fn concurrency(cell: Cell, limits: &Limits, cost: u64) -> (Verdict, Cell) {
+    let held = cell.v;
+    if held.saturating_add(cost) <= limits.limit {
+        let remaining = limits.limit - held - cost;
+        let reset_after = if remaining == 0 { CONCURRENCY_RETRY } else { 0 };
+        let verdict = Verdict { allowed: true, remaining, reset_after, retry_after: 0, delay: 0 };
+        (verdict, Cell { t: HELD, v: held + cost })
+    } else {
+        let verdict = Verdict {
+            allowed: false,
+            remaining: 0,
+            reset_after: CONCURRENCY_RETRY,
+            retry_after: CONCURRENCY_RETRY,
+            delay: 0,
+        };
+        (verdict, cell)
+    }
+}
+
+/// Gives back `cost` slots of a concurrency cell: `None` when none stay
+/// held (the caller forgets the key).
+pub fn release(cell: Cell, cost: u64) -> Option<Cell> {
+    let held = cell.v.saturating_sub(cost);
+    (held > 0).then_some(Cell { t: HELD, v: held })
 }
 
 /// Evaluates the sliding window log. Expired entries are pruned in place

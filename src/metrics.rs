@@ -28,6 +28,8 @@ pub struct Metrics {
     pub lease_hits_total: IntCounter,
     pub leases_granted_total: IntCounter,
     pub lease_give_backs_dropped_total: IntCounter,
+    pub concurrency_slots_held: IntGauge,
+    pub concurrency_slots_lost_total: IntCounter,
     pub store_fallback_transitions_total: IntCounterVec,
     pub connections_active: IntGauge,
     pub tunnels_active: IntGauge,
@@ -181,6 +183,19 @@ impl Metrics {
                 IntCounter::new(
                     "tollgate_lease_give_backs_dropped_total",
                     "Give-backs of leased units dropped (a failed call, which may have run, or a full backlog): their units stay counted in the store until their window or escrow slot ends.",
+                )
+                .expect("valid metric definition"),
+            ),
+            concurrency_slots_held: gauge(
+                &registry,
+                "tollgate_concurrency_slots_held",
+                "Concurrency slots this instance holds in Redis now (requests in flight under concurrency rules), renewed while they run.",
+            ),
+            concurrency_slots_lost_total: reg(
+                &registry,
+                IntCounter::new(
+                    "tollgate_concurrency_slots_lost_total",
+                    "Concurrency slots found expired when renewed (Redis unreachable for a whole slot_ttl): their requests went on without being counted.",
                 )
                 .expect("valid metric definition"),
             ),

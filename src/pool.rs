@@ -376,6 +376,15 @@ pub struct UpstreamBody<B: Send + 'static> {
 }
 
 impl<B: Send + 'static> UpstreamBody<B> {
+    /// Takes the request's timer, registered with the runtime already, as
+    /// the silence timer: moved to `now + timeout` when the body first
+    /// waits (a later deadline only updates the registered one), rather
+    /// than a second timer registered and removed per response.
+    pub fn keep_timer(&mut self, timer: Pin<Box<Sleep>>) {
+        self.silence = Some(timer);
+        self.moved = true;
+    }
+
     fn release(&mut self) {
         if let Some(sender) = self.sender.take() {
             self.shared.put(sender);

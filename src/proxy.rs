@@ -23,14 +23,15 @@ use crate::config::{ClientConfig, Config, InvalidToken, KeyPart, Normalization, 
 use crate::error::{self, ProxyError};
 use crate::forward::{Downstream, RequestBody, UpstreamClient};
 use crate::headers::{self, RuleReport};
+use crate::held::Holding;
 use crate::identity::{Identity, JwtVerifier};
 use crate::limiter::{Verdict, ceil_secs};
 use crate::metrics::{Metrics, RouteCounters};
 use crate::normalize;
 use crate::pool::UpstreamBody;
 use crate::request_id;
-use crate::rules::{RequestFacts, Rule, RuleSet};
-use crate::store::{Answer, AnyStore, Check, Mode, Store, StoreError};
+use crate::rules::{Plan, RequestFacts, Rule, RuleSet};
+use crate::store::{Answer, AnyStore, Check, Held, Mode, Store, StoreError};
 use crate::top::TopKeys;
 use crate::tunnel;
 
@@ -38,9 +39,10 @@ use crate::tunnel;
 /// one tollgate wrote.
 pub type ProxyBody = Either<UpstreamBody<RequestBody>, Full<Bytes>>;
 
-/// [`ProxyBody`] as it leaves [`Proxy::handle`]: counted for the access log
-/// when there is one.
-pub type LoggedBody = Logged<ProxyBody>;
+/// [`ProxyBody`] as it leaves [`Proxy::handle`]: holding the request's
+/// concurrency slots until it ends (see [`crate::held`]), counted for the
+/// access log when there is one.
+pub type LoggedBody = Logged<Holding<ProxyBody>>;
 
 /// Everything the request path shares: built once at start-up, the rules
 /// swapped on reload.
@@ -77,6 +79,9 @@ const STORE_TIMEOUT_BACKSTOP: Duration = Duration::from_millis(5);
 /// One matching rule while a request is being decided.
 struct Pending<'r> {
     rule: &'r Rule,
+    /// The rule's limits for this request (its own, an override's or a
+    /// tier's).
+    plan: &'r Plan,
     key: String,
     check_limits: crate::limiter::Limits,
     cost: u64,
@@ -200,12 +205,13 @@ impl Proxy {
             Some(p) => p.note(),
             None => Note::off(),
         };
-        let resp = self.serve(req, peer, &request_id, note).await;
+        let mut held = None;
+        let resp = self.serve(req, peer, &request_id, note, &mut held).await;
         self.metrics.request_duration_seconds.observe(started.elapsed().as_secs_f64());
         if let Some(p) = &mut pending {
             p.respond(resp.status().as_u16());
         }
-        resp.map(|body| Logged::new(body, pending))
+        resp.map(|body| Logged::new(Holding::new(body, held), pending))
     }
 
     /// The access log entry of a request refused before the request path
@@ -243,6 +249,7 @@ impl Proxy {
         peer: &Peer,
         request_id: &http::HeaderValue,
         mut note: Note<'_>,
+        held: &mut Option<Held>,
     ) -> Response<ProxyBody> {
         let routing = self.routing.load_full();
         // One spelling of the request before anything reads it (see
@@ -295,8 +302,19 @@ impl Proxy {
         // With `[client] jwt`, the user is whoever the token proves, and the
         // user header is never read; the token is verified only if the rules
         // need the user.
-        let identity =
-            self.jwt.as_ref().map(|j| if rules.needs_user(path) { j.verify(req.headers()) } else { Identity::Missing });
+        // A tier claim is read from the same token, when a rule uses one.
+        let mut tier_claim = None;
+        let identity = self.jwt.as_ref().map(|j| {
+            if !rules.needs_user(path) {
+                Identity::Missing
+            } else if let Some(claim) = &rules.tier_claim {
+                let (identity, tier) = j.verify_with_claim(req.headers(), claim);
+                tier_claim = tier;
+                identity
+            } else {
+                j.verify(req.headers())
+            }
+        });
 
         // Decide.
         let mut reports: Vec<RuleReport<'_>> = Vec::new();
@@ -327,6 +345,7 @@ impl Proxy {
                 } else {
                     None
                 },
+                tier_claim: tier_claim.as_deref().map(str::as_bytes),
             };
             if let Some(deny) = rules.denied(&facts) {
                 counters.denied.inc();
@@ -355,11 +374,13 @@ impl Proxy {
                     counters.rejected.inc();
                     return ProxyError::BadRequest(reason).into_response(request_id).map(Either::Right);
                 }
-                pending.push(Pending { rule, key, check_limits: rule.effective_limits(inflight), cost });
+                let plan = rule.plan_for(&key, &facts);
+                pending.push(Pending { rule, plan, key, check_limits: rule.limits_of(plan, inflight), cost });
             }
 
             if !pending.is_empty() {
-                let answers = self.decide_locally(self.decide(&pending).await, &pending);
+                let answers = self.decide(&pending, held).await;
+                let answers = self.decide_locally(answers, &pending, held);
                 // Each rule's own answer: a verdict, or its store error and
                 // its own `on_error`. A rule that answered and rejects
                 // decides (429) whatever the others' errors; then a failed
@@ -387,7 +408,7 @@ impl Proxy {
                     // and measured, but no headers and no shaping delay.
                     if p.rule.enforced() {
                         report_of.push(Some(reports.len()));
-                        reports.push(RuleReport::new(p.rule, v, p.check_limits.capacity()));
+                        reports.push(RuleReport::of(p.rule, p.plan, v, p.check_limits.capacity()));
                     } else {
                         report_of.push(None);
                     }
@@ -429,17 +450,24 @@ impl Proxy {
                             && v.allowed
                         {
                             let unspent = Verdict { remaining: v.remaining + p.cost, ..*v };
-                            reports[*at] = RuleReport::new(p.rule, &unspent, p.check_limits.capacity());
+                            reports[*at] = RuleReport::of(p.rule, p.plan, &unspent, p.check_limits.capacity());
                         }
                     }
                     counters.limited.inc();
                     tracing::debug!(rule = pending[i].rule.name(), key = %pending[i].key, client = %client_ip, "rate limited");
                     let rule = pending[i].rule;
-                    let err = ProxyError::Limited {
-                        rule: rule.name().to_string(),
-                        limit: rule.spec.limit,
-                        window_seconds: rule.window_secs,
-                        retry_after_seconds: secs,
+                    let err = if rule.plan.nominal.algorithm.holds() {
+                        ProxyError::TooManyInFlight {
+                            rule: rule.name().to_string(),
+                            limit: pending[i].plan.nominal.limit,
+                        }
+                    } else {
+                        ProxyError::Limited {
+                            rule: rule.name().to_string(),
+                            limit: pending[i].plan.nominal.limit,
+                            window_seconds: rule.window_secs,
+                            retry_after_seconds: secs,
+                        }
                     };
                     let mut resp = if error::accepts_problem(req.headers()) {
                         // Every enforced rule this request is over.
@@ -521,7 +549,9 @@ impl Proxy {
                     && resp.status() == http::StatusCode::SWITCHING_PROTOCOLS
                 {
                     let upstream = hyper::upgrade::on(&mut resp);
-                    resp.extensions_mut().insert(tunnel::Pending { client, upstream });
+                    // The tunnel is the request in flight until it closes.
+                    let held = held.take().map(Arc::new);
+                    resp.extensions_mut().insert(tunnel::Pending { client, upstream, held });
                 }
                 resp.map(Either::Left)
             }
@@ -559,21 +589,31 @@ impl Proxy {
     }
 
     /// One store round trip for all matching rules, bounded by the store
-    /// timeout. Each rule gets its own answer.
-    async fn decide(&self, pending: &[Pending<'_>]) -> Vec<Answer> {
+    /// timeout. Each rule gets its own answer; the concurrency slots an
+    /// admitted request takes go to `held`.
+    async fn decide(&self, pending: &[Pending<'_>], held: &mut Option<Held>) -> Vec<Answer> {
         let checks: Vec<Check<'_>> = pending.iter().map(|p| self.check_of(p)).collect();
         let started = Instant::now();
         let result = match &self.store {
             // The memory store answers synchronously: no timer needed.
-            AnyStore::Memory(m) => m.check_now(&checks, Mode::Consume).into_iter().map(Ok).collect(),
+            AnyStore::Memory(m) => {
+                let (verdicts, slots) = m.check_holding(&checks, Mode::Consume);
+                *held = slots.map(Held::Memory);
+                verdicts.into_iter().map(Ok).collect()
+            }
             // The Redis store bounds each of its calls by the store timeout
             // itself, with fred's timer, which also keeps a timed-out check
             // from being sent later; this outer bound is only a backstop and
             // must not fire first.
             other => {
                 let backstop = self.store_timeout + STORE_TIMEOUT_BACKSTOP;
-                match tokio::time::timeout(backstop, other.check(&checks, Mode::Consume)).await {
-                    Ok(r) => r,
+                // Slots taken by a check this cuts off are never renewed:
+                // they expire within their TTL.
+                match tokio::time::timeout(backstop, other.check_holding(&checks, Mode::Consume)).await {
+                    Ok((answers, slots)) => {
+                        *held = slots;
+                        answers
+                    }
                     Err(_) => {
                         self.metrics.store_errors_total.with_label_values(&[self.store.backend()]).inc();
                         checks.iter().map(|_| Err(StoreError::Timeout(self.store_timeout))).collect()
@@ -601,7 +641,12 @@ impl Proxy {
     /// The store applies the fallback itself to the rules it could not
     /// decide, so this only acts when every rule failed, and not when an
     /// enforced rule says `deny` (deny wins) or the store has no fallback.
-    fn decide_locally(&self, mut answers: Vec<Answer>, pending: &[Pending<'_>]) -> Vec<Answer> {
+    fn decide_locally(
+        &self,
+        mut answers: Vec<Answer>,
+        pending: &[Pending<'_>],
+        held: &mut Option<Held>,
+    ) -> Vec<Answer> {
         let all_failed = answers.iter().all(Result::is_err);
         let deny = pending.iter().any(|p| p.rule.enforced() && self.on_error(p) == OnError::Deny);
         let local: Vec<usize> = (0..pending.len()).filter(|&i| self.on_error(&pending[i]) == OnError::Local).collect();
@@ -609,7 +654,8 @@ impl Proxy {
             return answers;
         }
         let checks: Vec<Check<'_>> = local.iter().map(|&i| self.check_of(&pending[i])).collect();
-        let Some(verdicts) = self.store.check_local(&checks, Mode::Consume) else { return answers };
+        let Some((verdicts, slots)) = self.store.check_local_holding(&checks, Mode::Consume) else { return answers };
+        *held = slots;
         for (&i, v) in local.iter().zip(verdicts) {
             answers[i] = Ok(v);
         }

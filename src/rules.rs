@@ -3,8 +3,10 @@
 //! new [`RuleSet`] and swaps it in whole.
 //!
 //! Everything a rule needs per request that does not depend on the request
-//! is computed here, once per reload: the encoded key prefix, the
-//! `RateLimit-Policy` item, the nominal [`Limits`], the metric handles.
+//! is computed here, once per reload: the encoded key prefix, the metric
+//! handles, and a [`Plan`] for each set of limits the rule applies (its own,
+//! each `[[rule.override]]`'s, each tier's) with its `RateLimit-Policy` item
+//! and `X-RateLimit-Limit` value.
 
 use std::fmt::Write as _;
 use std::hash::BuildHasher;
@@ -14,7 +16,7 @@ use std::time::SystemTime;
 
 use http::{HeaderMap, Method};
 
-use crate::config::{Cost, DenySpec, KeyPart, LoadedRules, PathPattern, RuleMode, RuleSpec, Throttle};
+use crate::config::{Cost, DenySpec, KeyPart, LoadedRules, PathPattern, RuleMode, RuleSpec, Throttle, TierSource};
 use crate::limiter::{Limits, NANOS_PER_SEC, Nanos};
 use crate::metrics::{Metrics, RuleCounters};
 
@@ -25,6 +27,9 @@ pub struct RuleSet {
     pub denies: Vec<DenySpec>,
     /// Whether any rule keys on `user`.
     pub keys_on_user: bool,
+    /// The JWT claim tiers are read from, when a rule says `claim:NAME`
+    /// (validation allows one such claim per rule set).
+    pub tier_claim: Option<String>,
     /// Every header some rule reads (`match.header`, `header:` key parts,
     /// `cost_header`): a request carrying one of them twice is refused,
     /// since the upstream may read another of its values than tollgate.
@@ -34,7 +39,8 @@ pub struct RuleSet {
     /// [`crate::normalize::METHOD_OVERRIDES`]).
     pub reads_method: bool,
     /// Whether the user matters to any rule or `[[deny]]` entry (a rule
-    /// keys on it, or a deny or `exempt` list names users); see
+    /// keys on it or reads a tier claim of its token, or a deny or `exempt`
+    /// list names users); see
     /// [`RuleSet::needs_user`].
     pub any_needs_user: bool,
     /// Whether a `[[deny]]` entry names users.
@@ -58,14 +64,12 @@ pub struct RuleSet {
 /// One compiled rule.
 pub struct Rule {
     pub spec: RuleSpec,
-    /// The limits before soft or elastic throttling.
-    pub nominal: Limits,
-    /// The rule's part of `RateLimit-Policy`: `"name";q=5;w=60`.
-    pub policy: String,
-    /// The same as a header value, for the common one-rule response.
-    pub policy_value: Option<http::HeaderValue>,
-    /// The limit as the `X-RateLimit-Limit` value.
-    pub limit_value: http::HeaderValue,
+    /// The rule's own limits, for every request no override or tier
+    /// changes.
+    pub plan: Plan,
+    /// Overrides and tiers; `None` for a rule without them, which then
+    /// costs a request nothing more.
+    variants: Option<Box<Variants>>,
     /// The name, quoted as a structured-field string: `"name"`.
     pub quoted_name: String,
     /// The window in whole seconds (at least 1), for headers and bodies.
@@ -76,6 +80,60 @@ pub struct Rule {
     /// Where `/top` counts this rule's keys; `None` with `[admin]
     /// top_keys = 0` (set by [`crate::top::TopKeys::attach`]).
     pub top: Option<std::sync::Arc<crate::top::RuleTop>>,
+}
+
+/// Limits a rule applies to some of its requests, with what the headers
+/// say about them, rendered once per reload.
+#[derive(Debug)]
+pub struct Plan {
+    /// The limits before soft or elastic throttling.
+    pub nominal: Limits,
+    /// The rule's part of `RateLimit-Policy`: `"name";q=5;w=60`.
+    pub policy: String,
+    /// The same as a header value, for the common one-rule response.
+    pub policy_value: Option<http::HeaderValue>,
+    /// The limit as the `X-RateLimit-Limit` value.
+    pub limit_value: http::HeaderValue,
+    /// Where these limits come from.
+    pub source: PlanSource,
+}
+
+/// Which limits of a rule a request gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlanSource {
+    /// The rule's own.
+    Rule,
+    /// `[[rule.override]]` for this key.
+    Override(String),
+    /// The tier of this name.
+    Tier(String),
+    /// `default` of `tiers`: the request's tier is missing or not listed.
+    DefaultTier,
+}
+
+impl std::fmt::Display for PlanSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PlanSource::Rule => write!(f, "the rule's own"),
+            PlanSource::Override(k) => write!(f, "override {k}"),
+            PlanSource::Tier(t) => write!(f, "tier {t:?}"),
+            PlanSource::DefaultTier => write!(f, "tier default (no tier, or one not listed)"),
+        }
+    }
+}
+
+/// A rule's overrides and tiers, looked up in one hash each.
+struct Variants {
+    /// By key, without the rule's prefix (as [`crate::config::OverrideSpec`]
+    /// holds it).
+    overrides: std::collections::HashMap<Box<str>, Plan, foldhash::fast::RandomState>,
+    tiers: Option<Tiers>,
+}
+
+struct Tiers {
+    source: TierSource,
+    by_name: std::collections::HashMap<Box<[u8]>, Plan, foldhash::fast::RandomState>,
+    default: Plan,
 }
 
 /// What the matcher needs to know about a request.
@@ -99,6 +157,9 @@ pub struct RequestFacts<'a> {
     pub user: Option<&'a [u8]>,
     /// The API key header's value.
     pub api_key: Option<&'a [u8]>,
+    /// The verified JWT's tier claim ([`RuleSet::tier_claim`]), if the
+    /// request needed it and has it.
+    pub tier_claim: Option<&'a [u8]>,
 }
 
 impl RuleSet {
@@ -107,10 +168,11 @@ impl RuleSet {
         let rules: Vec<Rule> = specs.into_iter().map(|s| Rule::build(s, metrics)).collect();
         let idle_horizon = rules
             .iter()
-            .map(|r| {
+            .flat_map(Rule::plans)
+            .map(|p| {
                 // Soft and elastic throttling raise limit and burst together,
                 // which keeps the horizon; the 2x covers them anyway.
-                r.nominal.idle_horizon().saturating_mul(2)
+                p.nominal.idle_horizon().saturating_mul(2)
             })
             .max()
             .unwrap_or(0);
@@ -125,7 +187,11 @@ impl RuleSet {
                 Cost::Header(h) => Some(h),
                 Cost::Fixed(_) => None,
             };
-            for h in keyed.chain(cost).chain(r.spec.matcher.header.as_ref().map(|(h, _)| h)) {
+            let tier = match r.spec.tiers.as_ref().map(|t| &t.source) {
+                Some(TierSource::Header(h)) => Some(h),
+                _ => None,
+            };
+            for h in keyed.chain(cost).chain(tier).chain(r.spec.matcher.header.as_ref().map(|(h, _)| h)) {
                 if !read_headers.contains(h) {
                     read_headers.push(h.clone());
                 }
@@ -145,10 +211,15 @@ impl RuleSet {
                 _ => unindexed.push(i),
             }
         }
+        let tier_claim = rules.iter().find_map(|r| match r.spec.tiers.as_ref().map(|t| &t.source) {
+            Some(TierSource::Claim(c)) => Some(c.clone()),
+            _ => None,
+        });
         RuleSet {
             rules,
             denies: Vec::new(),
             keys_on_user,
+            tier_claim,
             read_headers,
             reads_method,
             any_needs_user,
@@ -232,34 +303,85 @@ impl Iterator for MergeSorted<'_> {
 impl Rule {
     fn build(spec: RuleSpec, metrics: &Metrics) -> Rule {
         let window = spec.window.as_nanos().min(u64::MAX as u128) as u64;
-        let nominal = Limits { algorithm: spec.algorithm, limit: spec.limit, window, burst: spec.burst };
         let window_secs = crate::limiter::ceil_secs(window).max(1);
         let quoted_name = format!("\"{}\"", spec.name);
-        let policy = format!("{quoted_name};q={};w={window_secs}", spec.limit);
+        let plan = |limit: u64, burst: u64, source: PlanSource| {
+            // A concurrency quota is not per window: the draft's quota unit
+            // says what it counts instead.
+            let policy = if spec.algorithm == crate::limiter::Algorithm::Concurrency {
+                format!("{quoted_name};q={limit};qu=\"concurrent-requests\"")
+            } else {
+                format!("{quoted_name};q={limit};w={window_secs}")
+            };
+            Plan {
+                nominal: Limits { algorithm: spec.algorithm, limit, window, burst },
+                policy_value: http::HeaderValue::from_str(&policy).ok(),
+                policy,
+                limit_value: http::HeaderValue::from(limit),
+                source,
+            }
+        };
+        let own = plan(spec.limit, spec.burst, PlanSource::Rule);
+        let variants = (!spec.overrides.is_empty() || spec.tiers.is_some()).then(|| {
+            let overrides = spec
+                .overrides
+                .iter()
+                .map(|o| (o.key.as_str().into(), plan(o.limit, o.burst, PlanSource::Override(o.key.clone()))))
+                .collect();
+            let tiers = spec.tiers.as_ref().map(|t| Tiers {
+                source: t.source.clone(),
+                by_name: t
+                    .tiers
+                    .iter()
+                    .map(|(name, limit, burst)| {
+                        (name.as_bytes().into(), plan(*limit, *burst, PlanSource::Tier(name.clone())))
+                    })
+                    .collect(),
+                default: plan(t.default.0, t.default.1, PlanSource::DefaultTier),
+            });
+            Box::new(Variants { overrides, tiers })
+        });
         let mut key_prefix = String::with_capacity(spec.name.len() + 1);
         encode(&mut key_prefix, spec.name.as_bytes());
         key_prefix.push('|');
         let counters = metrics.rule_counters(&spec.name);
-        let policy_value = http::HeaderValue::from_str(&policy).ok();
-        let limit_value = http::HeaderValue::from(spec.limit);
-        Rule {
-            spec,
-            nominal,
-            policy,
-            policy_value,
-            limit_value,
-            quoted_name,
-            window_secs,
-            key_prefix,
-            counters,
-            top: None,
+        Rule { spec, plan: own, variants, quoted_name, window_secs, key_prefix, counters, top: None }
+    }
+
+    /// Every set of limits the rule may apply: its own, its overrides', its
+    /// tiers'.
+    pub fn plans(&self) -> impl Iterator<Item = &Plan> {
+        let v = self.variants.as_deref();
+        let overrides = v.into_iter().flat_map(|v| v.overrides.values());
+        let tiers = v.and_then(|v| v.tiers.as_ref()).into_iter().flat_map(|t| t.by_name.values().chain([&t.default]));
+        std::iter::once(&self.plan).chain(overrides).chain(tiers)
+    }
+
+    /// The limits of a request whose bucket key is `key` (as
+    /// [`key`](Self::key) wrote it): its key's override, else its tier's,
+    /// else the rule's own. One hash lookup each, and none for a rule
+    /// without overrides or tiers.
+    pub fn plan_for(&self, key: &str, f: &RequestFacts<'_>) -> &Plan {
+        let Some(v) = self.variants.as_deref() else { return &self.plan };
+        if !v.overrides.is_empty()
+            && let Some(p) = key.get(self.key_prefix.len()..).and_then(|k| v.overrides.get(k))
+        {
+            return p;
         }
+        let Some(t) = &v.tiers else { return &self.plan };
+        let value = match &t.source {
+            TierSource::Header(h) => f.headers.get(h).map(http::HeaderValue::as_bytes),
+            TierSource::Claim(_) => f.tier_claim,
+        };
+        value.and_then(|v| t.by_name.get(v)).unwrap_or(&t.default)
     }
 
     /// Whether the rule reads the user: it keys on it, or `exempt` names
     /// users.
     fn needs_user(&self) -> bool {
-        self.spec.key.contains(&KeyPart::User) || !self.spec.exempt.users.is_empty()
+        self.spec.key.contains(&KeyPart::User)
+            || !self.spec.exempt.users.is_empty()
+            || matches!(self.spec.tiers.as_ref().map(|t| &t.source), Some(TierSource::Claim(_)))
     }
 
     pub fn name(&self) -> &str {
@@ -306,9 +428,15 @@ impl Rule {
         true
     }
 
-    /// The limits of this request, with soft or elastic throttling applied.
+    /// The rule's own limits with soft or elastic throttling applied.
     /// `inflight` is the route's upstream's in-flight count (elastic only).
     pub fn effective_limits(&self, inflight: usize) -> Limits {
+        self.limits_of(&self.plan, inflight)
+    }
+
+    /// `plan`'s limits (one of this rule's) with soft or elastic throttling
+    /// applied.
+    pub fn limits_of(&self, plan: &Plan, inflight: usize) -> Limits {
         let percent = match self.spec.throttle {
             Throttle::Hard => 0,
             Throttle::Soft { percent } => percent,
@@ -321,7 +449,7 @@ impl Rule {
             }
         };
         if percent == 0 {
-            return self.nominal;
+            return plan.nominal;
         }
         // Headroom is rounded up: 10 % of 5 is one more request, not none.
         // Capped where every store still counts exactly.
@@ -329,7 +457,7 @@ impl Rule {
             let extra = n.saturating_mul(u64::from(percent)).div_ceil(100);
             n.saturating_add(extra).min(crate::limiter::MAX_LIMIT)
         };
-        Limits { limit: scale(self.nominal.limit), burst: scale(self.nominal.burst), ..self.nominal }
+        Limits { limit: scale(plan.nominal.limit), burst: scale(plan.nominal.burst), ..plan.nominal }
     }
 
     /// The cost of a request: the fixed cost, or the `cost_header` value
@@ -429,7 +557,8 @@ fn path_fits(pattern: Option<&PathPattern>, path: &str) -> bool {
     }
 }
 
-fn tag(part: &KeyPart) -> &'static str {
+/// The tag of a key part in bucket keys.
+pub(crate) fn tag(part: &KeyPart) -> &'static str {
     match part {
         KeyPart::Ip => "ip",
         KeyPart::User => "user",
@@ -443,7 +572,7 @@ fn tag(part: &KeyPart) -> &'static str {
 }
 
 /// Appends the SHA-256 of `value` as 64 lower-case hex digits.
-fn push_sha256_hex(out: &mut String, value: &[u8]) {
+pub(crate) fn push_sha256_hex(out: &mut String, value: &[u8]) {
     use sha2::Digest as _;
     for b in sha2::Sha256::digest(value) {
         let _ = write!(out, "{b:02x}");
@@ -458,7 +587,7 @@ const MAX_VALUE_BYTES: usize = 128;
 /// Appends `value`, percent-encoding every byte outside a small safe set:
 /// an injective encoding that keeps `|`, `{`, `}` and control bytes out of
 /// keys (the Redis store puts keys inside a `{hash tag}`).
-fn encode(out: &mut String, value: &[u8]) {
+pub(crate) fn encode(out: &mut String, value: &[u8]) {
     if value.len() > MAX_VALUE_BYTES {
         // A fixed-seed hash: every instance must derive the same key.
         let h = foldhash::quality::FixedState::with_seed(0x7011_6a7e).hash_one(value);

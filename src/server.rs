@@ -218,7 +218,10 @@ pub(crate) fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(config.listen.header_read_timeout)
+        // `listen.header_read_timeout` is kept by `IdleIo` (the preface of
+        // an HTTP/2 connection too, which hyper's did not time), without
+        // hyper's timer and allocation per request.
+        .header_read_timeout(None::<Duration>)
         // Room for the request line and the headers: the exact limits are
         // checked by the proxy, which answers them with JSON; hyper's own
         // 431 only catches what does not fit at all.
@@ -246,6 +249,7 @@ async fn serve_proxy(
     let setup = Arc::new(ConnectionSetup {
         builder: connection_builder(config),
         idle_timeout: config.listen.idle_timeout,
+        header_read_timeout: config.listen.header_read_timeout,
         send_timeout: config.listen.send_timeout,
         tunnels,
     });
@@ -317,6 +321,7 @@ async fn serve_proxy(
 struct ConnectionSetup {
     builder: auto::Builder<TokioExecutor>,
     idle_timeout: Duration,
+    header_read_timeout: Duration,
     send_timeout: Duration,
     tunnels: Tunnels,
 }
@@ -363,7 +368,8 @@ async fn serve_connection<IO>(
 {
     let inflight = Inflight::counting_gone(proxy.metrics.client_gone_total.clone());
     let budget = SendBudget::default();
-    let io = IdleIo::new(stream, setup.idle_timeout, setup.send_timeout, inflight.clone(), budget.clone());
+    let io = IdleIo::new(stream, setup.idle_timeout, setup.send_timeout, inflight.clone(), budget.clone())
+        .with_header_timeout(setup.header_read_timeout);
     // What a request of this connection may need besides the proxy: one
     // shared value, so a request clones one `Arc`, not each part.
     let conn = Arc::new(Conn { peer: client, tunnels: setup.tunnels.clone(), slot });

@@ -103,6 +103,11 @@ pub fn answer_client(headers: &mut HeaderMap, protocol: Option<HeaderValue>) {
 pub struct Pending {
     pub client: OnUpgrade,
     pub upstream: OnUpgrade,
+    /// The request's concurrency slots: a tunnel is one request in flight
+    /// until it closes, and holds them that long. Shared only because
+    /// response extensions must be `Clone`; the slots go back when the
+    /// last holder (the tunnel) is dropped.
+    pub held: Option<Arc<crate::store::Held>>,
 }
 
 /// What every tunnel of a server shares.
@@ -146,10 +151,12 @@ impl Pending {
     /// Waits for both sides to switch, then copies bytes both ways until
     /// either side closes, the tunnel is idle for the tunnel idle timeout,
     /// or the server closes its tunnels. `hold` stays alive as long as the
-    /// tunnel does (the client connection's slot and its in-flight mark).
+    /// tunnel does (the client connection's slot and its in-flight mark),
+    /// and so do the request's concurrency slots.
     pub async fn run<H: Send>(self, tunnels: Tunnels, hold: H) {
         let Tunnels { idle_timeout, active, mut closing, running } = tunnels;
-        let (client, upstream) = match tokio::try_join!(self.client, self.upstream) {
+        let Pending { client, upstream, held } = self;
+        let (client, upstream) = match tokio::try_join!(client, upstream) {
             Ok(both) => both,
             Err(e) => {
                 tracing::debug!(error = %e, "a tunnel did not open");
@@ -175,7 +182,7 @@ impl Pending {
             () = closed => {}
         }
         active.dec();
-        drop((client, upstream, hold, running));
+        drop((client, upstream, hold, held, running));
     }
 }
 

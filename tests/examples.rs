@@ -395,6 +395,49 @@ fn explain_shows_route_rules_and_keys() {
     assert!(report.contains("route:   login"), "{report}");
     assert!(report.contains("bucket login-by-ip|ip=2001:db8:1:2::"), "{report}");
     assert!(report.contains("login-by-ip-daily"), "{report}");
+
+    // An export: a rate and a concurrency limit.
+    let out = tollgate(&[
+        "explain",
+        "--config",
+        gateway,
+        "--path",
+        "/api/orders/export",
+        "--header",
+        "x-user-id: 42",
+        "--ip",
+        "203.0.113.7",
+    ]);
+    let report = text(&out.stdout);
+    assert!(report.contains("orders-exports-in-flight"), "{report}");
+    assert!(report.contains("concurrency: at most 2 in flight, slot_ttl 10s"), "{report}");
+}
+
+#[test]
+fn explain_shows_the_gateways_tiers_and_partner_override() {
+    let gateway = "examples/gateway/tollgate.toml";
+    let explain = |headers: &[&str]| {
+        let mut args = vec!["explain", "--config", gateway, "--path", "/api/users/7"];
+        for h in headers {
+            args.extend(["--header", h]);
+        }
+        let out = tollgate(&args);
+        assert!(out.status.success(), "explain failed: {}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let report = explain(&["x-user-id: 7", "x-tier: pro"]);
+    assert!(report.contains("limits of this request: tier \"pro\": 50 per 1s, burst 100"), "{report}");
+    let report = explain(&["x-user-id: 7", "x-tier: enterprise"]);
+    assert!(
+        report.contains("limits of this request: tier default (no tier, or one not listed): 10 per 1s"),
+        "{report}"
+    );
+    // ACME's key, written in the rules file as its SHA-256 only.
+    let report = explain(&["x-user-id: 7", "x-client-type: partner", "x-api-key: sk-partner-acme"]);
+    assert!(report.contains("limits of this request: override api_key="), "{report}");
+    assert!(report.contains(": 1000000 per 86400s"), "{report}");
+    let rules = std::fs::read_to_string(repo().join("examples/gateway/rules/20-users.toml")).expect("read rules");
+    assert!(!rules.contains("sk-partner-acme"), "the example rules hold no API key in clear");
 }
 
 #[test]

@@ -118,6 +118,71 @@ async fn slow_headers_are_cut_off() {
     assert_eq!(statuses(2, || tg.get("/")).await, [200, 200]);
 }
 
+/// Sends `bytes` one at a time, `every` apart, until they run out or the
+/// server closes; then reads until it closes. How long until it did.
+async fn trickle_until_closed(s: &mut TcpStream, bytes: &[u8], every: Duration, limit: Duration) -> Duration {
+    let started = tokio::time::Instant::now();
+    for b in bytes {
+        if s.write_all(&[*b]).await.is_err() {
+            return started.elapsed();
+        }
+        tokio::time::sleep(every).await;
+    }
+    let rest = limit.saturating_sub(started.elapsed());
+    started.elapsed() + time_to_close(s, rest).await
+}
+
+#[tokio::test]
+async fn a_head_trickled_byte_by_byte_is_cut_off_at_header_read_timeout() {
+    let upstream = Upstream::start().await;
+    let cfg = hardened(&upstream, "header_read_timeout = \"400ms\"\n", "");
+    let tg = Tollgate::with(&cfg, &[]).await;
+    // Each byte moves the connection, so the idle timeout never comes: only
+    // the header read timeout bounds it. Over HTTP/1.1, and in the HTTP/2
+    // connection preface (which is read before either protocol takes the
+    // connection).
+    for head in [&b"GET / HTTP/1.1\r\nhost: t\r\nx-a: 1\r\n"[..], b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"] {
+        let mut s = TcpStream::connect(tg.proxy_addr).await.expect("connect");
+        let took = trickle_until_closed(&mut s, head, Duration::from_millis(150), Duration::from_secs(6)).await;
+        let what = String::from_utf8_lossy(head);
+        assert!(took >= Duration::from_millis(350), "{what:?}: closed after {took:?}, before the timeout");
+        assert!(took < Duration::from_millis(1500), "{what:?}: closed after {took:?}, long past the timeout");
+    }
+}
+
+#[tokio::test]
+async fn header_read_timeout_bounds_http1_keep_alive_but_not_an_h2_connection_between_requests() {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let upstream = Upstream::start().await;
+    let cfg = hardened(&upstream, "header_read_timeout = \"300ms\"\nidle_timeout = \"30s\"\n", "");
+    let tg = Tollgate::with(&cfg, &[]).await;
+
+    // HTTP/1.1: the wait for the next request is part of reading its head.
+    let mut s = TcpStream::connect(tg.proxy_addr).await.expect("connect");
+    s.write_all(b"GET / HTTP/1.1\r\nhost: t\r\n\r\n").await.expect("request");
+    let mut buf = vec![0u8; 8192];
+    let n = s.read(&mut buf).await.expect("response");
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    let took = time_to_close(&mut s, Duration::from_secs(5)).await;
+    assert!(took >= Duration::from_millis(250), "closed after {took:?}, before the timeout");
+    assert!(took < Duration::from_secs(2), "closed after {took:?}");
+
+    // HTTP/2: a connection that has sent a request waits for the next one
+    // up to the idle timeout (streams have no head to time).
+    let io = TokioIo::new(TcpStream::connect(tg.proxy_addr).await.expect("connect"));
+    let (mut send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await.expect("h2 handshake");
+    tokio::spawn(conn);
+    for _ in 0..2 {
+        let req = hyper::Request::get(format!("http://{}/", tg.proxy_addr))
+            .body(http_body_util::Empty::<Bytes>::new())
+            .expect("request");
+        let resp = send.send_request(req).await.expect("an h2 request on the open connection");
+        assert_eq!(resp.status(), 200);
+        resp.into_body().collect().await.expect("body");
+        tokio::time::sleep(Duration::from_millis(900)).await;
+    }
+}
+
 #[tokio::test]
 async fn idle_keep_alive_connections_are_closed() {
     let upstream = Upstream::start().await;

@@ -3,6 +3,9 @@
 //! This property test runs both on random sequences of requests, costs and
 //! times against a real `redis-server`, and requires the same decision and
 //! the same `remaining` (and delay, for the leaky bucket) at every step.
+//! The concurrency script is driven through a fixed sequence instead: its
+//! slots also expire, which the limiter (whose slots are given back, never
+//! lost) has no notion of.
 //!
 //! Time is injected: the scripts are run by source with their clock line
 //! (`redis.call('TIME')` in prelude.lua) replaced by the test's instant, in
@@ -147,4 +150,78 @@ fn the_lua_scripts_and_the_limiter_agree() {
             }
         });
     }
+}
+
+/// One call of the concurrency script in `mode` (0 peek, 1 take, 2 give
+/// back, 3 renew) for slot `id` at `now_us`: (allowed, remaining).
+async fn slot_call(
+    client: &Client,
+    source: &str,
+    limit: u64,
+    ttl_us: u64,
+    mode: u8,
+    id: &str,
+    now_us: u64,
+) -> (bool, u64) {
+    let key = "slots:{concurrency}";
+    let args: Vec<Value> = vec![
+        source.into(),
+        1i64.into(),
+        key.into(),
+        1i64.into(),
+        key.into(),
+        format!("{mode}:{limit}:{ttl_us}:{limit}:1").into(),
+        id.into(),
+        ((now_us / 1_000_000) as i64).into(),
+        ((now_us % 1_000_000) as i64).into(),
+    ];
+    let cmd = CustomCommand::new_static("EVAL", ClusterHash::Random, false);
+    let reply: Value = client.custom(cmd, args).await.expect("the script runs");
+    let Value::Array(items) = reply else { panic!("a script answered {reply:?}") };
+    let n: Vec<i64> = items.iter().map(|v| v.as_i64().expect("integers")).collect();
+    (n[0] == 1, n[1] as u64)
+}
+
+/// The concurrency script counts as `src/limiter.rs` does while slots are
+/// held and given back, and on top of it a slot nobody renews expires
+/// exactly `slot_ttl` after it was taken or last renewed (the crash
+/// bound), by the script's clock.
+#[test]
+fn the_concurrency_script_expires_slots_nobody_renews() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let client = runtime.block_on(async {
+        let client = Builder::from_config(Config::from_url(&server.url()).expect("url")).build().expect("client");
+        client.init().await.expect("connects");
+        client
+    });
+    let source = script(Algorithm::Concurrency);
+    const TTL: u64 = 2_000_000;
+    let at = |mode: u8, id: &str, offset_us: u64| {
+        runtime.block_on(slot_call(&client, &source, 2, TTL, mode, id, T0_US + offset_us))
+    };
+    // Taken while free, refused when both are held, as the limiter says.
+    let limits = Limits { algorithm: Algorithm::Concurrency, limit: 2, window: TTL * 1_000, burst: 2 };
+    let mut cell = Cell::default();
+    for id in ["a", "b", "c"] {
+        let (v, next) = evaluate(cell, T0_US * 1_000, &limits, 1);
+        if v.allowed {
+            cell = next;
+        }
+        assert_eq!(at(1, id, 0), (v.allowed, v.remaining), "taking {id}");
+    }
+    assert_eq!(at(0, "peek", TTL - 1), (false, 0), "both still held a microsecond before they expire");
+    // `a` is renewed; `b` is not, and expires at exactly TTL.
+    assert_eq!(at(3, "a", TTL / 2), (true, 0));
+    assert_eq!(at(0, "peek", TTL), (true, 0), "b has expired: one free");
+    assert_eq!(at(1, "c", TTL), (true, 0), "c takes b's slot");
+    assert_eq!(at(3, "b", TTL + 1), (false, 0), "a renewal finds b gone");
+    // Given back: free at once, whatever the time.
+    assert_eq!(at(2, "a", TTL + 2), (true, 0));
+    assert_eq!(at(1, "d", TTL + 2), (true, 0));
+    assert_eq!(at(1, "e", TTL + 3), (false, 0));
+    // c (taken at TTL) and d (at TTL + 2) are never renewed.
+    assert_eq!(at(0, "peek", 2 * TTL - 1), (false, 0), "c and d held");
+    assert_eq!(at(0, "peek", 2 * TTL), (true, 0), "c expired, d still held");
+    assert_eq!(at(0, "peek", 2 * TTL + 2), (true, 1), "both expired");
 }

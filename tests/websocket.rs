@@ -1,7 +1,8 @@
 //! WebSockets through tollgate, with a real client and server (Python's
 //! `websockets` package, installed by scripts/test): messages both ways, the
 //! upgrade counted and refused with 429 over the limit, the tunnel's own
-//! idle timeout and `max_connections` slot, shutdown closing it, and
+//! idle timeout and `max_connections` slot, its concurrency slot held until
+//! it closes, shutdown closing it, and
 //! upgrades that would carry HTTP past the limiter never tunnelled.
 
 mod support;
@@ -223,4 +224,29 @@ async fn an_upstream_that_switches_protocols_unasked_is_a_bad_gateway() {
     let tg = Tollgate::with(&cfg, &[("r.toml", TWO_PER_USER)]).await;
     let head = raw(tg.proxy_addr, "GET /x HTTP/1.1\r\nhost: a\r\nx-user: dan\r\n\r\n").await;
     assert!(head.starts_with("HTTP/1.1 502"), "{head}");
+}
+
+/// A WebSocket is one request in flight until its tunnel closes: under a
+/// concurrency rule it holds its slot that long, and gives it back when it
+/// closes.
+#[tokio::test]
+async fn an_open_tunnel_holds_its_concurrency_slot_until_it_closes() {
+    let (_server, port) = ws_upstream().await;
+    let one = "[[rule]]\nname = \"sockets-open\"\nkey = [\"header:x-user\"]\nalgorithm = \"concurrency\"\nlimit = 1\n";
+    let tg = Tollgate::with(&ws_config(&port, ""), &[("r.toml", one)]).await;
+    let url = format!("ws://{}/chat", tg.proxy_addr);
+
+    let mut open = Peer::spawn(&["client", &url, "send:a", "recv", "wait-close"]);
+    assert_eq!(open.line().await, "open");
+    assert_eq!(open.line().await, "recv a");
+    let mut second = Peer::spawn(&["client", &url]);
+    assert_eq!(second.line().await, "refused 429", "the open tunnel holds the only slot");
+
+    // The client goes away: the tunnel closes and its slot comes back.
+    drop(open);
+    eventually("the closed tunnel's slot to come back", || async {
+        let mut next = Peer::spawn(&["client", &url, "send:b", "recv"]);
+        next.line().await == "open"
+    })
+    .await;
 }

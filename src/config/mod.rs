@@ -13,6 +13,7 @@ mod admin;
 mod error;
 mod log;
 mod machine;
+mod overrides;
 mod raw;
 mod rules_file;
 mod tls;
@@ -33,6 +34,7 @@ pub use crate::normalize::{EncodedSlashes, Normalization};
 pub use admin::AdminConfig;
 pub use error::{ConfigError, ConfigErrors, line_col};
 pub use log::{AccessLogTarget, LogConfig};
+pub use overrides::{OverrideSpec, TierSource, TiersSpec};
 pub use rules_file::{
     ClientSet, Cost, DenySpec, InvalidToken, KeyPart, LoadedRules, MatchSpec, PathPattern, RuleMode, RuleSpec,
     RulesFile, Throttle, load_rules, parse_rules, parse_rules_file, rule_files, rule_files_or_empty,

@@ -179,8 +179,11 @@ pub struct RawRule {
     pub key: Option<Spanned<Vec<Spanned<String>>>>,
     pub algorithm: Option<crate::limiter::Algorithm>,
     pub limit: Spanned<i64>,
-    pub window: Spanned<String>,
+    /// Required, except by `algorithm = "concurrency"`, which has none.
+    pub window: Option<Spanned<String>>,
     pub burst: Option<Spanned<i64>>,
+    /// `algorithm = "concurrency"` only.
+    pub slot_ttl: Option<Spanned<String>>,
     pub mode: Option<super::RuleMode>,
     pub throttle: Option<Spanned<String>>,
     pub soft_percent: Option<Spanned<i64>>,
@@ -192,6 +195,23 @@ pub struct RawRule {
     pub on_error: Option<OnError>,
     pub exempt: Option<Spanned<RawClients>>,
     pub on_invalid_token: Option<super::InvalidToken>,
+    /// `[[rule.override]]`: limits of single keys.
+    #[serde(rename = "override")]
+    pub overrides: Option<Vec<Spanned<RawOverride>>>,
+    /// `"header:NAME"` or `"claim:NAME"`: where a request's tier comes from.
+    pub tier: Option<Spanned<String>>,
+    /// Tier name to a limit (`pro = 1000`) or `{ limit, burst }`.
+    pub tiers: Option<Spanned<std::collections::BTreeMap<String, Spanned<toml::Value>>>>,
+}
+
+/// `[[rule.override]]`: every key optional here, so that a missing one gets
+/// a sentence of ours rather than serde's.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawOverride {
+    pub key: Option<Spanned<String>>,
+    pub limit: Option<Spanned<i64>>,
+    pub burst: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]

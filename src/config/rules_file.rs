@@ -9,6 +9,7 @@ use http::{HeaderName, Method};
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::overrides::{Base, OverrideSpec, TiersSpec};
 use super::raw::{RawRule, RawRulesFile};
 use super::{Config, ConfigError, ConfigErrors, OnError, Validator};
 use crate::limiter::Algorithm;
@@ -162,6 +163,14 @@ pub struct RulesFile {
 /// a denial of service on its own.
 pub const DEFAULT_MAX_COST: u64 = 1000;
 
+/// A concurrency slot's TTL in a shared store when the rule does not say:
+/// how long the slots of an instance that died stay counted.
+pub const DEFAULT_SLOT_TTL: Duration = Duration::from_secs(10);
+/// Slots are renewed several times per TTL; below a second, a Redis pause
+/// or a slow renewal round could let a live request's slot expire.
+const MIN_SLOT_TTL: Duration = Duration::from_secs(1);
+const MAX_SLOT_TTL: Duration = Duration::from_secs(3600);
+
 #[derive(Debug, Clone)]
 pub struct RuleSpec {
     pub name: String,
@@ -172,6 +181,8 @@ pub struct RuleSpec {
     pub key: Vec<KeyPart>,
     pub algorithm: Algorithm,
     pub limit: u64,
+    /// The window; for `algorithm = "concurrency"`, the slot TTL
+    /// (`slot_ttl`), the one duration such a rule has.
     pub window: Duration,
     pub burst: u64,
     pub mode: RuleMode,
@@ -185,6 +196,10 @@ pub struct RuleSpec {
     /// Clients this rule never applies to.
     pub exempt: ClientSet,
     pub on_invalid_token: InvalidToken,
+    /// `[[rule.override]]`: keys with limits of their own.
+    pub overrides: Vec<OverrideSpec>,
+    /// `tier` and `tiers`: limits chosen by the request's tier.
+    pub tiers: Option<TiersSpec>,
 }
 
 /// The files a rules path stands for: itself, or the `*.toml` files in it
@@ -230,7 +245,9 @@ pub fn load_rules(path: &Path, config: &Config) -> Result<LoadedRules, ConfigErr
         let (parsed, mut file_errors) = validate_rules_file(file, &source, config);
         denies.extend(parsed.denies);
         for (rule, span) in parsed.rules {
-            if let Some(first) = specs.iter().find(|s| s.name == rule.name) {
+            if let Some(why) = claim_conflict(specs.iter(), &rule) {
+                file_errors.push(ConfigError::at(file, &source, Some(span), why));
+            } else if let Some(first) = specs.iter().find(|s| s.name == rule.name) {
                 file_errors.push(ConfigError::at(
                     file,
                     &source,
@@ -296,15 +313,38 @@ fn validate_rules_file(file: &Path, source: &str, config: &Config) -> (RulesFile
             continue;
         }
         if let Some(spec) = v.rule(r, line, config) {
+            if let Some(why) = claim_conflict(out.iter().map(|(s, _)| s), &spec) {
+                v.error(name_span, why);
+                continue;
+            }
             out.push((spec, name_span));
         }
     }
     (RulesFile { rules: out, denies }, v.errors)
 }
 
+/// Why `rule` cannot join `earlier`, if it cannot: its tier reads another
+/// JWT claim than theirs. One claim is kept of each verified token, so that
+/// remembering a token costs one more string, not a copy of its claims.
+fn claim_conflict<'a>(mut earlier: impl Iterator<Item = &'a RuleSpec>, rule: &RuleSpec) -> Option<String> {
+    let claim = |s: &RuleSpec| match s.tiers.as_ref().map(|t| &t.source) {
+        Some(super::TierSource::Claim(c)) => Some(c.clone()),
+        _ => None,
+    };
+    let mine = claim(rule)?;
+    let other = earlier.find(|s| claim(s).is_some_and(|c| c != mine))?;
+    Some(format!(
+        "tier \"claim:{mine}\": rule {:?} ({}:{}) reads tiers from claim {:?}, and all rules must read the same claim",
+        other.name,
+        other.source.display(),
+        other.line,
+        claim(other).unwrap_or_default()
+    ))
+}
+
 /// The largest limit or burst: counters and Redis scripts stay well inside
 /// exact integer arithmetic (2^53 in Lua doubles, 2^32 in packed cells).
-const MAX_COUNT: i64 = 1_000_000_000;
+pub(super) const MAX_COUNT: i64 = 1_000_000_000;
 
 impl Validator<'_> {
     /// Addresses/CIDRs, user ids and API keys of a deny entry or exemption.
@@ -327,7 +367,7 @@ impl Validator<'_> {
         ClientSet { nets, users: users.unwrap_or_default(), api_keys: api_keys.unwrap_or_default() }
     }
 
-    fn count(&mut self, value: &Spanned<i64>, what: &str) -> Option<u64> {
+    pub(super) fn count(&mut self, value: &Spanned<i64>, what: &str) -> Option<u64> {
         let n = *value.get_ref();
         if n < 1 {
             self.error(value.span(), format!("{what} must be at least 1, not {n}"));
@@ -366,6 +406,9 @@ impl Validator<'_> {
                 "rule name must be 1 to 128 printable ASCII characters, without quotes or backslashes",
             );
         }
+        let algorithm = r.algorithm.unwrap_or_default();
+        let limit = self.count(&r.limit, "limit");
+        let window = if algorithm == Algorithm::Concurrency { self.concurrency(&r) } else { self.window(&r) };
         let matcher = match r.matcher {
             Some(m) => self.matcher(m.into_inner(), config),
             None => MatchSpec::default(),
@@ -374,19 +417,6 @@ impl Validator<'_> {
             None => vec![KeyPart::Ip],
             Some(parts) => parts.get_ref().iter().filter_map(|p| self.key_part(p)).collect(),
         };
-        let algorithm = r.algorithm.unwrap_or_default();
-        let limit = self.count(&r.limit, "limit");
-        let window = self.duration(&r.window, "window");
-        if let Some(w) = window
-            && w < Duration::from_millis(1)
-        {
-            self.error(r.window.span(), "window must be at least 1ms");
-        }
-        if let Some(w) = window
-            && w > Duration::from_nanos(crate::limiter::MAX_WINDOW)
-        {
-            self.error(r.window.span(), "window must be at most 366d");
-        }
         let burst = match &r.burst {
             Some(b) => self.count(b, "burst"),
             None => limit,
@@ -460,6 +490,20 @@ impl Validator<'_> {
             }
             (Cost::Header(_), None) => capacity.unwrap_or(1).min(DEFAULT_MAX_COST),
         };
+        let (mut overrides, mut tiers) = (Vec::new(), None);
+        if let (Some(limit), Some(burst)) = (limit, burst) {
+            let base = Base {
+                name: &name,
+                key: &key,
+                algorithm,
+                limit,
+                burst,
+                cost: &cost,
+                max_cost: r.max_cost.is_some().then_some(max_cost),
+            };
+            overrides = self.overrides(r.overrides.unwrap_or_default(), &base);
+            tiers = self.tiers(r.tier.as_ref(), r.tiers.as_ref(), &base, config.client.jwt.is_some());
+        }
         if self.errors.len() > errors_before {
             return None;
         }
@@ -480,7 +524,56 @@ impl Validator<'_> {
             on_error: r.on_error,
             exempt,
             on_invalid_token: r.on_invalid_token.unwrap_or_default(),
+            overrides,
+            tiers,
         })
+    }
+
+    /// A rate rule's `window`: required, 1ms to 366d; `slot_ttl` is not
+    /// one of its keys.
+    fn window(&mut self, r: &RawRule) -> Option<Duration> {
+        if let Some(t) = &r.slot_ttl {
+            self.error(t.span(), "slot_ttl applies to algorithm = \"concurrency\" only");
+        }
+        let Some(raw) = &r.window else {
+            self.error(r.name.span(), "window is required (only algorithm = \"concurrency\" has none)");
+            return None;
+        };
+        let w = self.duration(raw, "window")?;
+        if w < Duration::from_millis(1) {
+            self.error(raw.span(), "window must be at least 1ms");
+        }
+        if w > Duration::from_nanos(crate::limiter::MAX_WINDOW) {
+            self.error(raw.span(), "window must be at most 366d");
+        }
+        Some(w)
+    }
+
+    /// A concurrency rule's slot TTL, which stands in its `window`: keys
+    /// that mean nothing for requests in flight are refused rather than
+    /// silently ignored.
+    fn concurrency(&mut self, r: &RawRule) -> Option<Duration> {
+        if let Some(w) = &r.window {
+            self.error(
+                w.span(),
+                "a concurrency rule has no window: it counts requests in flight (slot_ttl bounds how long a crashed instance's slots stay counted)",
+            );
+        }
+        if let Some(b) = &r.burst {
+            self.error(b.span(), "a concurrency rule has no burst: limit is the number of requests in flight");
+        }
+        if let Some(c) = &r.cost {
+            self.error(c.span(), "a concurrency rule has no cost: every request in flight holds one slot");
+        }
+        if let Some(c) = &r.cost_header {
+            self.error(c.span(), "a concurrency rule has no cost_header: every request in flight holds one slot");
+        }
+        let Some(raw) = &r.slot_ttl else { return Some(DEFAULT_SLOT_TTL) };
+        let ttl = self.duration(raw, "slot_ttl")?;
+        if !(MIN_SLOT_TTL..=MAX_SLOT_TTL).contains(&ttl) {
+            self.error(raw.span(), "slot_ttl must be between 1s and 1h");
+        }
+        Some(ttl)
     }
 
     fn matcher(&mut self, m: super::raw::RawMatch, config: &Config) -> MatchSpec {

@@ -259,13 +259,13 @@ fn unknown_key_at_the_top_level() {
     assert_eq!(
         errors("[listen]\nproxy = \"0.0.0.0:8080\"\n\n[limits]\nx = 1\n"),
         [
-            "t.toml:4:2: unknown field `limits`, expected one of `listen`, `rules`, `store`, `client`, `upstream`, `route`, `log`"
+            "t.toml:4:2: unknown field `limits`, expected one of `listen`, `rules`, `store`, `client`, `upstream`, `route`, `log`, `admin`"
         ]
     );
     assert_eq!(
         errors("verbose = true\n"),
         [
-            "t.toml:1:1: unknown field `verbose`, expected one of `listen`, `rules`, `store`, `client`, `upstream`, `route`, `log`"
+            "t.toml:1:1: unknown field `verbose`, expected one of `listen`, `rules`, `store`, `client`, `upstream`, `route`, `log`, `admin`"
         ]
     );
 }
@@ -899,7 +899,7 @@ fn unknown_algorithm_mode_and_on_error() {
     assert_eq!(
         rule_errors(&with("algorithm = \"gcra\"\n")),
         [
-            "r.toml:5:13: unknown variant `gcra`, expected one of `token_bucket`, `leaky_bucket`, `fixed_window`, `sliding_window_log`, `sliding_window_counter`"
+            "r.toml:5:13: unknown variant `gcra`, expected one of `token_bucket`, `leaky_bucket`, `fixed_window`, `sliding_window_log`, `sliding_window_counter`, `concurrency`"
         ]
     );
     assert_eq!(
@@ -990,7 +990,7 @@ fn unknown_keys_in_a_rule_and_in_match() {
     assert_eq!(
         rule_errors(&with("  burts = 10\n")),
         [
-            "r.toml:5:3: unknown field `burts`, expected one of `name`, `match`, `key`, `algorithm`, `limit`, `window`, `burst`, `mode`, `throttle`, `soft_percent`, `elastic_percent`, `elastic_when_inflight_below`, `cost`, `cost_header`, `max_cost`, `on_error`, `exempt`, `on_invalid_token`"
+            "r.toml:5:3: unknown field `burts`, expected one of `name`, `match`, `key`, `algorithm`, `limit`, `window`, `burst`, `slot_ttl`, `mode`, `throttle`, `soft_percent`, `elastic_percent`, `elastic_when_inflight_below`, `cost`, `cost_header`, `max_cost`, `on_error`, `exempt`, `on_invalid_token`, `override`, `tier`, `tiers`"
         ]
     );
     assert_eq!(
@@ -1184,7 +1184,7 @@ fn errors_from_several_files_are_all_reported() {
         [
             format!("{}:3:9: limit must be at least 1, not 0", d.join("a.toml").display()),
             format!(
-                "{}:5:13: unknown variant `nope`, expected one of `token_bucket`, `leaky_bucket`, `fixed_window`, `sliding_window_log`, `sliding_window_counter`",
+                "{}:5:13: unknown variant `nope`, expected one of `token_bucket`, `leaky_bucket`, `fixed_window`, `sliding_window_log`, `sliding_window_counter`, `concurrency`",
                 d.join("c.toml").display()
             ),
         ]
@@ -1320,5 +1320,58 @@ fn body_and_send_timeouts_and_buffer_body() {
     assert_eq!(
         errors("[listen]\nsend_timeout = \"0s\"\n"),
         ["t.toml:2:16: listen.send_timeout must be longer than zero"]
+    );
+}
+
+#[test]
+fn a_concurrency_rule_has_a_slot_ttl_instead_of_a_window() {
+    let r = rules(
+        r#"
+[[rule]]
+name = "reports"
+key = ["user"]
+algorithm = "concurrency"
+limit = 4
+
+[[rule]]
+name = "exports"
+algorithm = "concurrency"
+limit = 2
+slot_ttl = "3s"
+"#,
+    );
+    assert_eq!((r[0].algorithm, r[0].limit, r[0].window), (Algorithm::Concurrency, 4, 10 * SEC));
+    assert_eq!(r[1].window, 3 * SEC);
+}
+
+#[test]
+fn concurrency_rules_refuse_what_means_nothing_in_flight() {
+    let errors = rule_errors(
+        r#"[[rule]]
+name = "c"
+algorithm = "concurrency"
+limit = 4
+window = "1m"
+burst = 8
+cost = 2
+slot_ttl = "100ms"
+"#,
+    );
+    assert_eq!(
+        errors,
+        [
+            "r.toml:5:10: a concurrency rule has no window: it counts requests in flight (slot_ttl bounds how long a crashed instance's slots stay counted)",
+            "r.toml:6:9: a concurrency rule has no burst: limit is the number of requests in flight",
+            "r.toml:7:8: a concurrency rule has no cost: every request in flight holds one slot",
+            "r.toml:8:12: slot_ttl must be between 1s and 1h",
+        ]
+    );
+    let errors = rule_errors("[[rule]]\nname = \"r\"\nlimit = 4\nslot_ttl = \"5s\"\n");
+    assert_eq!(
+        errors,
+        [
+            "r.toml:2:8: window is required (only algorithm = \"concurrency\" has none)",
+            "r.toml:4:12: slot_ttl applies to algorithm = \"concurrency\" only",
+        ]
     );
 }

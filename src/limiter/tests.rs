@@ -1211,3 +1211,82 @@ fn windows_past_the_bound_do_not_overflow() {
     let admitted = (0..6).filter(|_| evaluate_log(&mut log, T0, &limits, 1, true).allowed).count();
     assert_eq!(admitted, 5);
 }
+
+// ---------------------------------------------------------------------------
+// Limits that change on a key (an override or a tier): the counter stays.
+// The token bucket's case is `token_bucket_changing_limits_keeps_the_count`.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_lowered_leaky_bucket_still_drains_its_queue() {
+    // Requests already queued wait their turn: the queue is not cut short.
+    let fast = lb(100, 1000, 100);
+    let slow = lb(10, 1000, 10);
+    let mut cell = Cell::default();
+    hit_n(&mut cell, T0, &fast, 50);
+    let v = hit(&mut cell, T0, &slow, 1);
+    assert!(!v.allowed);
+    // 50 queued drain at the new 10/s to 9 queued: 4.1 s.
+    assert_eq!(v.retry_after, 4_100 * MS);
+}
+
+#[test]
+fn a_window_counted_under_other_limits_counts_against_the_new_ones() {
+    for (high, low) in [(fw(100, 60_000), fw(5, 60_000)), (swc(100, 60_000), swc(5, 60_000))] {
+        let mut cell = Cell::default();
+        hit_n(&mut cell, T0, &high, 7);
+        assert!(!hit(&mut cell, T0, &low, 1).allowed, "{:?}: 7 counted, limit 5", low.algorithm);
+        assert_eq!(peek(cell, T0, &high, 1).remaining, 92, "{:?}", high.algorithm);
+    }
+    let mut log = Log::new();
+    for _ in 0..7 {
+        assert!(evaluate_log(&mut log, T0, &swl(100, 60_000), 1, true).allowed);
+    }
+    assert!(!evaluate_log(&mut log, T0, &swl(5, 60_000), 1, false).allowed);
+}
+
+// ---------------------------------------------------------------------------
+// Concurrency
+// ---------------------------------------------------------------------------
+
+fn cc(limit: u64) -> Limits {
+    lim(Algorithm::Concurrency, limit, 10_000, limit)
+}
+
+#[test]
+fn concurrency_admits_up_to_its_limit_in_flight_whatever_the_time() {
+    let limits = cc(3);
+    let mut cell = Cell::default();
+    for (i, now) in [T0, T0, T0 + 3_600 * SEC].into_iter().enumerate() {
+        let (v, next) = evaluate(cell, now, &limits, 1);
+        assert!(v.allowed, "request {i}");
+        assert_eq!(v.remaining, 2 - i as u64);
+        // Slots left: reset now; none left: the same hint as Retry-After.
+        assert_eq!(v.reset_after, if i == 2 { CONCURRENCY_RETRY } else { 0 });
+        assert_eq!(next.t, HELD, "a held cell is never idle");
+        cell = next;
+    }
+    // Time does not free a slot; only a release does.
+    let (v, same) = evaluate(cell, T0 + 86_400 * SEC, &limits, 1);
+    assert_eq!(
+        v,
+        Verdict {
+            allowed: false,
+            remaining: 0,
+            reset_after: CONCURRENCY_RETRY,
+            retry_after: CONCURRENCY_RETRY,
+            delay: 0
+        }
+    );
+    assert_eq!(same, cell);
+    let cell = release(cell, 1).expect("two still held");
+    assert!(evaluate(cell, T0, &limits, 1).0.allowed);
+}
+
+#[test]
+fn concurrency_release_forgets_the_cell_at_zero() {
+    let (_, one) = evaluate(Cell::default(), T0, &cc(5), 1);
+    assert_eq!(release(one, 1), None);
+    // A release of a cell that is gone (or already at zero) never wraps.
+    assert_eq!(release(Cell { t: HELD, v: 0 }, 1), None);
+}

@@ -54,6 +54,7 @@ struct Req {
     client: IpAddr,
     user_header: HeaderName,
     api_key_header: HeaderName,
+    tier_claim: Option<String>,
 }
 
 fn req(method: Method, path: &str) -> Req {
@@ -67,6 +68,7 @@ fn req(method: Method, path: &str) -> Req {
         client: "1.2.3.4".parse().expect("ip"),
         user_header: HeaderName::from_static("x-user-id"),
         api_key_header: HeaderName::from_static("x-api-key"),
+        tier_claim: None,
     }
 }
 
@@ -111,6 +113,7 @@ impl Req {
             client_ip: self.client,
             user: self.headers.get(&self.user_header).map(|v| v.as_bytes()),
             api_key: self.headers.get(&self.api_key_header).map(|v| v.as_bytes()),
+            tier_claim: self.tier_claim.as_deref().map(str::as_bytes),
         }
     }
 }
@@ -272,7 +275,7 @@ fn a_thousand_rules_compile_and_match() {
     let s = set(&src);
     assert_eq!(s.rules.len(), 1001);
     assert_eq!(s.rules[999].spec.limit, 1000);
-    assert_eq!(s.rules[999].policy, "\"svc-999\";q=1000;w=1");
+    assert_eq!(s.rules[999].plan.policy, "\"svc-999\";q=1000;w=1");
 
     assert_eq!(matched(&s, &get("/svc/500/x")), ["svc-500"]);
     assert!(matched(&s, &req(Method::POST, "/svc/500/x")).is_empty(), "rule 500 is GET only");
@@ -458,7 +461,7 @@ fn rule_names_with_special_characters() {
     let rule = &s.rules[0];
     assert_eq!(rule.name(), "a|b {c} 100% x=y");
     assert_eq!(rule.quoted_name, "\"a|b {c} 100% x=y\"");
-    assert_eq!(rule.policy, "\"a|b {c} 100% x=y\";q=5;w=1");
+    assert_eq!(rule.plan.policy, "\"a|b {c} 100% x=y\";q=5;w=1");
     assert_eq!(key(&s, &get("/").user("u")), "a%7Cb%20%7Bc%7D%20100%25%20x%3Dy|user=u");
 
     // Rule "x" keyed on user "y|user=z" and a rule named "x|user=y" keyed on
@@ -499,15 +502,18 @@ limit = 3
 window = "1500ms"
 "#);
     let [login, fast, odd] = &s.rules[..] else { panic!("three rules") };
-    assert_eq!(login.policy, "\"login-by-ip\";q=5;w=60");
+    assert_eq!(login.plan.policy, "\"login-by-ip\";q=5;w=60");
     assert_eq!(login.quoted_name, "\"login-by-ip\"");
     assert_eq!(login.window_secs, 60);
-    assert_eq!(login.nominal, Limits { algorithm: Algorithm::SlidingWindowLog, limit: 5, window: 60 * SEC, burst: 5 });
-    assert_eq!(fast.policy, "\"fast\";q=10;w=1");
+    assert_eq!(
+        login.plan.nominal,
+        Limits { algorithm: Algorithm::SlidingWindowLog, limit: 5, window: 60 * SEC, burst: 5 }
+    );
+    assert_eq!(fast.plan.policy, "\"fast\";q=10;w=1");
     assert_eq!(fast.window_secs, 1);
-    assert_eq!(fast.nominal, Limits { algorithm: Algorithm::TokenBucket, limit: 10, window: SEC / 4, burst: 20 });
+    assert_eq!(fast.plan.nominal, Limits { algorithm: Algorithm::TokenBucket, limit: 10, window: SEC / 4, burst: 20 });
     assert_eq!(odd.window_secs, 2, "whole seconds, rounded up");
-    assert_eq!(odd.policy, "\"odd\";q=3;w=2");
+    assert_eq!(odd.plan.policy, "\"odd\";q=3;w=2");
     assert!(login.enforced());
     assert_eq!(s.files, [std::path::PathBuf::from("r.toml")]);
     // The longest idle horizon, doubled: the log's 60 s window.
@@ -539,9 +545,9 @@ fn limits(l: &Limits) -> (u64, u64) {
 fn hard_limits_are_the_nominal_ones() {
     let s = one("burst = 20\n");
     let r = &s.rules[0];
-    assert_eq!(r.effective_limits(0), r.nominal);
-    assert_eq!(r.effective_limits(1_000_000), r.nominal);
-    assert_eq!(limits(&r.nominal), (10, 20));
+    assert_eq!(r.effective_limits(0), r.plan.nominal);
+    assert_eq!(r.effective_limits(1_000_000), r.plan.nominal);
+    assert_eq!(limits(&r.plan.nominal), (10, 20));
 }
 
 #[test]
@@ -583,7 +589,7 @@ fn elastic_limits_depend_on_the_upstreams_load() {
     assert_eq!(limits(&r.effective_limits(99)), (15, 15), "below the threshold");
     assert_eq!(limits(&r.effective_limits(100)), (10, 10), "at the threshold");
     assert_eq!(limits(&r.effective_limits(101)), (10, 10));
-    assert_eq!(r.effective_limits(100), r.nominal);
+    assert_eq!(r.effective_limits(100), r.plan.nominal);
 }
 
 fn cost_rule(extra: &str) -> RuleSet {
@@ -911,3 +917,5 @@ fn the_user_and_api_key_are_read_only_when_something_reads_them() {
     assert!(one("key = [\"ip\"]\nexempt = { api_keys = [\"k\"] }\n").any_reads_api_key);
     assert!(one("key = [\"ip\"]\nexempt = { users = [\"u\"] }\n").any_needs_user);
 }
+
+mod plans;

@@ -20,6 +20,11 @@
 //! periodically: a key untouched for longer than the longest
 //! [`Limits::idle_horizon`] of the active rules is equivalent to a fresh one.
 //!
+//! A concurrency key is a cell counting its requests in flight: a request
+//! it admits holds [`Slots`], which give the slot back when dropped, and
+//! the cell is removed when its count returns to zero. Its `t` is
+//! [`limiter::HELD`], so a sweep never takes it while slots are held.
+//!
 //! Keys are chosen by clients (a user header, a path, a query parameter), so
 //! the store is also bounded in size: `[store] max_keys`, split evenly over
 //! the shards. A shard that is full when a new key arrives forgets its keys
@@ -32,7 +37,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use prometheus::IntCounter;
 
@@ -44,7 +49,9 @@ const SHARDS: usize = 64;
 
 /// The in-memory [`Store`].
 pub struct MemoryStore {
-    shards: Box<[Mutex<Shard>]>,
+    /// Shared with the [`Slots`] of requests in flight, which give their
+    /// concurrency slots back from wherever they are dropped.
+    shards: Arc<[Mutex<Shard>]>,
     hasher: foldhash::quality::RandomState,
     clock: SharedClock,
     idle_horizon: AtomicU64,
@@ -123,7 +130,8 @@ impl MemoryStore {
     ///
     /// Unbounded until [`MemoryStore::bounded`] says otherwise.
     pub fn new(clock: SharedClock) -> Self {
-        let shards = (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect();
+        let shards: Vec<Mutex<Shard>> = (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect();
+        let shards = shards.into();
         let epoch = clock.now();
         MemoryStore {
             shards,
@@ -191,8 +199,14 @@ impl MemoryStore {
     /// window. A rule whose algorithm or window changes on reload starts
     /// from a fresh state instead of reading the old one with the new
     /// arithmetic (a token bucket's level is no fixed window's count).
+    ///
+    /// A concurrency rule's window is its slot TTL, which does not change
+    /// what its count means: a reload that changes it keeps counting the
+    /// requests already in flight.
     fn hash_of(&self, check: &Check<'_>) -> u64 {
-        self.hasher.hash_one((check.key, check.limits.algorithm, check.limits.window))
+        let limits = &check.limits;
+        let window = if limits.algorithm.holds() { 0 } else { limits.window };
+        self.hasher.hash_one((check.key, limits.algorithm, window))
     }
 
     fn shard_of(hash: u64) -> usize {
@@ -201,15 +215,30 @@ impl MemoryStore {
         (hash >> 40) as usize & (SHARDS - 1)
     }
 
-    /// Decides `checks` synchronously; the `Store` impl wraps this.
+    /// Decides `checks` synchronously; the `Store` impl wraps this. A
+    /// concurrency slot it takes is given back at once (see
+    /// [`MemoryStore::check_holding`] for callers with a request to hold
+    /// it for).
     pub fn check_now(&self, checks: &[Check<'_>], mode: Mode) -> Vec<Verdict> {
+        self.check_holding(checks, mode).0
+    }
+
+    /// Decides `checks` synchronously, and answers the concurrency slots
+    /// the request now holds: `Some` only when it was admitted with a
+    /// concurrency check, given back when dropped.
+    pub fn check_holding(&self, checks: &[Check<'_>], mode: Mode) -> (Vec<Verdict>, Option<Slots>) {
         let ctx = self.ctx();
+        let commit = mode == Mode::Consume;
         if let [one] = checks {
             // The common case: one rule, one lock, no bookkeeping.
             let hash = self.hash_of(one);
-            let mut shard = lock(&self.shards[Self::shard_of(hash)]);
-            let commit = mode == Mode::Consume;
-            return vec![decide(&mut shard, hash, one, &ctx, commit)];
+            let v = {
+                let mut shard = lock(&self.shards[Self::shard_of(hash)]);
+                decide(&mut shard, hash, one, &ctx, commit)
+            };
+            let held =
+                (commit && v.allowed && one.limits.algorithm.holds()).then(|| self.slots(vec![(hash, one.cost)]));
+            return (vec![v], held);
         }
 
         let hashes: Vec<u64> = checks.iter().map(|c| self.hash_of(c)).collect();
@@ -234,15 +263,50 @@ impl MemoryStore {
             .map(|((c, &h), &g)| decide(&mut guards[g].1, h, c, &ctx, false))
             .collect();
         let admitted = checks.iter().zip(&verdicts).all(|(c, v)| v.allowed || !c.enforced);
-        if mode == Mode::Consume && admitted {
+        let mut held = Vec::new();
+        if commit && admitted {
             // Second pass, same locks still held: write what was admitted.
             for ((c, &h), (&g, v)) in checks.iter().zip(&hashes).zip(slots.iter().zip(&verdicts)) {
                 if v.allowed {
                     decide(&mut guards[g].1, h, c, &ctx, true);
+                    if c.limits.algorithm.holds() {
+                        held.push((h, c.cost));
+                    }
                 }
             }
         }
-        verdicts
+        drop(guards);
+        let held = (!held.is_empty()).then(|| self.slots(held));
+        (verdicts, held)
+    }
+
+    fn slots(&self, held: Vec<(u64, u64)>) -> Slots {
+        Slots { shards: self.shards.clone(), held }
+    }
+}
+
+/// Concurrency slots a request holds in a [`MemoryStore`] (map key and
+/// count of each): given back when dropped, whatever ended the request.
+pub struct Slots {
+    shards: Arc<[Mutex<Shard>]>,
+    held: Vec<(u64, u64)>,
+}
+
+impl Drop for Slots {
+    fn drop(&mut self) {
+        for &(hash, cost) in &self.held {
+            let mut shard = lock(&self.shards[MemoryStore::shard_of(hash)]);
+            // Gone only if the shard was full and forgot it (see
+            // `make_room`): nothing left to give back.
+            if let Some(entry) = shard.cells.get_mut(&hash) {
+                match limiter::release(entry.0, cost) {
+                    Some(cell) => entry.0 = cell,
+                    None => {
+                        shard.cells.remove(&hash);
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -286,8 +350,15 @@ fn decide(shard: &mut Shard, hash: u64, check: &Check<'_>, ctx: &Ctx<'_>, commit
 }
 
 impl Meta {
+    /// A key with requests in flight: never fresh, fully used, so the last
+    /// to be forgotten (forgetting it would admit more than its limit).
+    const HELD: Meta = Meta { fresh_at: u32::MAX, used: u16::MAX };
+
     /// The eviction facts of a key just admitted with `verdict`.
     fn after(verdict: &Verdict, limits: &Limits, ctx: &Ctx<'_>) -> Meta {
+        if limits.algorithm.holds() {
+            return Meta::HELD;
+        }
         let capacity = limits.capacity().max(1) as u128;
         let used = capacity.saturating_sub(verdict.remaining as u128) * u16::MAX as u128 / capacity;
         let fresh_at = secs_since(ctx.store.epoch, ctx.now.saturating_add(verdict.reset_after)).saturating_add(1);
@@ -537,6 +608,77 @@ mod tests {
         for k in &busy {
             assert_eq!(admitted(&s, &check(k, Algorithm::TokenBucket, 10, true), 3), 1, "{k} was forgotten");
         }
+    }
+
+    fn slot(key: &str, limit: u64) -> Check<'_> {
+        check(key, Algorithm::Concurrency, limit, true)
+    }
+
+    #[test]
+    fn a_concurrency_slot_is_held_until_dropped() {
+        let (s, clock) = store();
+        let c = slot("k", 2);
+        let (v1, a) = s.check_holding(std::slice::from_ref(&c), Mode::Consume);
+        let (v2, b) = s.check_holding(std::slice::from_ref(&c), Mode::Consume);
+        assert_eq!((v1[0].remaining, v2[0].remaining), (1, 0));
+        let (v3, none) = s.check_holding(std::slice::from_ref(&c), Mode::Consume);
+        assert!(!v3[0].allowed && none.is_none(), "a refused request holds nothing");
+        // Time and sweeps do not free a held slot.
+        s.set_idle_horizon(NANOS_PER_SEC);
+        clock.advance(Duration::from_secs(3600));
+        s.sweep();
+        assert!(!s.check_now(std::slice::from_ref(&c), Mode::Peek)[0].allowed);
+        drop(a);
+        assert!(s.check_now(std::slice::from_ref(&c), Mode::Peek)[0].allowed, "dropped: its slot is back");
+        drop(b);
+        assert!(s.is_empty(), "no slot held: the key is forgotten");
+    }
+
+    #[test]
+    fn check_now_gives_a_slot_back_at_once() {
+        let (s, _) = store();
+        let c = slot("k", 1);
+        for _ in 0..3 {
+            assert!(s.check_now(std::slice::from_ref(&c), Mode::Consume)[0].allowed);
+        }
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn a_request_another_rule_rejects_takes_no_slot() {
+        let (s, _) = store();
+        let narrow = check("narrow", Algorithm::FixedWindow, 1, true);
+        let both = [slot("k", 1), narrow.clone()];
+        let (v, held) = s.check_holding(&both, Mode::Consume);
+        assert!(v.iter().all(|v| v.allowed));
+        assert!(held.is_some());
+        drop(held);
+        // The fixed window now rejects: the slot must stay free.
+        let (v, held) = s.check_holding(&both, Mode::Consume);
+        assert!(v[0].allowed && !v[1].allowed && held.is_none());
+        let (v, held) = s.check_holding(&[slot("k", 1)], Mode::Consume);
+        assert!(v[0].allowed && held.is_some(), "the rejected request left the slot free");
+    }
+
+    #[test]
+    fn held_slots_are_the_last_keys_forgotten() {
+        let (s, _) = store();
+        let s = s.bounded(SHARDS * 8, None);
+        let held: Vec<_> = (0..64)
+            .map(|i| {
+                let k = format!("slot{i}");
+                s.check_holding(&[slot(&k, 1)], Mode::Consume).1.expect("admitted")
+            })
+            .collect();
+        for i in 0..SHARDS * 8 * 4 {
+            let k = format!("new{i}");
+            s.check_now(&[check(&k, Algorithm::FixedWindow, 10, true)], Mode::Consume);
+        }
+        for i in 0..64 {
+            let k = format!("slot{i}");
+            assert!(!s.check_now(&[slot(&k, 1)], Mode::Peek)[0].allowed, "{k} was forgotten while held");
+        }
+        drop(held);
     }
 
     #[test]

@@ -12,6 +12,12 @@
 //!
 //! The backend is chosen at start-up from `[store] backend`; [`AnyStore`]
 //! dispatches to it without boxing a future per request.
+//!
+//! A concurrency rule's check takes a slot that its request holds until it
+//! ends: [`AnyStore::check_holding`] answers the [`Held`] slots with the
+//! verdicts, and dropping them gives the slots back, whatever ended the
+//! request. A caller of [`Store::check`] has no request to hold a slot
+//! for: it is given back at once.
 
 pub mod memory;
 pub mod redis;
@@ -89,6 +95,14 @@ pub trait Store: Send + Sync + 'static {
     fn set_idle_horizon(&self, _horizon: crate::limiter::Nanos) {}
 }
 
+/// Concurrency slots a request holds until it ends: given back when
+/// dropped (see `memory::Slots` and `redis::Slots`). Only a request
+/// admitted under a concurrency rule holds any.
+pub enum Held {
+    Memory(memory::Slots),
+    Redis(redis::Slots),
+}
+
 /// The store the server runs with, chosen by `[store] backend`.
 ///
 /// An enum rather than `Box<dyn Store>`: `Store::check` returns an
@@ -110,8 +124,35 @@ impl AnyStore {
         }
     }
 
+    /// [`Store::check`] for a request that holds the concurrency slots it
+    /// takes until it ends.
+    pub async fn check_holding(&self, checks: &[Check<'_>], mode: Mode) -> (Vec<Answer>, Option<Held>) {
+        match self {
+            AnyStore::Memory(s) => {
+                let (verdicts, held) = s.check_holding(checks, mode);
+                (verdicts.into_iter().map(Ok).collect(), held.map(Held::Memory))
+            }
+            AnyStore::Redis(s) => {
+                let (answers, held) = s.check_holding(checks, mode).await;
+                (answers, held.map(Held::Redis))
+            }
+        }
+    }
+
+    /// [`AnyStore::check_local`] for a request that holds the concurrency
+    /// slots it takes until it ends.
+    pub fn check_local_holding(&self, checks: &[Check<'_>], mode: Mode) -> Option<(Vec<Verdict>, Option<Held>)> {
+        match self {
+            AnyStore::Memory(_) => None,
+            AnyStore::Redis(s) => {
+                let (verdicts, held) = s.check_local_holding(checks, mode);
+                Some((verdicts, held.map(Held::Memory)))
+            }
+        }
+    }
+
     /// Hands back what this process holds of the shared store (leased
-    /// quota); the server calls it after draining.
+    /// quota, concurrency slots); the server calls it after draining.
     pub async fn close(&self) {
         if let AnyStore::Redis(s) = self {
             s.close().await;

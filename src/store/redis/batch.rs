@@ -51,7 +51,7 @@ const SLOTS: usize = 16_384;
 /// checks (6.6 against 8.2 in the cluster).
 const IN_FLIGHT: usize = 4;
 
-const ALGORITHMS: usize = 5;
+const ALGORITHMS: usize = scripts::ALGORITHMS;
 
 /// The queues of checks waiting for a call, per node and algorithm.
 pub(super) struct Batcher {

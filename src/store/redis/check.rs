@@ -8,13 +8,20 @@ use std::time::Instant;
 
 use super::call::Failure;
 use super::scripts::{self, LeaseArgs, Reply, ScriptMode, redis_key};
-use super::{Shared, cache};
+use super::{Shared, Slots, cache};
 use crate::config::OnError;
 use crate::limiter::Verdict;
 use crate::store::{Answer, Check, Mode, StoreError};
 
 impl Shared {
-    pub(super) async fn check(self: &Arc<Self>, checks: &[Check<'_>], mode: Mode) -> Vec<Answer> {
+    /// Decides `checks`; answers the concurrency slots an admitted request
+    /// now holds (in Redis, and in the fallback for `local` rules Redis
+    /// could not decide), which the caller keeps until the request ends.
+    pub(super) async fn check_holding(
+        self: &Arc<Self>,
+        checks: &[Check<'_>],
+        mode: Mode,
+    ) -> (Vec<Answer>, Option<Slots>) {
         let started = Instant::now();
         let deadline = started + self.timeout;
         let keys: Vec<String> = checks.iter().map(|c| redis_key(&self.key_prefix, c.key, c.limits.algorithm)).collect();
@@ -25,7 +32,7 @@ impl Shared {
             match self.answer_from_cache(checks, &keys, started) {
                 Ok(verdicts) => {
                     self.metrics.local_cache_hits_total.inc();
-                    return verdicts.into_iter().map(Ok).collect();
+                    return (verdicts.into_iter().map(Ok).collect(), None);
                 }
                 Err(p) => probes = p,
             }
@@ -38,17 +45,17 @@ impl Shared {
             }
             if local.iter().all(Option::is_some) {
                 self.metrics.lease_hits_total.inc();
-                return local.into_iter().flatten().map(Ok).collect();
+                return (local.into_iter().flatten().map(Ok).collect(), None);
             }
         }
         let degraded = self.health.is_degraded();
 
         let script_mode = if consume { ScriptMode::Consume } else { ScriptMode::Peek };
-        // Sliding window log entries are named by request, so a refund
-        // removes exactly this request's entries.
+        // Sliding window log entries and concurrency slots are named by
+        // request, so a refund removes exactly this request's entry.
         let ids: Vec<String> = checks
             .iter()
-            .map(|c| if c.limits.algorithm.uses_log() { self.ids.next() } else { String::new() })
+            .map(|c| if c.limits.algorithm.names_requests() { self.ids.next() } else { String::new() })
             .collect();
         let asked: Vec<usize> = (0..checks.len()).filter(|&i| local[i].is_none()).collect();
         let wants: Vec<LeaseArgs> = asked
@@ -136,24 +143,30 @@ impl Shared {
         let mut rejected = false;
         for (i, ((c, key), answer)) in checks.iter().zip(&keys).zip(&answers).enumerate() {
             let Ok(v) = answer else { continue };
+            // A concurrency slot may come back any moment: every acquire
+            // asks Redis.
+            let exact = c.limits.algorithm.holds();
             if c.enforced && !v.allowed {
                 rejected = true;
-                if consume {
+                if consume && !exact {
                     self.cache.remember(key, c.limits, c.cost, v, now);
                 }
-            } else if consume && c.enforced && v.remaining < c.cost && local[i].is_none() {
+            } else if consume && c.enforced && v.remaining < c.cost && local[i].is_none() && !exact {
                 self.cache.exhausted(key, c.limits, c.cost, v, now);
             }
         }
         let denied = checks.iter().zip(&answers).any(|(c, a)| c.enforced && a.is_err() && c.on_error == OnError::Deny);
         // Failed rules whose policy is `local` are decided in this process,
         // unless the request is refused anyway (then they count nowhere).
+        let mut local_slots = None;
         if !rejected && !denied {
             let fallback: Vec<usize> =
                 (0..checks.len()).filter(|&i| answers[i].is_err() && checks[i].on_error == OnError::Local).collect();
             if !fallback.is_empty() {
                 let sub: Vec<Check<'_>> = fallback.iter().map(|&i| checks[i].clone()).collect();
-                for (&i, v) in fallback.iter().zip(self.local.check_now(&sub, mode)) {
+                let (verdicts, slots) = self.local.check_holding(&sub, mode);
+                local_slots = slots;
+                for (&i, v) in fallback.iter().zip(verdicts) {
                     rejected |= checks[i].enforced && !v.allowed;
                     answers[i] = Ok(v);
                 }
@@ -161,10 +174,40 @@ impl Shared {
         }
         if consume && (rejected || denied) {
             // The request counts nowhere: give back what the rules that did
-            // answer counted (the fallback counted nothing for a rejected request).
+            // answer counted (the fallback counted nothing for a rejected
+            // request), concurrency slots included.
             self.uncount(checks, &keys, &ids, &asked, &results, &local);
+            return (answers, None);
         }
-        answers
+        let slots = if consume { self.hold(checks, &keys, ids, &asked, &results, local_slots, now) } else { None };
+        (answers, slots)
+    }
+
+    /// The concurrency slots an admitted request took in Redis, now held
+    /// here until it ends (see `slots`).
+    #[allow(clippy::too_many_arguments)]
+    fn hold(
+        self: &Arc<Self>,
+        checks: &[Check<'_>],
+        keys: &[String],
+        mut ids: Vec<String>,
+        asked: &[usize],
+        results: &[Result<Reply, Failure>],
+        local: Option<crate::store::memory::Slots>,
+        now: Instant,
+    ) -> Option<Slots> {
+        let mut held = Vec::new();
+        for (&i, result) in asked.iter().zip(results) {
+            if checks[i].limits.algorithm.holds() && result.as_ref().is_ok_and(|r| r.verdict.allowed) {
+                let id = std::mem::take(&mut ids[i]);
+                self.slots.hold(id.clone(), keys[i].clone(), checks[i].limits, now);
+                held.push(id);
+            }
+        }
+        if held.is_empty() && local.is_none() {
+            return None;
+        }
+        Some(Slots { shared: self.clone(), ids: held, _local: local })
     }
 
     /// Undoes everything a request counted, in Redis (`asked` and their

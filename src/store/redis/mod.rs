@@ -11,6 +11,7 @@
 //! | `scripts.rs` | the Lua scripts, their keys, arguments and replies |
 //! | `refund.rs` | giving quota back to Redis in the background |
 //! | `lease.rs` | quota leased to this instance |
+//! | `slots.rs` | concurrency slots held here: renewed while their requests run, given back when they end |
 //! | `cache.rs` | the local over-limit cache |
 //! | `health.rs` | degraded or not, and the probe that ends it |
 //!
@@ -65,6 +66,14 @@
 //! consecutive failures the store stops asking Redis until a probe sees it
 //! answer again.
 //!
+//! # Concurrency slots
+//!
+//! See [`slots`]: a concurrency check takes a slot named by a request id
+//! that expires `slot_ttl` after it was taken; this instance renews the
+//! slots of its requests in flight and removes each when its request ends,
+//! so a crashed instance's slots stop counting within one TTL. Slots are
+//! never leased nor answered from the over-limit cache.
+//!
 //! # The local over-limit cache
 //!
 //! See [`cache`]: a key Redis rejected is answered 429 here until its
@@ -79,6 +88,7 @@ mod health;
 mod lease;
 mod refund;
 mod scripts;
+mod slots;
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -92,13 +102,14 @@ use crate::clock::SharedClock;
 use crate::config::StoreConfig;
 use crate::limiter::{Nanos, Verdict};
 use crate::metrics::Metrics;
-use crate::store::{Answer, Check, MemoryStore, Mode, Store, StoreError};
+use crate::store::{Answer, Check, MemoryStore, Mode, Store, StoreError, memory};
 
 use check::RequestIds;
 use connection::{START_WAIT, log_errors, redact};
 pub use connection::{tls_client_identity, tls_roots};
 use scripts::Scripts;
 pub use scripts::{redis_key, source as script_source, suffix};
+pub use slots::Slots;
 
 /// How long shutdown waits for an unreachable Redis to take back the
 /// leased units.
@@ -128,6 +139,7 @@ struct Shared {
     health: health::Health,
     metrics: Arc<Metrics>,
     ids: RequestIds,
+    slots: slots::Registry,
 }
 
 impl RedisStore {
@@ -177,6 +189,7 @@ impl RedisStore {
             health: health::Health::new(&metrics),
             metrics,
             ids: RequestIds::new(),
+            slots: slots::Registry::new(),
         });
 
         let ready = tokio::time::timeout(START_WAIT, shared.pool.wait_for_connect()).await;
@@ -190,6 +203,7 @@ impl RedisStore {
             Err(e) => shared.health.degrade(&format!("at start-up: {e}")),
         }
         tasks.push(tokio::spawn(shared.clone().probe_loop()));
+        tasks.push(tokio::spawn(shared.clone().slots_loop()));
         if shared.leases.enabled() {
             let every = (config.lease_idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
             tasks.push(tokio::spawn(shared.clone().lease_loop(every)));
@@ -201,6 +215,18 @@ impl RedisStore {
     /// `on_error = "local"` fallback while Redis cannot answer.
     pub fn check_local(&self, checks: &[Check<'_>], mode: Mode) -> Vec<Verdict> {
         self.shared.local.check_now(checks, mode)
+    }
+
+    /// [`RedisStore::check_local`] for a request that holds the
+    /// concurrency slots it takes until it ends.
+    pub fn check_local_holding(&self, checks: &[Check<'_>], mode: Mode) -> (Vec<Verdict>, Option<memory::Slots>) {
+        self.shared.local.check_holding(checks, mode)
+    }
+
+    /// [`Store::check`] for a request that holds the concurrency slots it
+    /// takes until it ends (see [`Slots`]).
+    pub async fn check_holding(&self, checks: &[Check<'_>], mode: Mode) -> (Vec<Answer>, Option<Slots>) {
+        self.shared.check_holding(checks, mode).await
     }
 
     /// Whether checks currently bypass Redis.
@@ -215,15 +241,16 @@ impl RedisStore {
         self.shared.cache.sweep(Instant::now());
     }
 
-    /// Gives every lease held here back to Redis (bounded by the store
-    /// timeout): called once the server has drained, so that a restart
-    /// does not hold quota away from the other instances.
+    /// Gives every concurrency slot and lease held here back to Redis
+    /// (bounded by the store timeout): called once the server has drained,
+    /// so that a restart does not hold quota away from the other instances.
     ///
     /// While Redis does not answer, waits up to [`CLOSE_WAIT`] for it to
     /// come back; what still cannot go back then is logged and stays
     /// counted in Redis until its window ends or its bucket refills.
     pub async fn close(&self) {
         let shared = &self.shared;
+        shared.release_all_slots().await;
         let unused = shared.leases.drain(Instant::now());
         shared.return_units(unused).await;
         shared.flush_backlog().await;
@@ -267,8 +294,10 @@ impl Drop for RedisStore {
 }
 
 impl Store for RedisStore {
+    /// A concurrency slot taken here is given back at once: no request
+    /// holds it (see [`RedisStore::check_holding`]).
     async fn check(&self, checks: &[Check<'_>], mode: Mode) -> Vec<Answer> {
-        self.shared.check(checks, mode).await
+        self.shared.check_holding(checks, mode).await.0
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

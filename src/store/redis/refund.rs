@@ -26,9 +26,9 @@ impl Shared {
         let calls: Vec<(Algorithm, String, [Value; scripts::ARGS])> = counted
             .map(|(i, reply)| {
                 let c = &checks[i];
-                // The log names its entries by request id; the windows
-                // name the window the request was counted in.
-                let token = if c.limits.algorithm.uses_log() { ids[i].clone() } else { reply.token.to_string() };
+                // The log and concurrency name their entries by request
+                // id; the windows name the window the request was counted in.
+                let token = if c.limits.algorithm.names_requests() { ids[i].clone() } else { reply.token.to_string() };
                 (
                     c.limits.algorithm,
                     keys[i].clone(),

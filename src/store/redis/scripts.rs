@@ -23,6 +23,8 @@ pub(super) enum ScriptMode {
     Consume = 1,
     /// Give back what an earlier `Consume` of the same request counted.
     Refund = 2,
+    /// Keep a concurrency slot alive: its request is still in flight.
+    Renew = 3,
 }
 
 /// The shebang that lets one call of a script touch keys of several slots
@@ -83,13 +85,17 @@ impl Script {
 }
 
 /// Every algorithm's code, in the order of [`index`].
-const BODIES: [&str; 5] = [
+const BODIES: [&str; ALGORITHMS] = [
     body!("local SHAPING = false\n", "bucket.lua"),
     body!("local SHAPING = true\n", "bucket.lua"),
     body!("", "fixed_window.lua"),
     body!("", "sliding_window_log.lua"),
     body!("", "sliding_window_counter.lua"),
+    body!("", "concurrency.lua"),
 ];
+
+/// How many algorithms have a script.
+pub(super) const ALGORITHMS: usize = 6;
 
 pub(super) fn index(algorithm: Algorithm) -> usize {
     match algorithm {
@@ -98,6 +104,7 @@ pub(super) fn index(algorithm: Algorithm) -> usize {
         Algorithm::FixedWindow => 2,
         Algorithm::SlidingWindowLog => 3,
         Algorithm::SlidingWindowCounter => 4,
+        Algorithm::Concurrency => 5,
     }
 }
 
@@ -107,8 +114,8 @@ pub fn source(algorithm: Algorithm) -> String {
     Script::new(BODIES[index(algorithm)], false).source
 }
 
-/// The five algorithms' code, built once at start-up.
-pub(super) struct Scripts([Script; 5]);
+/// Every algorithm's code, built once at start-up.
+pub(super) struct Scripts([Script; ALGORITHMS]);
 
 impl Scripts {
     /// `clustered`: whether scripts may batch keys of several slots (see
@@ -135,6 +142,7 @@ pub fn suffix(algorithm: Algorithm) -> &'static str {
         Algorithm::FixedWindow => "fw",
         Algorithm::SlidingWindowCounter => "swc",
         Algorithm::SlidingWindowLog => "swlw",
+        Algorithm::Concurrency => "cc",
     }
 }
 
@@ -319,6 +327,7 @@ mod tests {
             Algorithm::FixedWindow,
             Algorithm::SlidingWindowLog,
             Algorithm::SlidingWindowCounter,
+            Algorithm::Concurrency,
         ];
         let mut suffixes: Vec<_> = all.iter().map(|a| suffix(*a)).collect();
         suffixes.sort_unstable();
