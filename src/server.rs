@@ -144,6 +144,19 @@ impl Server {
                 }
             }
         });
+        // `/top`'s period, kept current for the request path (see crate::top).
+        let top_tick = proxy.top().is_some().then(|| {
+            let proxy = proxy.clone();
+            tokio::spawn(async move {
+                let mut every = tokio::time::interval(crate::top::TICK);
+                loop {
+                    every.tick().await;
+                    if let Some(top) = proxy.top() {
+                        top.tick();
+                    }
+                }
+            })
+        });
         let admin = Arc::new(Admin { proxy: proxy.clone(), reloader });
         let admin_task = tokio::spawn(serve_admin(admin_listener, admin));
 
@@ -167,7 +180,7 @@ impl Server {
             h.abort();
         }
 
-        for task in cert_watch.into_iter().chain(redirect_task) {
+        for task in cert_watch.into_iter().chain(redirect_task).chain(top_tick) {
             task.abort();
         }
         watch.abort();

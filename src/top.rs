@@ -17,6 +17,11 @@
 //! `count` never undercounts it, `count - error` never overcounts it, and
 //! `error` stays within `total / top_keys`, as for a single sketch.
 //!
+//! Nor does the request path read the clock: it reads the period from an
+//! atomic that [`TopKeys::tick`] advances every [`TICK`] (a clock read is
+//! half of what counting a key costs). A request may thus count in the
+//! period before its own for up to a second after the turn.
+//!
 //! Keys are the rules' bucket keys, as `tollgate explain` prints them: an
 //! API key appears only as its SHA-256, never in clear (see
 //! [`crate::rules::Rule::key`]).
@@ -24,7 +29,7 @@
 mod space_saving;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
 
@@ -38,6 +43,9 @@ use crate::rules::RuleSet;
 /// before.
 pub const PERIOD: Duration = Duration::from_secs(30);
 const PERIOD_NANOS: Nanos = PERIOD.as_nanos() as Nanos;
+
+/// How often the server calls [`TopKeys::tick`].
+pub const TICK: Duration = Duration::from_secs(1);
 
 /// Most shards per rule: past a handful, workers rarely meet on one anyway,
 /// and each shard is memory.
@@ -82,6 +90,8 @@ pub struct TopKeys {
     capacity: usize,
     shards: usize,
     clock: SharedClock,
+    /// The current period, as of the last [`TopKeys::tick`].
+    period: AtomicU64,
     by_rule: Mutex<HashMap<String, Arc<RuleTop>>>,
 }
 
@@ -138,6 +148,7 @@ impl TopKeys {
         (capacity > 0).then(|| TopKeys {
             capacity: capacity.min(MAX_TOP_KEYS),
             shards: shards.clamp(1, MAX_SHARDS),
+            period: AtomicU64::new(clock.now() / PERIOD_NANOS),
             clock,
             by_rule: Mutex::new(HashMap::new()),
         })
@@ -148,10 +159,16 @@ impl TopKeys {
         self.capacity
     }
 
-    /// The period of now, read once per request and passed to
-    /// [`RuleTop::record`].
+    /// The current period as of the last [`TopKeys::tick`], read once per
+    /// request and passed to [`RuleTop::record`].
     pub fn period_now(&self) -> u64 {
-        self.clock.now() / PERIOD_NANOS
+        self.period.load(Ordering::Relaxed)
+    }
+
+    /// Brings [`TopKeys::period_now`] up to the clock; the server calls it
+    /// every [`TICK`].
+    pub fn tick(&self) {
+        self.period.store(self.clock.now() / PERIOD_NANOS, Ordering::Relaxed);
     }
 
     /// Gives every rule of `set` its sketches: a rule kept by a reload

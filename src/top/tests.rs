@@ -66,17 +66,31 @@ fn the_window_is_this_half_minute_and_the_one_before() {
     assert_eq!(t.report(&r, By::Requests, 10).window, Duration::from_secs(40));
     // Next period: still shown, from the sketch not yet rotated...
     clock.advance(Duration::from_secs(30));
+    t.tick();
     assert_eq!(keys(&t.report(&r, By::Requests, 10)), [("old", 1, 0)]);
     // ...and after it rotated.
     r.record(t.period_now(), "new", false);
     assert_eq!(keys(&t.report(&r, By::Requests, 10)), [("new", 1, 0), ("old", 1, 0)]);
     // Two periods on, "old" is gone whether or not anything rotates.
     clock.advance(Duration::from_secs(30));
+    t.tick();
     assert_eq!(keys(&t.report(&r, By::Requests, 10)), [("new", 1, 0)]);
     clock.advance(Duration::from_secs(30));
+    t.tick();
     assert!(t.report(&r, By::Requests, 10).keys.is_empty());
     r.record(t.period_now(), "later", false);
     assert_eq!(keys(&t.report(&r, By::Requests, 10)), [("later", 1, 0)]);
+}
+
+#[test]
+fn the_request_path_sees_a_new_period_once_ticked() {
+    let clock = ManualClock::new(T0 + 29 * NANOS_PER_SEC);
+    let t = top(8, &clock);
+    let before = t.period_now();
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(t.period_now(), before, "no clock read on the request path");
+    t.tick();
+    assert_eq!(t.period_now(), before + 1);
 }
 
 #[test]
