@@ -34,6 +34,9 @@ pub struct RuleSet {
     /// `cost_header`): a request carrying one of them twice is refused,
     /// since the upstream may read another of its values than tollgate.
     pub read_headers: Vec<http::HeaderName>,
+    /// Whether any rule settles its cost from the response
+    /// (`cost_response_header`): only then does the request path look.
+    pub any_settles: bool,
     /// Whether any rule reads the method (`match.methods` or a `method`
     /// key part), and so its method-override headers (see
     /// [`crate::normalize::METHOD_OVERRIDES`]).
@@ -198,6 +201,7 @@ impl RuleSet {
             }
         }
         let any_needs_user = rules.iter().any(Rule::needs_user);
+        let any_settles = rules.iter().any(|r| r.spec.cost_response_header.is_some());
         let any_reads_api_key =
             rules.iter().any(|r| r.spec.key.contains(&KeyPart::ApiKey) || !r.spec.exempt.api_keys.is_empty());
         let reads_method =
@@ -222,6 +226,7 @@ impl RuleSet {
             tier_claim,
             read_headers,
             reads_method,
+            any_settles,
             any_needs_user,
             denies_name_users: false,
             any_reads_api_key,
@@ -310,6 +315,10 @@ impl Rule {
             // says what it counts instead.
             let policy = if spec.algorithm == crate::limiter::Algorithm::Concurrency {
                 format!("{quoted_name};q={limit};qu=\"concurrent-requests\"")
+            } else if let Some(unit) = &spec.quota_unit {
+                // A quota of something else than requests (tokens, bytes)
+                // says so: `qu` is the draft's quota unit.
+                format!("{quoted_name};q={limit};qu=\"{unit}\";w={window_secs}")
             } else {
                 format!("{quoted_name};q={limit};w={window_secs}")
             };
