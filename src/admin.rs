@@ -1,5 +1,5 @@
 //! The admin listener: `/metrics`, `/healthz`, `/healthz/store`, `/readyz`,
-//! `/rules`.
+//! `/rules`, `/config`, `/top`.
 //!
 //! `/readyz` says whether this instance should get traffic: it answers 503
 //! on a store outage only when `[store] on_error` is `deny`. With `allow` or
@@ -20,7 +20,7 @@ use http_body_util::Full;
 use serde_json::json;
 
 use crate::config::OnError;
-use crate::error::json_response;
+use crate::error::{AdminError, json_response};
 use crate::proxy::Proxy;
 use crate::reload::Reloader;
 use crate::store::Store;
@@ -55,6 +55,7 @@ impl Admin {
             "/healthz/store" => self.store_health().await,
             "/readyz" => self.ready().await,
             "/rules" => self.rules(),
+            "/top" => self.top(req.uri().query()).unwrap_or_else(AdminError::into_response),
             // What `tollgate check --running` compares a new main file with.
             "/config" => {
                 let sections: serde_json::Map<String, serde_json::Value> =
@@ -66,7 +67,7 @@ impl Admin {
             }
             _ => json_response(
                 StatusCode::NOT_FOUND,
-                &json!({"error": "not_found", "message": "Admin endpoints: /metrics /healthz /healthz/store /readyz /rules /config."}),
+                &json!({"error": "not_found", "message": "Admin endpoints: /metrics /healthz /healthz/store /readyz /rules /config /top."}),
             ),
         }
     }
@@ -161,6 +162,56 @@ impl Admin {
                 "last_reload_error_at": status.last_error_at.map(epoch_secs),
             }),
         )
+    }
+}
+
+impl Admin {
+    /// `/top?rule=NAME&n=20&by=limited`: the `n` heaviest keys of a rule
+    /// over the last 30 to 60 seconds; without `rule`, of every rule.
+    fn top(&self, query: Option<&str>) -> Result<Response<Full<Bytes>>, AdminError> {
+        let top = self.proxy.top().ok_or(AdminError::TopOff)?;
+        let (mut rule, mut n, mut by) = (None, None, None);
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let v = String::from_utf8_lossy(&crate::rules::form_decode(v)).into_owned();
+            match crate::rules::form_decode(k).as_slice() {
+                b"rule" => rule = Some(v),
+                b"n" => n = Some(v),
+                b"by" => by = Some(v),
+                _ => {}
+            }
+        }
+        let max = top.capacity();
+        let n = match n {
+            None => max.min(20),
+            Some(given) => match given.parse::<usize>() {
+                Ok(n) if (1..=max).contains(&n) => n,
+                _ => return Err(AdminError::BadCount { given, max }),
+            },
+        };
+        let by = match by {
+            None => crate::top::By::Limited,
+            Some(given) => crate::top::By::parse(&given).ok_or(AdminError::BadBy(given))?,
+        };
+        let set = self.proxy.rules.load();
+        let report = |r: &crate::rules::Rule| {
+            let report = r.top.as_ref().map(|t| top.report(t, by, n)).unwrap_or_default();
+            let keys: Vec<_> =
+                report.keys.iter().map(|k| json!({"key": k.key, "count": k.count, "error": k.error})).collect();
+            json!({"rule": r.name(), "by": by.as_str(), "window_seconds": report.window.as_secs(), "total": report.total, "capacity": max, "keys": keys})
+        };
+        let body = match rule {
+            Some(name) => {
+                let r = set.rules.iter().find(|r| r.name() == name).ok_or(AdminError::UnknownRule(name))?;
+                report(r)
+            }
+            None => json!({
+                "by": by.as_str(),
+                "capacity": max,
+                "rules": set.rules.iter().map(report).collect::<Vec<_>>(),
+            }),
+        };
+        Ok(json_response(StatusCode::OK, &body))
     }
 }
 

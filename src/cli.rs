@@ -6,6 +6,10 @@
 //! - `tollgate explain --config ... --method GET --path /x --header 'k: v'
 //!   --ip 203.0.113.7`: which route and rules a request would match, the key
 //!   of each rule, and the quota left, without consuming any.
+//! - `tollgate top --admin 127.0.0.1:9090`: the heaviest keys of each rule
+//!   of a running tollgate, redrawn every second (see [`top`]).
+
+pub mod top;
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -47,6 +51,8 @@ pub enum Command {
     Check(CheckArgs),
     /// Show which route and rules a request would match, and their keys.
     Explain(ExplainArgs),
+    /// Show the keys each rule of a running tollgate limits most, every second.
+    Top(top::TopArgs),
 }
 
 #[derive(Debug, clap::Args)]

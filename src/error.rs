@@ -309,6 +309,54 @@ fn limited_body(rule: &str, limit: u64, window: u64, retry: u64, request_id: &He
     Bytes::from(s)
 }
 
+/// Why the admin listener refuses a request it understood.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminError {
+    /// `/top` with `[admin] top_keys = 0`.
+    TopOff,
+    /// `/top?rule=` names no rule in force.
+    UnknownRule(String),
+    /// `/top?n=` is not a whole number from 1 to `[admin] top_keys`.
+    BadCount { given: String, max: usize },
+    /// `/top?by=` is neither `requests` nor `limited`.
+    BadBy(String),
+}
+
+impl AdminError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            AdminError::TopOff => StatusCode::NOT_FOUND,
+            AdminError::UnknownRule(_) | AdminError::BadCount { .. } | AdminError::BadBy(_) => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> serde_json::Value {
+        match self {
+            AdminError::TopOff => json!({
+                "error": "top_off",
+                "message": "/top is off: [admin] top_keys = 0 in the config file."
+            }),
+            AdminError::UnknownRule(rule) => json!({
+                "error": "unknown_rule",
+                "message": format!("No rule named {rule:?} is in force; /rules lists them."),
+            }),
+            AdminError::BadCount { given, max } => json!({
+                "error": "bad_n",
+                "message": format!("n must be a whole number from 1 to {max} ([admin] top_keys), not {given:?}."),
+            }),
+            AdminError::BadBy(given) => json!({
+                "error": "bad_by",
+                "message": format!("by must be \"requests\" or \"limited\", not {given:?}."),
+            }),
+        }
+    }
+
+    pub fn into_response(self) -> Response<Full<Bytes>> {
+        json_response(self.status(), &self.body())
+    }
+}
+
 /// A JSON response for the admin listener and other internal answers.
 pub fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<Full<Bytes>> {
     let mut resp = Response::new(Full::new(Bytes::from(value.to_string())));

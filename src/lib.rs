@@ -42,13 +42,14 @@
 //! |---|---|
 //! | [`config`] | the only code that reads files: main config and rules, validated with file:line:column errors |
 //! | [`reload`] | watch the rules, debounce, validate, swap; keep the old rules on error |
-//! | [`admin`] | `/metrics`, `/healthz`, `/readyz`, `/rules` |
+//! | [`admin`] | `/metrics`, `/healthz`, `/readyz`, `/rules`, `/config`, `/top` |
 //! | [`decision`] | `[listen] decision`: `POST /v1/check`, the proxy's decision for services not behind it ([`decision::decide`], shared with `envoy_rls`) |
 //! | [`envoy_rls`] | `[listen] envoy_rls`: Envoy's `ShouldRateLimit` over gRPC, descriptors mapped to rules by `[[envoy]]` ([`config::EnvoyMapping`]); tonic's generated service on hyper's HTTP/2 server |
 //! | [`metrics`] | Prometheus metrics on an explicit registry |
 //! | [`summary`] | a periodic `info` log line: requests allowed and limited since the last one |
+//! | [`top`] | the heaviest keys of each rule (`/top`, `tollgate top`) in fixed-memory sketches |
 //! | [`clock`] | wall-clock time, or a manual clock for tests |
-//! | [`cli`] | the `tollgate` command line: run, `check`, `explain` |
+//! | [`cli`] | the `tollgate` command line: run, `check`, `explain`, `top` |
 //! | [`process`] | what the binaries share: the async runtime, logging, the shutdown signal, SIGHUP |
 //! | [`floor`] | `tollgate-floor`: the same server setup and upstream pool with nothing between them, a bench target |
 
@@ -87,5 +88,6 @@ pub mod settle;
 pub mod store;
 pub mod summary;
 pub mod tls;
+pub mod top;
 pub mod tunnel;
 pub mod via;

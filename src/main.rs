@@ -60,6 +60,18 @@ fn main() -> ExitCode {
                 ExitCode::from(cli::EXIT_CONFIG as u8)
             }
         },
+        Some(Command::Top(args)) => {
+            use std::io::IsTerminal as _;
+            let stdout = std::io::stdout();
+            let terminal = stdout.is_terminal();
+            match cli::top::run(args, &mut stdout.lock(), terminal) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("{e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
         Some(Command::Run) | None => run(&cli),
     }
 }

@@ -33,6 +33,7 @@ use crate::request_id;
 use crate::rules::{Plan, RequestFacts, Rule, RuleSet};
 use crate::settle::{self, OnTrailers, Settling};
 use crate::store::{Answer, AnyStore, Check, Held, Mode, Store, StoreError};
+use crate::top::TopKeys;
 use crate::tunnel;
 
 /// The body of every response tollgate sends: the upstream's, streamed, or
@@ -68,6 +69,8 @@ pub struct Proxy {
     no_route: RouteCounters,
     /// `[log] access`; `None` when off.
     access_log: Option<AccessLog>,
+    /// The `/top` sketches; `None` with `[admin] top_keys = 0`.
+    top: Option<TopKeys>,
 }
 
 /// How far past the store timeout the proxy's own bound on a store check
@@ -111,8 +114,18 @@ impl Routing {
 }
 
 impl Proxy {
-    /// Builds the request path for `config` with `rules` in force.
-    pub fn new(config: &Config, rules: RuleSet, store: AnyStore, metrics: Arc<Metrics>) -> Proxy {
+    /// Builds the request path for `config` with `rules` in force; `top`
+    /// counts their keys for `/top` (`None`: `[admin] top_keys = 0`).
+    pub fn new(
+        config: &Config,
+        mut rules: RuleSet,
+        store: AnyStore,
+        metrics: Arc<Metrics>,
+        top: Option<TopKeys>,
+    ) -> Proxy {
+        if let Some(t) = &top {
+            t.attach(&mut rules);
+        }
         let routing = Routing::new(config, &metrics);
         store.set_idle_horizon(rules.idle_horizon);
         metrics.rules_active.set(rules.rules.len() as i64);
@@ -153,6 +166,7 @@ impl Proxy {
             }),
             default_on_error: config.store.on_error,
             routing: ArcSwap::from_pointee(routing),
+            top,
         }
     }
 
@@ -165,7 +179,10 @@ impl Proxy {
 
     /// Puts a new rule set in force. Existing buckets keep their counts: the
     /// store is keyed by rule name and key, not by rule set.
-    pub fn swap_rules(&self, rules: RuleSet) {
+    pub fn swap_rules(&self, mut rules: RuleSet) {
+        if let Some(t) = &self.top {
+            t.attach(&mut rules);
+        }
         self.store.set_idle_horizon(rules.idle_horizon);
         self.metrics.rules_active.set(rules.rules.len() as i64);
         self.rules.store(Arc::new(rules));
@@ -378,7 +395,11 @@ impl Proxy {
                 let mut denied = false;
                 let mut failed = None;
                 let mut report_of: Vec<Option<usize>> = Vec::with_capacity(pending.len());
+                let top_period = self.top.as_ref().map(TopKeys::period_now);
                 for (i, (p, answer)) in pending.iter().zip(&answers).enumerate() {
+                    if let (Some(top), Some(period)) = (&p.rule.top, top_period) {
+                        top.record(period, &p.key, matches!(answer, Ok(v) if !v.allowed));
+                    }
                     let v = match answer {
                         Ok(v) => v,
                         Err(e) => {
@@ -717,6 +738,11 @@ impl Proxy {
     /// `[listen]` path normalisation, for paths given to the decision API.
     pub fn normalization(&self) -> &Normalization {
         &self.normalization
+    }
+
+    /// The `/top` sketches, unless `[admin] top_keys = 0`.
+    pub fn top(&self) -> Option<&TopKeys> {
+        self.top.as_ref()
     }
 
     /// `[store] on_error`: what rules without their own policy do when the

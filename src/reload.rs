@@ -280,6 +280,7 @@ pub fn restart_fingerprints(config: &Config) -> Vec<(&'static str, String)> {
         ("[store]", fnv(format!("{:?}", config.store))),
         ("[client]", fnv(format!("{:?}", config.client))),
         ("[log]", fnv(format!("{:?}", config.log))),
+        ("[admin]", fnv(format!("{:?}", config.admin))),
         ("[rules] path", fnv(format!("{:?}", config.rules_path))),
     ]
 }

@@ -84,6 +84,9 @@ pub struct Rule {
     /// The start of every key of this rule: the encoded name and a `|`.
     key_prefix: String,
     pub counters: RuleCounters,
+    /// Where `/top` counts this rule's keys; `None` with `[admin]
+    /// top_keys = 0` (set by [`crate::top::TopKeys::attach`]).
+    pub top: Option<std::sync::Arc<crate::top::RuleTop>>,
 }
 
 /// Limits a rule applies to some of its requests, with what the headers
@@ -357,7 +360,7 @@ impl Rule {
         encode(&mut key_prefix, spec.name.as_bytes());
         key_prefix.push('|');
         let counters = metrics.rule_counters(&spec.name);
-        Rule { spec, plan: own, variants, quoted_name, window_secs, key_prefix, counters }
+        Rule { spec, plan: own, variants, quoted_name, window_secs, key_prefix, counters, top: None }
     }
 
     /// Every set of limits the rule may apply: its own, its overrides', its
@@ -636,7 +639,7 @@ fn query_param(query: Option<&str>, name: &str) -> Result<Option<Vec<u8>>, ()> {
 
 /// `application/x-www-form-urlencoded` decoding; an invalid `%` escape is
 /// kept as it is, as common frameworks do.
-fn form_decode(s: &str) -> Vec<u8> {
+pub(crate) fn form_decode(s: &str) -> Vec<u8> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;

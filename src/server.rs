@@ -78,6 +78,7 @@ impl Server {
     pub async fn bind(config: Config, clock: SharedClock) -> Result<Server, StartError> {
         let metrics = Arc::new(Metrics::new());
         let rules = RuleSet::from_loaded(load_rules(&config.rules_path, &config)?, &metrics);
+        let top = crate::top::TopKeys::new(config.admin.top_keys, clock.clone());
         let store = match config.store.backend {
             Backend::Memory => AnyStore::Memory(
                 MemoryStore::new(clock).bounded(config.store.max_keys, Some(metrics.store_evictions_total.clone())),
@@ -86,7 +87,7 @@ impl Server {
                 RedisStore::connect(&config.store, clock, metrics.clone()).await.map_err(StartError::Store)?,
             ),
         };
-        let proxy = Arc::new(Proxy::new(&config, rules, store, metrics));
+        let proxy = Arc::new(Proxy::new(&config, rules, store, metrics, top));
         let reloader = Arc::new(Reloader::new(config.clone(), proxy.clone()));
         let bind = |addr: SocketAddr| async move {
             TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source })
@@ -187,6 +188,19 @@ impl Server {
                 }
             }
         });
+        // `/top`'s period, kept current for the request path (see crate::top).
+        let top_tick = proxy.top().is_some().then(|| {
+            let proxy = proxy.clone();
+            tokio::spawn(async move {
+                let mut every = tokio::time::interval(crate::top::TICK);
+                loop {
+                    every.tick().await;
+                    if let Some(top) = proxy.top() {
+                        top.tick();
+                    }
+                }
+            })
+        });
         let admin = Arc::new(Admin { proxy: proxy.clone(), reloader });
         let admin_task = tokio::spawn(serve_admin(admin_listener, admin));
 
@@ -213,7 +227,9 @@ impl Server {
             h.abort();
         }
 
-        for task in cert_watch.into_iter().chain(redirect_task).chain(decision_task).chain(envoy_rls_task) {
+        for task in
+            cert_watch.into_iter().chain(redirect_task).chain(decision_task).chain(envoy_rls_task).chain(top_tick)
+        {
             task.abort();
         }
         watch.abort();

@@ -9,6 +9,7 @@
 //! (one file or a directory of `*.toml`) is read at start-up and again on
 //! every reload.
 
+mod admin;
 mod envoy;
 mod error;
 mod log;
@@ -31,6 +32,7 @@ use toml::Spanned;
 
 pub use crate::normalize::{EncodedSlashes, Normalization};
 
+pub use admin::AdminConfig;
 pub use envoy::EnvoyMapping;
 pub use error::{ConfigError, ConfigErrors, line_col};
 pub use log::{AccessLogTarget, LogConfig};
@@ -79,6 +81,8 @@ pub struct Config {
     pub routes: Vec<Route>,
     /// `[log]`: the access log.
     pub log: LogConfig,
+    /// `[admin]`: the heavy-hitter sketches behind `/top`.
+    pub admin: AdminConfig,
 }
 
 /// `[listen]`
@@ -617,7 +621,8 @@ impl Validator<'_> {
         }
 
         let log = self.log(raw.log);
-        Config { path: self.file.to_path_buf(), listen, rules_path, store, client, upstreams, routes, log }
+        let admin = self.admin(raw.admin);
+        Config { path: self.file.to_path_buf(), listen, rules_path, store, client, upstreams, routes, log, admin }
     }
 }
 

@@ -21,6 +21,14 @@ pub struct RawConfig {
     #[serde(default)]
     pub route: Vec<Spanned<RawRoute>>,
     pub log: Option<super::log::RawLog>,
+    pub admin: Option<RawAdmin>,
+}
+
+/// `[admin]`: what the admin listener offers beyond its fixed endpoints.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdmin {
+    pub top_keys: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
