@@ -212,7 +212,7 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
         .zip(&plans)
         .map(|((rule, (key, cost)), plan)| Check {
             key,
-            limits: plan.nominal,
+            limits: rule.in_calendar(plan.nominal),
             cost: *cost,
             enforced: rule.enforced(),
             // Explain asks Redis only: a rule it cannot answer says so.
@@ -229,6 +229,17 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
                 out,
                 "    concurrency: at most {} in flight, slot_ttl {:?}, mode {:?}, throttle {:?}",
                 s.limit, s.window, s.mode, s.throttle
+            );
+        } else if let Some(c) = &s.calendar {
+            let _ = writeln!(
+                out,
+                "    {} {} per calendar {} ({}), mode {:?}, throttle {:?}",
+                s.algorithm.as_str(),
+                s.limit,
+                c.period.as_str(),
+                c.timezone,
+                s.mode,
+                s.throttle
             );
         } else {
             let _ = writeln!(

@@ -444,7 +444,7 @@ impl Proxy {
                         ProxyError::Limited {
                             rule: rule.name().to_string(),
                             limit: pending[i].plan.nominal.limit,
-                            window_seconds: rule.window_secs,
+                            window_seconds: rule.window_secs_now(),
                             retry_after_seconds: secs,
                         }
                     };

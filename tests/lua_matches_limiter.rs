@@ -124,7 +124,7 @@ fn the_lua_scripts_and_the_limiter_agree() {
             // server, so the log stays small.
             let scale = if algorithm == Algorithm::SlidingWindowLog { 1 } else { scale };
             let (limit, burst) = (limit * scale, burst * scale);
-            let limits = Limits { algorithm, limit, window: window_ms * 1_000_000, burst };
+            let limits = Limits { algorithm, limit, window: window_ms * 1_000_000, burst, origin: 0 };
             let source = script(algorithm);
             let key = format!("prop:{case}");
             let mut cell = Cell::default();
@@ -201,7 +201,7 @@ fn the_concurrency_script_expires_slots_nobody_renews() {
         runtime.block_on(slot_call(&client, &source, 2, TTL, mode, id, T0_US + offset_us))
     };
     // Taken while free, refused when both are held, as the limiter says.
-    let limits = Limits { algorithm: Algorithm::Concurrency, limit: 2, window: TTL * 1_000, burst: 2 };
+    let limits = Limits { algorithm: Algorithm::Concurrency, limit: 2, window: TTL * 1_000, burst: 2, origin: 0 };
     let mut cell = Cell::default();
     for id in ["a", "b", "c"] {
         let (v, next) = evaluate(cell, T0_US * 1_000, &limits, 1);

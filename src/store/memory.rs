@@ -443,7 +443,7 @@ mod tests {
     use crate::limiter::{Algorithm, NANOS_PER_SEC};
 
     fn limits(algorithm: Algorithm, limit: u64) -> Limits {
-        Limits { algorithm, limit, window: NANOS_PER_SEC, burst: limit }
+        Limits { algorithm, limit, window: NANOS_PER_SEC, burst: limit, origin: 0 }
     }
 
     fn check(key: &str, algorithm: Algorithm, limit: u64, enforced: bool) -> Check<'_> {
