@@ -212,7 +212,7 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
         .zip(&plans)
         .map(|((rule, (key, cost)), plan)| Check {
             key,
-            limits: rule.in_calendar(plan.nominal),
+            limits: rule.in_calendar(plan.nominal, &SystemClock),
             cost: *cost,
             enforced: rule.enforced(),
             // Explain asks Redis only: a rule it cannot answer says so.

@@ -358,7 +358,13 @@ impl Proxy {
                     return ProxyError::BadRequest(reason).into_response(request_id).map(Either::Right);
                 }
                 let plan = rule.plan_for(&key, &facts);
-                pending.push(Pending { rule, plan, key, check_limits: rule.limits_of(plan, inflight), cost });
+                pending.push(Pending {
+                    rule,
+                    plan,
+                    key,
+                    check_limits: rule.limits_of(plan, inflight, self.store.clock()),
+                    cost,
+                });
             }
 
             if !pending.is_empty() {

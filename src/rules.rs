@@ -438,23 +438,23 @@ impl Rule {
     /// The rule's own limits with soft or elastic throttling applied.
     /// `inflight` is the route's upstream's in-flight count (elastic only).
     pub fn effective_limits(&self, inflight: usize) -> Limits {
-        self.limits_of(&self.plan, inflight)
+        self.throttled(&self.plan, inflight)
     }
 
     /// `plan`'s limits (one of this rule's) with soft or elastic throttling
     /// applied, and for a calendar rule the current calendar window.
-    pub fn limits_of(&self, plan: &Plan, inflight: usize) -> Limits {
-        self.in_calendar(self.throttled(plan, inflight))
+    /// `clock` is read for calendar rules only (the store's clock, so the
+    /// memory store counts in the window computed here).
+    pub fn limits_of(&self, plan: &Plan, inflight: usize, clock: &dyn crate::clock::Clock) -> Limits {
+        self.in_calendar(self.throttled(plan, inflight), clock)
     }
 
-    /// `limits` in the current calendar window, for a calendar rule: read
-    /// on the system clock, as the Redis store reads the server's.
-    pub fn in_calendar(&self, limits: Limits) -> Limits {
+    /// `limits` in the current calendar window, for a calendar rule.
+    pub fn in_calendar(&self, limits: Limits, clock: &dyn crate::clock::Clock) -> Limits {
         match &self.calendar {
             None => limits,
             Some(c) => {
-                use crate::clock::Clock as _;
-                let w = c.window(crate::clock::SystemClock.now());
+                let w = c.window(clock.now());
                 Limits { origin: w.start, window: w.len(), ..limits }
             }
         }

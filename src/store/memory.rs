@@ -126,6 +126,12 @@ impl Hasher for IdentityHasher {
 }
 
 impl MemoryStore {
+    /// The clock it reads: a calendar rule's window is computed on it (see
+    /// [`crate::rules::Rule::limits_of`]), so that both agree on the time.
+    pub fn clock(&self) -> &dyn crate::clock::Clock {
+        &*self.clock
+    }
+
     /// An empty store reading time from `clock`.
     ///
     /// Unbounded until [`MemoryStore::bounded`] says otherwise.
