@@ -558,7 +558,7 @@ impl Validator<'_> {
             self.error(t.span(), "slot_ttl applies to algorithm = \"concurrency\" only");
         }
         let Some(raw) = &r.window else {
-            self.error(r.name.span(), "window is required (only algorithm = \"concurrency\" has none)");
+            self.error(r.name.span(), "window is required, or calendar (algorithm = \"concurrency\" has neither)");
             return None;
         };
         let w = self.duration(raw, "window")?;
