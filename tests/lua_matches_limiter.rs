@@ -54,10 +54,12 @@ async fn lua(client: &Client, source: &str, key: &str, limits: &Limits, cost: u6
         // As `scripts::args` sends them (consume; within what a check
         // counts exactly), and the request id with no lease.
         format!(
-            "1:{}:{}:{}:{cost}",
+            "1:{}:{}:{}:{cost}{}",
             limits.limit.min(u32::MAX as u64),
             limits.window / 1_000,
-            limits.burst.min(u32::MAX as u64)
+            limits.burst.min(u32::MAX as u64),
+            // A calendar window's start, when there is one.
+            if limits.origin == 0 { String::new() } else { format!(":{}", limits.origin / 1_000) }
         )
         .into(),
         id.into(),
@@ -149,6 +151,54 @@ fn the_lua_scripts_and_the_limiter_agree() {
                 prop_assert_eq!(&redis, &rust, "step {} of {:?} at +{} us", i, limits, now_us - T0_US);
             }
         });
+    }
+}
+
+/// A fixed window aligned to a calendar window's start (`Limits::origin`)
+/// counts alike on both sides: inside the window, from a clock behind its
+/// start, past its end (an instance that has not seen the boundary yet), and
+/// then under the next window's origin and length.
+#[test]
+fn the_fixed_window_script_and_the_limiter_agree_on_calendar_windows() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let client = runtime.block_on(async {
+        let client = Builder::from_config(Config::from_url(&server.url()).expect("url")).build().expect("client");
+        client.init().await.expect("connects");
+        client
+    });
+    let source = script(Algorithm::FixedWindow);
+    const HOUR_US: u64 = 3_600_000_000;
+    // A 23-hour day whose start is no multiple of 23 hours since the epoch.
+    let origin_us = T0_US - 5 * HOUR_US - 7_000_000;
+    let day = Limits {
+        algorithm: Algorithm::FixedWindow,
+        limit: 3,
+        window: 23 * HOUR_US * 1_000,
+        burst: 3,
+        origin: origin_us * 1_000,
+    };
+    let next = Limits { window: 24 * HOUR_US * 1_000, origin: (origin_us + 23 * HOUR_US) * 1_000, ..day };
+    let steps: [(&Limits, u64); 9] = [
+        (&day, origin_us - 2_000_000),
+        (&day, T0_US),
+        (&day, T0_US + 1),
+        (&day, T0_US + 2),
+        (&day, origin_us + 23 * HOUR_US - 1),
+        (&day, origin_us + 23 * HOUR_US + 5_000),
+        (&next, origin_us + 23 * HOUR_US + 6_000),
+        (&next, origin_us + 23 * HOUR_US - 3_000),
+        (&next, origin_us + 23 * HOUR_US + 7_000),
+    ];
+    let mut cell = Cell::default();
+    for (i, (limits, now_us)) in steps.into_iter().enumerate() {
+        let (v, after) = evaluate(cell, now_us * 1_000, limits, 1);
+        if v.allowed {
+            cell = after;
+        }
+        let rust = Decision { allowed: v.allowed, remaining: v.remaining, delay_us: 0 };
+        let redis = runtime.block_on(lua(&client, &source, "calendar:{day}", limits, 1, "", now_us));
+        assert_eq!(redis, rust, "step {i}");
     }
 }
 
