@@ -91,6 +91,13 @@ pub fn assign(headers: &mut HeaderMap, trusted: bool) -> HeaderValue {
 /// visible ASCII ([`acceptable`] or generated), so only `"` and `\` need
 /// escaping.
 pub fn push_json(out: &mut String, id: &HeaderValue) {
+    // The common case (a generated id: hex digits and '-'): one copy.
+    if let Ok(plain) = id.to_str()
+        && plain.bytes().all(|b| matches!(b, b'!'..=b'~') && b != b'"' && b != b'\\')
+    {
+        out.push_str(plain);
+        return;
+    }
     for &b in id.as_bytes() {
         match b {
             b'"' => out.push_str("\\\""),
@@ -145,5 +152,12 @@ mod tests {
         let mut s = String::new();
         push_json(&mut s, &HeaderValue::from_static(r#"a"b\c"#));
         assert_eq!(serde_json::from_str::<String>(&format!("\"{s}\"")).expect("json"), r#"a"b\c"#);
+        let id = generate();
+        let mut s = String::new();
+        push_json(&mut s, &id);
+        assert_eq!(s.as_bytes(), id.as_bytes());
+        let mut s = String::new();
+        push_json(&mut s, &HeaderValue::from_static("a b"));
+        assert_eq!(s, "a?b");
     }
 }
