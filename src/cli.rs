@@ -270,7 +270,17 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
         }
         let parts: Vec<String> = s.key.iter().map(|k| k.describe()).collect();
         let _ = writeln!(out, "    key [{}] -> bucket {key}", parts.join(", "));
-        if plan.source != crate::rules::PlanSource::Rule {
+        if plan.source != crate::rules::PlanSource::Rule
+            && let Some(c) = &s.calendar
+        {
+            let _ = writeln!(
+                out,
+                "    limits of this request: {}: {} per calendar {}",
+                plan.source,
+                plan.nominal.limit,
+                c.period.as_str()
+            );
+        } else if plan.source != crate::rules::PlanSource::Rule {
             let _ = writeln!(
                 out,
                 "    limits of this request: {}: {} per {:?}, burst {}",
