@@ -160,6 +160,7 @@ fn algorithms(c: &mut Criterion) {
                     cost: 1,
                     enforced: true,
                     on_error: tollgate::config::OnError::Allow,
+                    settles: false,
                 };
                 black_box(store.check_now(std::slice::from_ref(&check), Mode::Consume))
             })

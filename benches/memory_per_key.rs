@@ -59,8 +59,14 @@ fn measure(algorithm: Algorithm) {
             key.clear();
             use std::fmt::Write as _;
             let _ = write!(key, "per-user|user=user-{i}");
-            let check =
-                Check { key: &key, limits, cost: 1, enforced: true, on_error: tollgate::config::OnError::Allow };
+            let check = Check {
+                key: &key,
+                limits,
+                cost: 1,
+                enforced: true,
+                on_error: tollgate::config::OnError::Allow,
+                settles: false,
+            };
             store.check_now(std::slice::from_ref(&check), Mode::Consume);
         }
         let after = rss_bytes();

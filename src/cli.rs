@@ -217,6 +217,7 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
             enforced: rule.enforced(),
             // Explain asks Redis only: a rule it cannot answer says so.
             on_error: crate::config::OnError::Allow,
+            settles: false,
         })
         .collect();
     let (peeked, source) = peek(&config, &checks);

@@ -10,6 +10,10 @@
 //! while the upstream was thinking) drops its slots with it. A WebSocket or
 //! other tunnel holds them until it closes (see [`crate::tunnel::Pending`]).
 //!
+//! The same ride carries the reservations of `cost_response_header` rules
+//! whose real cost comes in the body's trailers ([`OnTrailers`]): settled
+//! when the trailers pass, kept as reserved if the body ends without them.
+//!
 //! Without a concurrency rule nothing is held: the wrapper is a `None`
 //! pointer beside the body (the slots are boxed, so the body of every
 //! response does not grow by their size), and each frame costs one check
@@ -22,17 +26,27 @@ use std::task::{Context, Poll, ready};
 
 use hyper::body::{Body, Frame, SizeHint};
 
+use crate::settle::OnTrailers;
 use crate::store::Held;
 
 /// A response body holding its request's concurrency slots until it ends.
 pub struct Holding<B> {
     body: B,
-    held: Option<Box<Held>>,
+    riding: Option<Box<Riding>>,
+}
+
+/// What rides on a response body until it ends: concurrency slots, and
+/// reservations settled by its trailers (see [`crate::settle`]).
+struct Riding {
+    /// Kept for its `Drop`, which gives the slots back.
+    _held: Option<Held>,
+    on_trailers: Option<OnTrailers>,
 }
 
 impl<B> Holding<B> {
-    pub fn new(body: B, held: Option<Held>) -> Holding<B> {
-        Holding { body, held: held.map(Box::new) }
+    pub fn new(body: B, held: Option<Held>, on_trailers: Option<OnTrailers>) -> Holding<B> {
+        let riding = (held.is_some() || on_trailers.is_some()).then(|| Box::new(Riding { _held: held, on_trailers }));
+        Holding { body, riding }
     }
 }
 
@@ -42,9 +56,17 @@ impl<B: Body + Unpin> Body for Holding<B> {
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         let frame = ready!(Pin::new(&mut self.body).poll_frame(cx));
-        // Ended, or failed: the request is no longer in flight.
-        if self.held.is_some() && (!matches!(frame, Some(Ok(_))) || self.body.is_end_stream()) {
-            self.held = None;
+        if let Some(riding) = &mut self.riding {
+            if let Some(Ok(f)) = &frame
+                && let Some(trailers) = f.trailers_ref()
+                && let Some(on) = riding.on_trailers.take()
+            {
+                on.trailers(trailers);
+            }
+            // Ended, or failed: the request is no longer in flight.
+            if !matches!(frame, Some(Ok(_))) || self.body.is_end_stream() {
+                self.riding = None;
+            }
         }
         Poll::Ready(frame)
     }

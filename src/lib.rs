@@ -21,6 +21,7 @@
 //! | [`forward`] | hop-by-hop and `X-Forwarded-*` headers, request bodies (read ahead up to `buffer_body`, `max_body`, `body_read_timeout`) |
 //! | [`tunnel`] | WebSocket and other upgrades: after the upstream's 101, bytes copied both ways |
 //! | [`held`] | a request's concurrency slots, held until its response body ends or its client goes away |
+//! | [`settle`] | `cost_response_header`: the reserved cost corrected to the real one from the response's header or trailers |
 //! | [`balance`] | which server of an upstream a request goes to: round robin, least request, consistent hash |
 //! | [`health`] | which servers take requests: passive backoff after failures, active health checks |
 //! | [`pool`] | keep-alive connections to one upstream server, reused request after request |
@@ -80,6 +81,7 @@ pub mod request_id;
 pub mod rules;
 pub mod send_budget;
 pub mod server;
+pub mod settle;
 pub mod store;
 pub mod summary;
 pub mod tls;

@@ -15,6 +15,9 @@ pub struct Metrics {
     pub registry: Registry,
     pub requests_total: IntCounterVec,
     pub rule_decisions_total: IntCounterVec,
+    /// Responses of a `cost_response_header` rule whose real cost was not
+    /// a whole number: their reservation stood.
+    pub cost_settle_invalid_total: IntCounterVec,
     pub request_duration_seconds: Histogram,
     pub upstream_errors_total: IntCounterVec,
     pub client_errors_total: IntCounterVec,
@@ -110,6 +113,12 @@ impl Metrics {
                 "tollgate_rule_decisions_total",
                 "Rule decisions (allowed, limited, shadow_limited) by rule.",
                 &["rule", "decision"],
+            ),
+            cost_settle_invalid_total: counter_vec(
+                &registry,
+                "tollgate_cost_settle_invalid_total",
+                "Responses whose cost_response_header was not a whole number, by rule (the reserved cost stood).",
+                &["rule"],
             ),
             request_duration_seconds: histogram(
                 &registry,

@@ -31,6 +31,7 @@ use crate::normalize;
 use crate::pool::UpstreamBody;
 use crate::request_id;
 use crate::rules::{Plan, RequestFacts, Rule, RuleSet};
+use crate::settle::{self, OnTrailers, Settling};
 use crate::store::{Answer, AnyStore, Check, Held, Mode, Store, StoreError};
 use crate::tunnel;
 
@@ -188,13 +189,13 @@ impl Proxy {
             Some(p) => p.note(),
             None => Note::off(),
         };
-        let mut held = None;
-        let resp = self.serve(req, peer, &request_id, note, &mut held).await;
+        let (mut held, mut on_trailers) = (None, None);
+        let resp = self.serve(req, peer, &request_id, note, &mut held, &mut on_trailers).await;
         self.metrics.request_duration_seconds.observe(started.elapsed().as_secs_f64());
         if let Some(p) = &mut pending {
             p.respond(resp.status().as_u16());
         }
-        resp.map(|body| Logged::new(Holding::new(body, held), pending))
+        resp.map(|body| Logged::new(Holding::new(body, held, on_trailers), pending))
     }
 
     /// The access log entry of a request refused before the request path
@@ -233,6 +234,7 @@ impl Proxy {
         request_id: &http::HeaderValue,
         mut note: Note<'_>,
         held: &mut Option<Held>,
+        on_trailers: &mut Option<OnTrailers>,
     ) -> Response<ProxyBody> {
         let routing = self.routing.load_full();
         // One spelling of the request before anything reads it (see
@@ -301,6 +303,9 @@ impl Proxy {
 
         // Decide.
         let mut reports: Vec<RuleReport<'_>> = Vec::new();
+        // Admitted rules whose cost the response corrects (empty, and no
+        // allocation, without `cost_response_header` rules).
+        let mut settling: Vec<Settling> = Vec::new();
         let mut delay = 0;
         {
             let facts = RequestFacts {
@@ -477,6 +482,9 @@ impl Proxy {
                         .into_response(request_id)
                         .map(Either::Right);
                 }
+                if rules.any_settles {
+                    settling = self.settling(&pending, &answers);
+                }
             }
         }
 
@@ -537,6 +545,10 @@ impl Proxy {
                     // The tunnel is the request in flight until it closes.
                     let held = held.take().map(Arc::new);
                     resp.extensions_mut().insert(tunnel::Pending { client, upstream, held });
+                }
+                if !settling.is_empty() {
+                    let ended = hyper::body::Body::is_end_stream(resp.body());
+                    *on_trailers = settle::at_head(settling, resp.headers(), ended, &self.store, &self.metrics);
                 }
                 resp.map(Either::Left)
             }
@@ -610,6 +622,32 @@ impl Proxy {
         result
     }
 
+    /// The admitted rules of `pending` whose cost their response settles.
+    fn settling(&self, pending: &[Pending<'_>], answers: &[Answer]) -> Vec<Settling> {
+        // No clock read for a request none of whose rules settle.
+        if !pending.iter().any(|p| p.rule.spec.cost_response_header.is_some()) {
+            return Vec::new();
+        }
+        let at = self.store.stamp();
+        pending
+            .iter()
+            .zip(answers)
+            .filter(|(_, a)| matches!(a, Ok(v) if v.allowed))
+            .filter_map(|(p, _)| {
+                Some(Settling {
+                    header: p.rule.spec.cost_response_header.clone()?,
+                    rule: p.rule.name().to_string(),
+                    key: p.key.clone(),
+                    limits: p.check_limits,
+                    reserved: p.cost,
+                    enforced: p.rule.enforced(),
+                    on_error: self.on_error(p),
+                    at,
+                })
+            })
+            .collect()
+    }
+
     fn check_of<'p>(&self, p: &'p Pending<'_>) -> Check<'p> {
         Check {
             key: &p.key,
@@ -617,6 +655,7 @@ impl Proxy {
             cost: p.cost,
             enforced: p.rule.enforced(),
             on_error: self.on_error(p),
+            settles: p.rule.spec.cost_response_header.is_some(),
         }
     }
 

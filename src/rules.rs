@@ -34,6 +34,9 @@ pub struct RuleSet {
     /// `cost_header`): a request carrying one of them twice is refused,
     /// since the upstream may read another of its values than tollgate.
     pub read_headers: Vec<http::HeaderName>,
+    /// Whether any rule settles its cost from the response
+    /// (`cost_response_header`): only then does the request path look.
+    pub any_settles: bool,
     /// Whether any rule reads the method (`match.methods` or a `method`
     /// key part), and so its method-override headers (see
     /// [`crate::normalize::METHOD_OVERRIDES`]).
@@ -199,6 +202,7 @@ impl RuleSet {
             }
         }
         let any_needs_user = rules.iter().any(Rule::needs_user);
+        let any_settles = rules.iter().any(|r| r.spec.cost_response_header.is_some());
         let any_reads_api_key =
             rules.iter().any(|r| r.spec.key.contains(&KeyPart::ApiKey) || !r.spec.exempt.api_keys.is_empty());
         let reads_method =
@@ -223,6 +227,7 @@ impl RuleSet {
             tier_claim,
             read_headers,
             reads_method,
+            any_settles,
             any_needs_user,
             denies_name_users: false,
             any_reads_api_key,
@@ -308,15 +313,17 @@ impl Rule {
         let quoted_name = format!("\"{}\"", spec.name);
         let plan = |limit: u64, burst: u64, source: PlanSource| {
             // A concurrency quota is not per window: the draft's quota unit
-            // says what it counts instead.
-            // A calendar window's length changes from window to window:
-            // `w` is added per response (see `headers::write`).
+            // says what it counts instead. A quota of something else than
+            // requests (tokens, bytes) says so too. A calendar window's
+            // length changes from window to window: its `w` is added per
+            // response (see `headers::write`).
+            let unit = spec.quota_unit.as_ref().map(|u| format!(";qu=\"{u}\"")).unwrap_or_default();
             let policy = if spec.algorithm == crate::limiter::Algorithm::Concurrency {
                 format!("{quoted_name};q={limit};qu=\"concurrent-requests\"")
             } else if spec.calendar.is_some() {
-                format!("{quoted_name};q={limit}")
+                format!("{quoted_name};q={limit}{unit}")
             } else {
-                format!("{quoted_name};q={limit};w={window_secs}")
+                format!("{quoted_name};q={limit}{unit};w={window_secs}")
             };
             Plan {
                 nominal: Limits { algorithm: spec.algorithm, limit, window, burst, origin: 0 },

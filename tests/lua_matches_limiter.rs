@@ -20,7 +20,7 @@ use fred::types::{Builder, ClusterHash, CustomCommand, Value};
 use proptest::prelude::*;
 
 use support::redis::RedisServer;
-use tollgate::limiter::{Algorithm, Cell, Limits, Log, evaluate, evaluate_log};
+use tollgate::limiter::{Algorithm, Cell, Limits, Log, evaluate, evaluate_log, settle};
 use tollgate::store::redis::script_source;
 
 /// 2023-11-14T22:13:20Z in microseconds: a realistic epoch time.
@@ -154,6 +154,107 @@ fn the_lua_scripts_and_the_limiter_agree() {
     }
 }
 
+/// One settle call (mode 4) of `units` given back (`back`) or charged, for
+/// a reservation counted `since_us` ago.
+#[allow(clippy::too_many_arguments)]
+async fn lua_settle(
+    client: &Client,
+    source: &str,
+    key: &str,
+    limits: &Limits,
+    units: u64,
+    back: bool,
+    since_us: u64,
+    now_us: u64,
+) {
+    let sign = if back { '-' } else { '+' };
+    let args: Vec<Value> = vec![
+        source.into(),
+        1i64.into(),
+        key.into(),
+        1i64.into(),
+        key.into(),
+        format!(
+            "4:{}:{}:{}:{units}{}",
+            limits.limit,
+            limits.window / 1_000,
+            limits.burst,
+            if limits.origin == 0 { String::new() } else { format!(":{}", limits.origin / 1_000) }
+        )
+        .into(),
+        format!("{sign}{since_us}").into(),
+        ((now_us / 1_000_000) as i64).into(),
+        ((now_us % 1_000_000) as i64).into(),
+    ];
+    let cmd = CustomCommand::new_static("EVAL", ClusterHash::Random, false);
+    let _: Value = client.custom(cmd, args).await.expect("the settle script runs");
+}
+
+/// Settlement (`cost_response_header`) on both sides: every admitted
+/// request is corrected a while later by a random difference, refunds and
+/// charges into debt alike, and the decisions that follow must agree.
+#[test]
+fn settling_agrees_between_the_lua_scripts_and_the_limiter() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let client = runtime.block_on(async {
+        let client = Builder::from_config(Config::from_url(&server.url()).expect("url")).build().expect("client");
+        client.init().await.expect("connects");
+        client
+    });
+    let cases = std::sync::atomic::AtomicU64::new(0);
+    let config = ProptestConfig {
+        cases: 256,
+        failure_persistence: None,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0x005e_771e),
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(
+        algorithm in prop_oneof![
+            Just(Algorithm::TokenBucket),
+            Just(Algorithm::FixedWindow),
+            Just(Algorithm::SlidingWindowCounter),
+        ],
+        limit in 1u64..40,
+        burst in 1u64..40,
+        window_ms in 1u64..3_000,
+        // Gap before the request, its reserved cost, how long after it
+        // the correction comes, and the real cost's difference.
+        steps in prop::collection::vec((0u64..6_000_000, 1u64..4, 0u64..3_000_000, -4i64..12), 1..40),
+    )| {
+        let case = cases.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let limits = Limits { algorithm, limit, window: window_ms * 1_000_000, burst, origin: 0 };
+        let source = script(algorithm);
+        let key = format!("settle:{case}");
+        let mut cell = Cell::default();
+        let mut now_us = T0_US;
+        for (i, &(gap, cost, lag, delta)) in steps.iter().enumerate() {
+            now_us += gap % (2 * window_ms * 1_000 + 1);
+            let (v, next) = evaluate(cell, now_us * 1_000, &limits, cost);
+            if v.allowed {
+                cell = next;
+            }
+            let rust = Decision { allowed: v.allowed, remaining: v.remaining, delay_us: 0 };
+            let id = format!("{case}-{i}");
+            let redis = runtime.block_on(lua(&client, &source, &key, &limits, cost, &id, now_us));
+            prop_assert_eq!(&redis, &rust, "step {} of {:?} at +{} us", i, limits, now_us - T0_US);
+            if !v.allowed || delta == 0 {
+                continue;
+            }
+            let lag = lag % (window_ms * 1_000 + 1);
+            now_us += lag;
+            // Never more back than was reserved.
+            let delta = delta.max(-(cost as i64));
+            if let Some(c) = settle(cell, now_us * 1_000, &limits, delta, lag * 1_000) {
+                cell = c;
+            }
+            runtime.block_on(lua_settle(
+                &client, &source, &key, &limits, delta.unsigned_abs(), delta < 0, lag, now_us,
+            ));
+        }
+    });
+}
+
 /// A fixed window aligned to a calendar window's start (`Limits::origin`)
 /// counts alike on both sides: inside the window, from a clock behind its
 /// start, past its end (an instance that has not seen the boundary yet), and
@@ -200,6 +301,61 @@ fn the_fixed_window_script_and_the_limiter_agree_on_calendar_windows() {
         let redis = runtime.block_on(lua(&client, &source, "calendar:{day}", limits, 1, "", now_us));
         assert_eq!(redis, rust, "step {i}");
     }
+    // Settled (`cost_response_header`) in a calendar window: a refund within
+    // the day, a charge into debt, a refund that comes after midnight (the
+    // day it was reserved in is over); the decisions that follow agree.
+    let key = "calendar:{settled}";
+    let mut cell = Cell::default();
+    let midnight_us = origin_us + 23 * HOUR_US;
+    let steps: [(u64, i64, u64); 4] = [
+        (T0_US, -1, 1_000_000),
+        (T0_US + 5_000_000, 4, 0),
+        (midnight_us - 1_000_000, -1, 2_000_000),
+        (midnight_us + 3_000_000, 2, 0),
+    ];
+    for (i, (reserved_us, delta, lag_us)) in steps.into_iter().enumerate() {
+        let (v, after) = evaluate(cell, reserved_us * 1_000, &day, 1);
+        if v.allowed {
+            cell = after;
+        }
+        let rust = Decision { allowed: v.allowed, remaining: v.remaining, delay_us: 0 };
+        let redis = runtime.block_on(lua(&client, &source, key, &day, 1, "", reserved_us));
+        assert_eq!(redis, rust, "settle step {i}");
+        if !v.allowed {
+            continue;
+        }
+        let now_us = reserved_us + lag_us;
+        if let Some(c) = settle(cell, now_us * 1_000, &day, delta, lag_us * 1_000) {
+            cell = c;
+        }
+        runtime.block_on(lua_settle(&client, &source, key, &day, delta.unsigned_abs(), delta < 0, lag_us, now_us));
+        for peek_us in [now_us, midnight_us + 4_000_000] {
+            let (v, _) = evaluate(cell, peek_us * 1_000, &day, 1);
+            let rust = Decision { allowed: v.allowed, remaining: v.remaining, delay_us: 0 };
+            let redis = runtime.block_on(lua_peek(&client, &source, key, &day, peek_us));
+            assert_eq!(redis, rust, "after settle step {i}, at +{} us", peek_us - T0_US);
+        }
+    }
+}
+
+/// What the fixed window script would answer at `now_us`, without counting.
+async fn lua_peek(client: &Client, source: &str, key: &str, limits: &Limits, now_us: u64) -> Decision {
+    let args: Vec<Value> = vec![
+        source.into(),
+        1i64.into(),
+        key.into(),
+        1i64.into(),
+        key.into(),
+        format!("0:{}:{}:{}:1:{}", limits.limit, limits.window / 1_000, limits.burst, limits.origin / 1_000).into(),
+        "".into(),
+        ((now_us / 1_000_000) as i64).into(),
+        ((now_us % 1_000_000) as i64).into(),
+    ];
+    let cmd = CustomCommand::new_static("EVAL", ClusterHash::Random, false);
+    let reply: Value = client.custom(cmd, args).await.expect("the script runs");
+    let Value::Array(items) = reply else { panic!("a script answered {reply:?}") };
+    let n: Vec<i64> = items.iter().map(|v| v.as_i64().expect("integers")).collect();
+    Decision { allowed: n[0] == 1, remaining: n[1] as u64, delay_us: 0 }
 }
 
 /// One call of the concurrency script in `mode` (0 peek, 1 take, 2 give

@@ -189,6 +189,10 @@ pub struct RawRule {
     pub cost: Option<Spanned<i64>>,
     pub cost_header: Option<Spanned<String>>,
     pub max_cost: Option<Spanned<i64>>,
+    /// The response header (or trailer) carrying the real cost.
+    pub cost_response_header: Option<Spanned<String>>,
+    /// What the quota counts, for `RateLimit-Policy`'s `qu`.
+    pub quota_unit: Option<Spanned<String>>,
     pub on_error: Option<OnError>,
     pub exempt: Option<Spanned<RawClients>>,
     pub on_invalid_token: Option<super::InvalidToken>,

@@ -204,6 +204,13 @@ pub struct RuleSpec {
     /// fixed cost itself otherwise): a client cannot make one request cost
     /// the store more than this.
     pub max_cost: u64,
+    /// `cost_response_header`: the response header, or else trailer, whose
+    /// value corrects the reserved cost to the real one (token bucket,
+    /// fixed window and sliding window counter only).
+    pub cost_response_header: Option<HeaderName>,
+    /// `quota_unit`: what the quota counts ("tokens"), reported as
+    /// `RateLimit-Policy`'s `qu`.
+    pub quota_unit: Option<String>,
     pub on_error: Option<OnError>,
     /// Clients this rule never applies to.
     pub exempt: ClientSet,
@@ -511,6 +518,30 @@ impl Validator<'_> {
             }
             (Cost::Header(_), None) => capacity.unwrap_or(1).min(DEFAULT_MAX_COST),
         };
+        let cost_response_header = r.cost_response_header.as_ref().and_then(|h| {
+            if !crate::limiter::settles(algorithm) {
+                self.error(
+                    h.span(),
+                    format!(
+                        "cost_response_header settles token_bucket, fixed_window and sliding_window_counter rules only: {} cannot correct a cost once counted",
+                        algorithm.as_str()
+                    ),
+                );
+            }
+            self.header_name(h, "cost_response_header")
+        });
+        let quota_unit = r.quota_unit.as_ref().map(|u| {
+            let unit = u.get_ref();
+            let ok = (1..=32).contains(&unit.len())
+                && unit.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+            if !ok {
+                self.error(
+                    u.span(),
+                    format!("quota_unit {unit:?} must be 1 to 32 lower-case letters, digits, '-' or '_' (such as \"tokens\")"),
+                );
+            }
+            unit.clone()
+        });
         let (mut overrides, mut tiers) = (Vec::new(), None);
         if let (Some(limit), Some(burst)) = (limit, burst) {
             let base = Base {
@@ -543,6 +574,8 @@ impl Validator<'_> {
             throttle,
             cost,
             max_cost,
+            cost_response_header,
+            quota_unit,
             on_error: r.on_error,
             exempt,
             on_invalid_token: r.on_invalid_token.unwrap_or_default(),

@@ -513,6 +513,43 @@ fn max_cost_goes_with_cost_header_and_fits_the_bucket() {
 }
 
 #[test]
+fn cost_response_header_settles_the_counting_algorithms_only() {
+    let base = "[[rule]]\nname = \"r\"\nlimit = 10\nwindow = \"1s\"\n";
+    for algorithm in ["token_bucket", "fixed_window", "sliding_window_counter"] {
+        let r = rule(&format!("{base}algorithm = \"{algorithm}\"\ncost_response_header = \"X-Tokens-Used\"\n"));
+        assert_eq!(r.cost_response_header, Some(http::HeaderName::from_static("x-tokens-used")), "{algorithm}");
+    }
+    assert_eq!(
+        rule_errors(&format!("{base}algorithm = \"leaky_bucket\"\ncost_response_header = \"x-tokens-used\"\n")),
+        [
+            "r.toml:6:24: cost_response_header settles token_bucket, fixed_window and sliding_window_counter rules only: leaky_bucket cannot correct a cost once counted"
+        ]
+    );
+    assert_eq!(
+        rule_errors(&format!("{base}algorithm = \"sliding_window_log\"\ncost_response_header = \"x-tokens-used\"\n")),
+        [
+            "r.toml:6:24: cost_response_header settles token_bucket, fixed_window and sliding_window_counter rules only: sliding_window_log cannot correct a cost once counted"
+        ]
+    );
+    assert_eq!(
+        rule_errors(&format!("{base}cost_response_header = \"x tokens\"\n")),
+        ["r.toml:5:24: cost_response_header \"x tokens\" is not a valid HTTP header name"]
+    );
+}
+
+#[test]
+fn quota_unit_is_a_short_token() {
+    let base = "[[rule]]\nname = \"r\"\nlimit = 10\nwindow = \"1s\"\n";
+    assert_eq!(rule(&format!("{base}quota_unit = \"tokens\"\n")).quota_unit.as_deref(), Some("tokens"));
+    assert_eq!(
+        rule_errors(&format!("{base}quota_unit = \"Tokens\\\"\"\n")),
+        [
+            "r.toml:5:14: quota_unit \"Tokens\\\"\" must be 1 to 32 lower-case letters, digits, '-' or '_' (such as \"tokens\")"
+        ]
+    );
+}
+
+#[test]
 fn store_pool_size_is_bounded() {
     assert_eq!(errors("[store]\npool_size = 0\n"), ["t.toml:2:13: store.pool_size must be between 1 and 64"]);
     assert_eq!(errors("[store]\npool_size = 65\n"), ["t.toml:2:13: store.pool_size must be between 1 and 64"]);
@@ -990,7 +1027,7 @@ fn unknown_keys_in_a_rule_and_in_match() {
     assert_eq!(
         rule_errors(&with("  burts = 10\n")),
         [
-            "r.toml:5:3: unknown field `burts`, expected one of `name`, `match`, `key`, `algorithm`, `limit`, `window`, `burst`, `slot_ttl`, `calendar`, `timezone`, `mode`, `throttle`, `soft_percent`, `elastic_percent`, `elastic_when_inflight_below`, `cost`, `cost_header`, `max_cost`, `on_error`, `exempt`, `on_invalid_token`, `override`, `tier`, `tiers`"
+            "r.toml:5:3: unknown field `burts`, expected one of `name`, `match`, `key`, `algorithm`, `limit`, `window`, `burst`, `slot_ttl`, `calendar`, `timezone`, `mode`, `throttle`, `soft_percent`, `elastic_percent`, `elastic_when_inflight_below`, `cost`, `cost_header`, `max_cost`, `cost_response_header`, `quota_unit`, `on_error`, `exempt`, `on_invalid_token`, `override`, `tier`, `tiers`"
         ]
     );
     assert_eq!(

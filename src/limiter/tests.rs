@@ -1321,3 +1321,101 @@ fn concurrency_release_forgets_the_cell_at_zero() {
     // A release of a cell that is gone (or already at zero) never wraps.
     assert_eq!(release(Cell { t: HELD, v: 0 }, 1), None);
 }
+
+/// Admits `cost` at `now` and answers the cell it writes.
+fn take(cell: Cell, now: Nanos, limits: &Limits, cost: u64) -> Cell {
+    let (v, next) = evaluate(cell, now, limits, cost);
+    assert!(v.allowed, "{v:?}");
+    next
+}
+
+#[test]
+fn settling_below_the_estimate_gives_the_difference_back() {
+    // Token bucket of 100 per minute, burst 100: reserve 10, really 3.
+    let l = tb(100, 60_000, 100);
+    let c = take(Cell::default(), T0, &l, 10);
+    let c = settle(c, T0, &l, 3 - 10, 0).expect("changed");
+    assert_eq!(evaluate(c, T0, &l, 1).0.remaining, 96);
+    for l in [fw(100, 60_000), swc(100, 60_000)] {
+        let c = take(Cell::default(), T0, &l, 10);
+        let c = settle(c, T0 + SEC, &l, -7, SEC).expect("changed");
+        assert_eq!(evaluate(c, T0 + SEC, &l, 1).0.remaining, 96, "{l:?}");
+    }
+}
+
+#[test]
+fn settling_above_what_is_left_puts_the_bucket_in_debt() {
+    // Burst 100 refilled at 100 per 100 s: one unit per second.
+    let l = tb(100, 100_000, 100);
+    let c = take(Cell::default(), T0, &l, 10);
+    // Really 150: 60 units of debt.
+    let c = settle(c, T0, &l, 140, 0).expect("changed");
+    let (v, _) = evaluate(c, T0, &l, 1);
+    assert!(!v.allowed);
+    assert_eq!(v.remaining, 0);
+    // The debt (50 over the burst) and one unit: 51 s.
+    assert_eq!(ceil_secs(v.retry_after), 51);
+    assert!(!evaluate(c, T0 + 50 * SEC, &l, 1).0.allowed);
+    assert!(evaluate(c, T0 + v.retry_after, &l, 1).0.allowed);
+
+    // A window over its limit waits for the window to end.
+    let l = fw(100, 60_000);
+    let c = take(Cell::default(), T0, &l, 10);
+    let c = settle(c, T0, &l, 140, 0).expect("changed");
+    let (v, _) = evaluate(c, T0, &l, 1);
+    assert!(!v.allowed && v.remaining == 0);
+    assert_eq!(v.retry_after, 40 * SEC); // T0 is 20 s into its minute.
+
+    // The sliding counter waits until the debt has slid out far enough.
+    let l = swc(100, 60_000);
+    let c = take(Cell::default(), T0, &l, 10);
+    let c = settle(c, T0, &l, 190, 0).expect("changed");
+    let (v, _) = evaluate(c, T0, &l, 1);
+    assert!(!v.allowed && v.remaining == 0 && v.retry_after > 40 * SEC, "{v:?}");
+}
+
+#[test]
+fn a_refund_reaches_only_the_window_the_reservation_went_to() {
+    let l = fw(100, 60_000);
+    let c = take(Cell::default(), T0, &l, 10);
+    // 40 s later the next minute has begun: the old count is gone anyway.
+    assert_eq!(settle(c, T0 + 40 * SEC, &l, -7, 40 * SEC), None);
+    // The sliding counter's previous window still weighs: it gives back there.
+    let l = swc(100, 60_000);
+    let c = take(Cell::default(), T0, &l, 10);
+    let c = settle(c, T0 + 40 * SEC, &l, -10, 40 * SEC).expect("changed");
+    assert_eq!(evaluate(c, T0 + 40 * SEC, &l, 1).0.remaining, 99);
+}
+
+#[test]
+fn settling_a_calendar_window_uses_its_origin() {
+    // A 23-hour day starting 7 s past a whole hour: no multiple of 23 h
+    // since the epoch, so epoch-aligned arithmetic would miss its window.
+    let hour = 3600 * SEC;
+    let origin = T0 - 5 * hour - 7 * SEC;
+    let l = Limits { origin, window: 23 * hour, ..fw(100, 1000) };
+    let c = take(Cell::default(), T0, &l, 10);
+    // Really 3: 7 back to this day's count.
+    let c = settle(c, T0 + SEC, &l, -7, SEC).expect("changed");
+    assert_eq!(c, Cell { t: origin, v: 3 });
+    // Really 150: the day goes into debt, until the next local midnight.
+    let c = settle(c, T0 + SEC, &l, 147, SEC).expect("changed");
+    assert_eq!(c, Cell { t: origin, v: 150 });
+    let (v, _) = evaluate(c, T0 + SEC, &l, 1);
+    assert_eq!((v.allowed, v.retry_after), (false, origin + 23 * hour - T0 - SEC));
+    // A reservation of the day's last second, settled after midnight with
+    // the limits it was checked under: its day is over, nothing to give
+    // back; a charge goes to the new day.
+    let midnight = origin + 23 * hour;
+    let c = take(Cell::default(), midnight - SEC, &l, 5);
+    assert_eq!(c, Cell { t: origin, v: 5 });
+    assert_eq!(settle(c, midnight + SEC, &l, -5, 2 * SEC), None);
+    assert_eq!(settle(c, midnight + SEC, &l, 4, 2 * SEC), Some(Cell { t: midnight, v: 4 }));
+}
+
+#[test]
+fn only_the_counting_algorithms_settle() {
+    for l in [lb(10, 1_000, 10), swl(10, 1_000), lim(Algorithm::Concurrency, 10, 1_000, 10)] {
+        assert_eq!(settle(Cell::default(), T0, &l, 5, 0), None);
+    }
+}

@@ -47,14 +47,16 @@ use crate::store::{Answer, Check, Mode, Store, StoreError};
 
 const SHARDS: usize = 64;
 
-/// The in-memory [`Store`].
+/// The in-memory [`Store`]. A clone is another handle on the same
+/// counters.
+#[derive(Clone)]
 pub struct MemoryStore {
     /// Shared with the [`Slots`] of requests in flight, which give their
     /// concurrency slots back from wherever they are dropped.
     shards: Arc<[Mutex<Shard>]>,
     hasher: foldhash::quality::RandomState,
     clock: SharedClock,
-    idle_horizon: AtomicU64,
+    idle_horizon: Arc<AtomicU64>,
     /// The most keys one shard holds (`max_keys / SHARDS`, at least 1).
     shard_capacity: usize,
     /// Where [`Meta::fresh_at`] counts its seconds from.
@@ -143,7 +145,7 @@ impl MemoryStore {
             shards,
             hasher: foldhash::quality::RandomState::default(),
             clock,
-            idle_horizon: AtomicU64::new(0),
+            idle_horizon: Arc::new(AtomicU64::new(0)),
             shard_capacity: usize::MAX,
             epoch,
             evictions: None,
@@ -162,6 +164,11 @@ impl MemoryStore {
     /// The most keys the store holds.
     pub fn max_keys(&self) -> usize {
         self.shard_capacity.saturating_mul(SHARDS)
+    }
+
+    /// The store's time.
+    pub fn now(&self) -> Nanos {
+        self.clock.now()
     }
 
     fn ctx(&self) -> Ctx<'_> {
@@ -284,6 +291,31 @@ impl MemoryStore {
         drop(guards);
         let held = (!held.is_empty()).then(|| self.slots(held));
         (verdicts, held)
+    }
+
+    /// Corrects a check's reservation by `delta` units once its request's
+    /// real cost is known (see [`limiter::settle`]), counted `since` ago;
+    /// under the key's shard lock, so no decision sees half of it.
+    pub fn settle(&self, check: &Check<'_>, delta: i64, since: Nanos) {
+        let ctx = self.ctx();
+        let hash = self.hash_of(check);
+        let limits = &check.limits;
+        let mut shard = lock(&self.shards[Self::shard_of(hash)]);
+        let cell = shard.cells.get(&hash).map(|e| e.0);
+        // A key forgotten since (evicted or idle) has nothing to give back;
+        // an extra charge starts it again.
+        if cell.is_none() && delta < 0 {
+            return;
+        }
+        let Some(next) = limiter::settle(cell.unwrap_or_default(), ctx.now, limits, delta, since) else { return };
+        // Eviction facts as a request would leave them: a key in debt is
+        // fully used and fresh only once its debt is paid.
+        let (verdict, _) = limiter::evaluate(next, ctx.now, limits, 1);
+        let meta = Meta::after(&verdict, limits, &ctx);
+        if cell.is_none() {
+            make_room(&mut shard, &ctx);
+        }
+        shard.cells.insert(hash, (next, meta));
     }
 
     fn slots(&self, held: Vec<(u64, u64)>) -> Slots {
@@ -453,7 +485,14 @@ mod tests {
     }
 
     fn check(key: &str, algorithm: Algorithm, limit: u64, enforced: bool) -> Check<'_> {
-        Check { key, limits: limits(algorithm, limit), cost: 1, enforced, on_error: crate::config::OnError::Allow }
+        Check {
+            key,
+            limits: limits(algorithm, limit),
+            cost: 1,
+            enforced,
+            on_error: crate::config::OnError::Allow,
+            settles: false,
+        }
     }
 
     fn store() -> (MemoryStore, ManualClock) {
@@ -578,6 +617,7 @@ mod tests {
                 cost: 1,
                 enforced: true,
                 on_error: crate::config::OnError::Allow,
+                settles: false,
             };
             assert!(s.check_now(std::slice::from_ref(&c), Mode::Consume)[0].allowed);
             if i % 100_000 == 0 {

@@ -45,6 +45,11 @@ pub struct Check<'a> {
     pub enforced: bool,
     /// What to do when the store cannot decide this check.
     pub on_error: OnError,
+    /// Whether the cost is corrected once the response tells the real one
+    /// (`cost_response_header`): such a check is never answered from a
+    /// lease, so that every unit it reserves and settles is counted where
+    /// the other instances see it.
+    pub settles: bool,
 }
 
 /// One check's answer: the verdict, or why the store could not decide it.
@@ -103,6 +108,30 @@ pub enum Held {
     Redis(redis::Slots),
 }
 
+/// A handle on the store that settles reservations after the request path
+/// has returned (from a response body's trailers, see [`crate::settle`]).
+pub enum Settler {
+    Memory(MemoryStore),
+    Redis(redis::Settler),
+}
+
+impl Settler {
+    /// [`AnyStore::settle`].
+    pub fn settle(&self, check: &Check<'_>, delta: i64, stamp: Stamp) {
+        match self {
+            Settler::Memory(s) => s.settle(check, delta, s.now().saturating_sub(stamp.store)),
+            Settler::Redis(s) => s.settle(check, delta, stamp.at.elapsed()),
+        }
+    }
+}
+
+/// When a reservation was counted (see [`AnyStore::stamp`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Stamp {
+    at: std::time::Instant,
+    store: crate::limiter::Nanos,
+}
+
 /// The store the server runs with, chosen by `[store] backend`.
 ///
 /// An enum rather than `Box<dyn Store>`: `Store::check` returns an
@@ -157,6 +186,39 @@ impl AnyStore {
                 let (verdicts, held) = s.check_local_holding(checks, mode);
                 Some((verdicts, held.map(Held::Memory)))
             }
+        }
+    }
+
+    /// A handle that settles from wherever a response body ends (a few
+    /// reference counts).
+    pub fn settler(&self) -> Settler {
+        match self {
+            AnyStore::Memory(s) => Settler::Memory(s.clone()),
+            AnyStore::Redis(s) => Settler::Redis(s.settler()),
+        }
+    }
+
+    /// When a reservation is counted, for [`AnyStore::settle`]: the
+    /// memory store's own clock (a test's may stand still while real time
+    /// passes) and this process's monotonic one (Redis counts on its
+    /// server's clock, so only the time since matters).
+    pub fn stamp(&self) -> Stamp {
+        let store = match self {
+            AnyStore::Memory(s) => s.now(),
+            AnyStore::Redis(_) => 0,
+        };
+        Stamp { at: std::time::Instant::now(), store }
+    }
+
+    /// Corrects the reservation a check made at `stamp` by `delta` units
+    /// (real cost minus reserved) in one atomic step: under the shard lock
+    /// here, in one script call in the background for Redis (the response
+    /// is not held for it). A correction Redis does not take is lost: the
+    /// reservation stands.
+    pub fn settle(&self, check: &Check<'_>, delta: i64, stamp: Stamp) {
+        match self {
+            AnyStore::Memory(s) => s.settle(check, delta, s.now().saturating_sub(stamp.store)),
+            AnyStore::Redis(s) => s.settle(check, delta, stamp.at.elapsed()),
         }
     }
 

@@ -233,6 +233,15 @@ async fn echo(req: Request<Incoming>, state: Arc<UpstreamState>) -> Result<Respo
     let h = resp.headers_mut();
     h.insert("content-type", HeaderValue::from_static("application/json"));
     h.insert("x-upstream", HeaderValue::from_static("echo"));
+    // `x-echo-header: name: value` comes back as a response header.
+    for asked in parts.headers.get_all("x-echo-header") {
+        if let Some((name, value)) = asked.to_str().ok().and_then(|a| a.split_once(':'))
+            && let (Ok(name), Ok(value)) =
+                (http::HeaderName::from_bytes(name.trim().as_bytes()), HeaderValue::from_str(value.trim()))
+        {
+            h.append(name, value);
+        }
+    }
     if hop {
         h.insert("connection", HeaderValue::from_static("x-upstream-hop"));
         h.insert("x-upstream-hop", HeaderValue::from_static("secret"));

@@ -132,6 +132,21 @@ local function decide()
   local escrow = 0
   for i = 1, #live_units do escrow = escrow + live_units[i] end
 
+  if mode == 4 then
+    -- Settle (`cost_response_header`): the real cost minus the reserved
+    -- one, given back (`extra` starts with '-') or charged on top. A
+    -- charge may take the level above the capacity: a debt that the next
+    -- requests wait out, as `settle` in src/limiter/settle.rs.
+    local new_level
+    if match(extra, '^%-') then
+      new_level = max(level - cost, 0)
+    else
+      new_level = level + cost
+    end
+    if state or new_level > tol then save(t, new_level, escrow, drain_ns(new_level + escrow)) end
+    return 1, 0, 0, 0, 0, 0
+  end
+
   if mode == 2 then
     -- Refund: give back what an earlier call of this request took.
     if state then

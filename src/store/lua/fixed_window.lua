@@ -27,6 +27,33 @@ local function decide()
     end
   end
 
+  if mode == 4 then
+    -- Settle (`cost_response_header`), as `settle` in src/limiter/settle.rs:
+    -- `extra` is the sign and how long ago (µs) the reservation was
+    -- counted. A charge goes to the current window and may take its count
+    -- past the limit (a debt the next requests wait out); a refund reaches
+    -- the reservation's window only while it is the current one.
+    local sign, since = match(extra, '^([+-])(%d+)$')
+    local start = max(now - fmod(now - origin, window), stored_start)
+    if sign == '+' then
+      local count = cost
+      if stored_start == start then count = stored_count + cost end
+      local ttl_ms = max(ceil((start + window - now) / 1000), 1)
+      call('SET', key, format('%d:%d', start, count), 'PX', ttl_ms)
+    elseif sign == '-' then
+      local at = now - tonum(since)
+      if stored_start == start and stored_start == at - fmod(at - origin, window) then
+        local count = max(stored_count - cost, 0)
+        if count == 0 then
+          call('DEL', key)
+        else
+          call('SET', key, format('%d:%d', stored_start, count), 'KEEPTTL')
+        end
+      end
+    end
+    return 1, 0, 0, 0, 0, 0
+  end
+
   if mode == 2 then
     -- Refund, only if the window it was counted in is still the stored one.
     if stored_start == tonum(extra) then

@@ -33,6 +33,35 @@ local function decide()
     end
   end
 
+  if mode == 4 then
+    -- Settle (`cost_response_header`), as `settle` in src/limiter/settle.rs:
+    -- `extra` is the sign and how long ago (µs) the reservation was
+    -- counted. A charge goes to the current window (its count may pass the
+    -- limit: a debt the next requests wait out); a refund to the window the
+    -- reservation went to, current or previous.
+    local sign, since = match(extra, '^([+-])(%d+)$')
+    local start = max(now - fmod(now, window), stored_start)
+    local prev, curr = 0, 0
+    if stored_start == start then
+      prev, curr = stored_prev, stored_curr
+    elseif stored_start + window == start then
+      prev, curr = stored_curr, 0
+    end
+    if sign == '+' then
+      curr = min(curr + cost, 4294967295)
+      save(start, prev, curr, max(ceil((start + 2 * window - now) / 1000), 1))
+    elseif sign == '-' and state then
+      local at = now - tonum(since)
+      local reserved = at - fmod(at, window)
+      if reserved == start then
+        save(start, prev, max(curr - cost, 0), max(ceil((start + 2 * window - now) / 1000), 1))
+      elseif reserved + window == start then
+        save(start, max(prev - cost, 0), curr, max(ceil((start + 2 * window - now) / 1000), 1))
+      end
+    end
+    return 1, 0, 0, 0, 0, 0
+  end
+
   if mode == 2 then
     -- Refund from the window the request was counted in, which may have
     -- become the previous one since.

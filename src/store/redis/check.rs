@@ -41,6 +41,9 @@ impl Shared {
         let mut local: Vec<Option<Verdict>> = vec![None; checks.len()];
         if consume && self.leases.enabled() {
             for ((slot, c), key) in local.iter_mut().zip(checks).zip(&keys) {
+                if c.settles {
+                    continue;
+                }
                 *slot = self.leases.take(key, &c.limits, c.cost, started);
             }
             if local.iter().all(Option::is_some) {
@@ -62,7 +65,7 @@ impl Shared {
             .iter()
             .map(|&i| {
                 let c = &checks[i];
-                if consume && self.leases.enabled() {
+                if consume && self.leases.enabled() && !c.settles {
                     self.leases.want(&keys[i], &c.limits, c.cost, started, self.timeout)
                 } else {
                     LeaseArgs::default()

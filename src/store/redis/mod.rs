@@ -122,6 +122,15 @@ pub struct RedisStore {
     tasks: Vec<JoinHandle<()>>,
 }
 
+/// [`RedisStore::settle`] from a response body's trailers.
+pub struct Settler(Arc<Shared>);
+
+impl Settler {
+    pub fn settle(&self, check: &Check<'_>, delta: i64, since: Duration) {
+        self.0.settle(check, delta, since);
+    }
+}
+
 /// What the request path and the probe task share.
 struct Shared {
     pool: Pool,
@@ -233,6 +242,17 @@ impl RedisStore {
     /// takes until it ends (see [`Slots`]).
     pub async fn check_holding(&self, checks: &[Check<'_>], mode: Mode) -> (Vec<Answer>, Option<Slots>) {
         self.shared.check_holding(checks, mode).await
+    }
+
+    /// Corrects a check's reservation in Redis by `delta` units, in the
+    /// background (see [`crate::store::AnyStore::settle`]).
+    pub fn settle(&self, check: &Check<'_>, delta: i64, since: Duration) {
+        self.shared.settle(check, delta, since);
+    }
+
+    /// A handle that settles after the request path has returned.
+    pub fn settler(&self) -> Settler {
+        Settler(self.shared.clone())
     }
 
     /// Whether checks currently bypass Redis.

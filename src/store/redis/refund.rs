@@ -39,6 +39,21 @@ impl Shared {
         self.spawn_refunds(calls);
     }
 
+    /// Corrects, in the background, what a check reserved by `delta` units,
+    /// counted `since` ago: one script call (mode `Settle`), atomic on the
+    /// server. Never through a lease: a settled check takes none. A call
+    /// that fails is not retried (it may have run): the reservation stands.
+    pub(super) fn settle(self: &Arc<Self>, check: &Check<'_>, delta: i64, since: Duration) {
+        if delta == 0 || !crate::limiter::settles(check.limits.algorithm) {
+            return;
+        }
+        let sign = if delta < 0 { '-' } else { '+' };
+        let tail = format!("{sign}{}", since.as_micros());
+        let key = super::scripts::redis_key(&self.key_prefix, check.key, check.limits.algorithm);
+        let args = scripts::args(ScriptMode::Settle, &check.limits, delta.unsigned_abs(), &tail, LeaseArgs::default());
+        self.spawn_refunds(vec![(check.limits.algorithm, key, args)]);
+    }
+
     /// Gives back, in the background, leased units nobody here will spend.
     pub(super) fn give_back_to_redis(self: &Arc<Self>, unused: Vec<lease::Unused>) {
         let shared = self.clone();

@@ -25,6 +25,10 @@ pub(super) enum ScriptMode {
     Refund = 2,
     /// Keep a concurrency slot alive: its request is still in flight.
     Renew = 3,
+    /// Correct what a `Consume` reserved once its request's real cost is
+    /// known: the cost is the difference, the tail its sign and how long
+    /// ago the reservation was counted (see `cost_response_header`).
+    Settle = 4,
 }
 
 /// The shebang that lets one call of a script touch keys of several slots

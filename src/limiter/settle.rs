@@ -1,0 +1,82 @@
+//! Settlement: a request reserved its estimated cost when it was admitted,
+//! and its real cost arrives with its response (`cost_response_header`).
+//! The difference is given back or charged on top, unconditionally: a
+//! request whose real cost exceeds what was left is counted in full, and
+//! the bucket goes into debt (a token bucket's level above its burst, a
+//! window's count above its limit). The arithmetic of [`evaluate`] already
+//! reads such a state right: the next requests are refused, `remaining` is
+//! 0, never negative, and `Retry-After` is the time the debt takes to clear.
+//!
+//! [`evaluate`]: super::evaluate
+
+use super::{Algorithm, Cell, Limits, Nanos};
+
+/// Whether an algorithm can be settled. The leaky bucket has already told
+/// each request how long to wait from the queue ahead of it, the sliding
+/// log stamps one entry per request and the concurrency limiter counts
+/// requests, not units: none has a cost to correct after the fact.
+pub fn settles(algorithm: Algorithm) -> bool {
+    matches!(algorithm, Algorithm::TokenBucket | Algorithm::FixedWindow | Algorithm::SlidingWindowCounter)
+}
+
+/// The cell after a request's reservation is corrected by `delta` units
+/// (the real cost minus the reserved one: negative gives back). `since` is
+/// how long ago the reservation was counted: a window gives back only to
+/// the window the reservation went to, and only while that window is still
+/// stored (afterwards it no longer counts anyway). An extra charge goes to
+/// the current window. `None`: nothing to change.
+pub fn settle(cell: Cell, now: Nanos, limits: &Limits, delta: i64, since: Nanos) -> Option<Cell> {
+    if delta == 0 || !settles(limits.algorithm) {
+        return None;
+    }
+    let limits = &limits.bounded();
+    let units = delta.unsigned_abs();
+    let w = limits.window;
+    // Window starts, aligned to the origin (a calendar window's start, or
+    // the epoch) as `fixed_window` aligns them.
+    let align = |t: Nanos| {
+        let into = t.saturating_sub(limits.origin);
+        limits.origin + into - into % w
+    };
+    let reserved_in = align(now.saturating_sub(since));
+    match limits.algorithm {
+        Algorithm::TokenBucket => {
+            let elapsed = now.saturating_sub(cell.t) as f64;
+            let level = (f64::from_bits(cell.v) - elapsed * limits.rate()).max(0.0);
+            let level = if delta > 0 { level + units as f64 } else { (level - units as f64).max(0.0) };
+            Some(Cell { t: now.max(cell.t), v: level.to_bits() })
+        }
+        Algorithm::FixedWindow => {
+            let start = align(now).max(cell.t);
+            if delta > 0 {
+                let count = if cell.t == start { cell.v } else { 0 };
+                Some(Cell { t: start, v: count.saturating_add(units) })
+            } else if cell.t == reserved_in && reserved_in == start && cell.v > 0 {
+                Some(Cell { t: cell.t, v: cell.v.saturating_sub(units) })
+            } else {
+                None
+            }
+        }
+        Algorithm::SlidingWindowCounter => {
+            let start = (now - now % w).max(cell.t);
+            let (prev, curr) = if cell.t == start {
+                (cell.v >> 32, cell.v & 0xffff_ffff)
+            } else if cell.t + w == start {
+                (cell.v & 0xffff_ffff, 0)
+            } else {
+                (0, 0)
+            };
+            let (prev, curr) = if delta > 0 {
+                (prev, curr.saturating_add(units).min(u32::MAX as u64))
+            } else if reserved_in == start {
+                (prev, curr.saturating_sub(units))
+            } else if reserved_in + w == start {
+                (prev.saturating_sub(units), curr)
+            } else {
+                return None;
+            };
+            Some(Cell { t: start, v: (prev << 32) | curr })
+        }
+        _ => None,
+    }
+}

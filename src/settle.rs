@@ -1,0 +1,104 @@
+//! `cost_response_header`: a request reserves its estimated cost when it
+//! is admitted, and its response says what it really cost (LLM tokens,
+//! bytes, query work), which corrects the counters: the difference is
+//! given back, or charged on top even past the limit (a debt the next
+//! requests wait out; see `src/limiter/settle.rs`).
+//!
+//! The real cost is read from the response head when the upstream sends
+//! it there, or else from the body's trailers, which only come at its end:
+//! [`OnTrailers`] then rides on the response body (see [`crate::held`]).
+//! A cost that never arrives (no such header or trailer, a value that is
+//! not a whole number, an upstream error, a client gone before the
+//! trailers) leaves the reservation as it was counted.
+//!
+//! Nothing here runs for a rule set without such a rule: the request path
+//! looks only when [`crate::rules::RuleSet::any_settles`] is set.
+
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderName};
+
+use crate::config::OnError;
+use crate::limiter::Limits;
+use crate::metrics::Metrics;
+use crate::store::{AnyStore, Check, Settler, Stamp};
+
+/// An admitted rule whose reservation waits for its request's real cost.
+pub struct Settling {
+    /// Where the real cost comes: the rule's `cost_response_header`.
+    pub header: HeaderName,
+    pub rule: String,
+    pub key: String,
+    pub limits: Limits,
+    pub reserved: u64,
+    pub enforced: bool,
+    pub on_error: OnError,
+    /// When the reservation was counted: a window gives back only to the
+    /// window it went to.
+    pub at: Stamp,
+}
+
+impl Settling {
+    /// Corrects the reservation to the real cost `found` in a header map
+    /// (the response head or its trailers). `false` when the map does not
+    /// carry it.
+    fn apply(&self, found: &HeaderMap, store: Target<'_>, metrics: &Metrics) -> bool {
+        let Some(value) = found.get(&self.header) else { return false };
+        let Some(real) = value.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()) else {
+            // Rare: the label lookup's lock is paid only here.
+            metrics.cost_settle_invalid_total.with_label_values(&[&self.rule]).inc();
+            return true;
+        };
+        // At most one bucket of debt, whatever the upstream says.
+        let real = real.min(self.limits.capacity());
+        let delta = i64::try_from(real).unwrap_or(i64::MAX) - i64::try_from(self.reserved).unwrap_or(i64::MAX);
+        let check = Check {
+            key: &self.key,
+            limits: self.limits,
+            cost: self.reserved,
+            enforced: self.enforced,
+            on_error: self.on_error,
+            settles: true,
+        };
+        match store {
+            Target::Store(s) => s.settle(&check, delta, self.at),
+            Target::Settler(s) => s.settle(&check, delta, self.at),
+        }
+        true
+    }
+}
+
+enum Target<'a> {
+    Store(&'a AnyStore),
+    Settler(&'a Settler),
+}
+
+/// Settles what the response head carries. Answers what is left for its
+/// trailers (`None` when nothing is, which is always the case once the
+/// body has ended).
+pub fn at_head(
+    settling: Vec<Settling>,
+    head: &HeaderMap,
+    body_ended: bool,
+    store: &AnyStore,
+    metrics: &Arc<Metrics>,
+) -> Option<OnTrailers> {
+    let left: Vec<Settling> = settling.into_iter().filter(|s| !s.apply(head, Target::Store(store), metrics)).collect();
+    (!left.is_empty() && !body_ended).then(|| OnTrailers { left, store: store.settler(), metrics: metrics.clone() })
+}
+
+/// Reservations waiting for the response body's trailers.
+pub struct OnTrailers {
+    left: Vec<Settling>,
+    store: Settler,
+    metrics: Arc<Metrics>,
+}
+
+impl OnTrailers {
+    /// Settles what the trailers carry; the rest keep their reservation.
+    pub fn trailers(self, trailers: &HeaderMap) {
+        for s in &self.left {
+            s.apply(trailers, Target::Settler(&self.store), &self.metrics);
+        }
+    }
+}
