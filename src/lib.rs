@@ -44,6 +44,8 @@
 //! | [`config`] | the only code that reads files: main config and rules, validated with file:line:column errors |
 //! | [`reload`] | watch the rules, debounce, validate, swap; keep the old rules on error |
 //! | [`admin`] | `/metrics`, `/healthz`, `/readyz`, `/rules` |
+//! | [`decision`] | `[listen] decision`: `POST /v1/check`, the proxy's decision for services not behind it ([`decision::decide`], shared with `envoy_rls`) |
+//! | [`envoy_rls`] | `[listen] envoy_rls`: Envoy's `ShouldRateLimit` over gRPC, descriptors mapped to rules by `[[envoy]]` ([`config::EnvoyMapping`]); tonic's generated service on hyper's HTTP/2 server |
 //! | [`metrics`] | Prometheus metrics on an explicit registry |
 //! | [`summary`] | a periodic `info` log line: requests allowed and limited since the last one |
 //! | [`clock`] | wall-clock time, or a manual clock for tests |
@@ -61,6 +63,8 @@ pub mod cli;
 pub mod client;
 pub mod clock;
 pub mod config;
+pub mod decision;
+pub mod envoy_rls;
 pub mod error;
 pub mod floor;
 pub mod forward;

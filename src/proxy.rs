@@ -686,6 +686,45 @@ impl Proxy {
         answers
     }
 
+    /// One rule's decision for a caller outside the request path (the
+    /// decision API, [`crate::decision`]): the same store round trip,
+    /// store timeout and `on_error` fallback as a proxied request, so both
+    /// spend one counter. Returns the answer and the limits it was checked
+    /// against (soft throttling applied; elastic sees no upstream). Not for
+    /// concurrency rules: a slot taken here would be given back at once.
+    pub async fn decide_one(
+        &self,
+        rule: &Rule,
+        plan: &Plan,
+        key: String,
+        cost: u64,
+    ) -> (Answer, crate::limiter::Limits) {
+        let pending = [Pending { rule, plan, key, check_limits: rule.limits_of(plan, 0), cost }];
+        let mut held = None;
+        let answers = self.decide(&pending, &mut held).await;
+        let mut answers = self.decide_locally(answers, &pending, &mut held);
+        let limits = pending[0].check_limits;
+        // One check in, one answer out; an empty vector cannot happen, but
+        // would read as a store that gave no answer.
+        (answers.pop().unwrap_or(Err(StoreError::Timeout(self.store_timeout))), limits)
+    }
+
+    /// The `on_error` policy of `rule`.
+    pub fn on_error_of(&self, rule: &Rule) -> OnError {
+        rule.spec.on_error.unwrap_or(self.default_on_error)
+    }
+
+    /// `[client]`: how client addresses are keyed (the decision API keys
+    /// an `ip` the way the proxy keys a client).
+    pub fn client_config(&self) -> &ClientConfig {
+        &self.client
+    }
+
+    /// `[listen]` path normalisation, for paths given to the decision API.
+    pub fn normalization(&self) -> &Normalization {
+        &self.normalization
+    }
+
     /// `[store] on_error`: what rules without their own policy do when the
     /// store fails.
     pub fn default_on_error(&self) -> OnError {

@@ -16,7 +16,9 @@ use std::time::SystemTime;
 
 use http::{HeaderMap, Method};
 
-use crate::config::{Cost, DenySpec, KeyPart, LoadedRules, PathPattern, RuleMode, RuleSpec, Throttle, TierSource};
+use crate::config::{
+    Cost, DenySpec, EnvoyMapping, KeyPart, LoadedRules, PathPattern, RuleMode, RuleSpec, Throttle, TierSource,
+};
 use crate::limiter::{Limits, NANOS_PER_SEC, Nanos};
 use crate::metrics::{Metrics, RuleCounters};
 
@@ -52,6 +54,8 @@ pub struct RuleSet {
     /// on it, or a deny or `exempt` list names keys): without one, a
     /// request's API key header is not looked up.
     pub any_reads_api_key: bool,
+    /// `[[envoy]]`: Envoy rate limit descriptors mapped to rules.
+    pub envoy: Vec<EnvoyMapping>,
     /// The files they were read from.
     pub files: Vec<PathBuf>,
     pub loaded_at: SystemTime,
@@ -223,6 +227,7 @@ impl RuleSet {
         RuleSet {
             rules,
             denies: Vec::new(),
+            envoy: Vec::new(),
             keys_on_user,
             tier_claim,
             read_headers,
@@ -243,6 +248,7 @@ impl RuleSet {
     pub fn from_loaded(loaded: LoadedRules, metrics: &Metrics) -> RuleSet {
         let mut set = RuleSet::build(loaded.rules, loaded.files, metrics);
         set.denies = loaded.denies;
+        set.envoy = loaded.envoy;
         set.denies_name_users = set.denies.iter().any(|d| !d.clients.users.is_empty());
         set.any_needs_user |= set.denies_name_users;
         set.any_reads_api_key |= set.denies.iter().any(|d| !d.clients.api_keys.is_empty());

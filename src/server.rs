@@ -60,6 +60,10 @@ pub struct Server {
     tls: Option<Tls>,
     /// `[listen] http_redirect`.
     redirect_listener: Option<TcpListener>,
+    /// `[listen] decision`.
+    decision_listener: Option<TcpListener>,
+    /// `[listen] envoy_rls`.
+    envoy_rls_listener: Option<TcpListener>,
     /// SIGHUP, caught from `bind` on: reopens the access log and reloads
     /// the rules.
     hangup: Option<crate::process::Hangup>,
@@ -97,8 +101,27 @@ impl Server {
             Some(addr) => Some(bind(addr).await?),
             None => None,
         };
+        let decision_listener = match config.listen.decision {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        };
+        let envoy_rls_listener = match config.listen.envoy_rls {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        };
         let hangup = crate::process::hangup_signal();
-        Ok(Server { config, proxy, reloader, proxy_listener, admin_listener, tls, redirect_listener, hangup })
+        Ok(Server {
+            config,
+            proxy,
+            reloader,
+            proxy_listener,
+            admin_listener,
+            tls,
+            redirect_listener,
+            decision_listener,
+            envoy_rls_listener,
+            hangup,
+        })
     }
 
     /// The address clients connect to (useful when the config said port 0).
@@ -116,6 +139,16 @@ impl Server {
         self.redirect_listener.as_ref().and_then(|l| l.local_addr().ok())
     }
 
+    /// The decision API listener's address, when there is one.
+    pub fn decision_addr(&self) -> Option<SocketAddr> {
+        self.decision_listener.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// The Envoy rate limit service's address, when there is one.
+    pub fn envoy_rls_addr(&self) -> Option<SocketAddr> {
+        self.envoy_rls_listener.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
     /// The request path, for tests that inspect it.
     pub fn proxy(&self) -> Arc<Proxy> {
         self.proxy.clone()
@@ -129,7 +162,18 @@ impl Server {
     /// Serves until `shutdown` completes, then drains.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
         let https_port = self.proxy_addr().port();
-        let Server { config, proxy, reloader, proxy_listener, admin_listener, tls, redirect_listener, hangup } = self;
+        let Server {
+            config,
+            proxy,
+            reloader,
+            proxy_listener,
+            admin_listener,
+            tls,
+            redirect_listener,
+            decision_listener,
+            envoy_rls_listener,
+            hangup,
+        } = self;
         let watch = tokio::spawn(reloader.clone().watch());
         let hangups = hangup.map(|h| tokio::spawn(h.each(on_hangup(proxy.clone(), reloader.clone()))));
         let _summary = crate::summary::spawn(&proxy.metrics);
@@ -158,6 +202,9 @@ impl Server {
         let redirect_task = redirect_listener.map(|l| {
             tokio::spawn(crate::redirect::serve(l, https_port, slots.clone(), config.listen.header_read_timeout))
         });
+        let decision_task = decision_listener
+            .map(|l| tokio::spawn(crate::decision::serve(l, proxy.clone(), config.listen.header_read_timeout)));
+        let envoy_rls_task = envoy_rls_listener.map(|l| tokio::spawn(crate::envoy_rls::serve(l, proxy.clone())));
 
         serve_proxy(proxy_listener, proxy.clone(), &config, tls, slots, shutdown).await;
         proxy.store.close().await;
@@ -166,7 +213,7 @@ impl Server {
             h.abort();
         }
 
-        for task in cert_watch.into_iter().chain(redirect_task) {
+        for task in cert_watch.into_iter().chain(redirect_task).chain(decision_task).chain(envoy_rls_task) {
             task.abort();
         }
         watch.abort();

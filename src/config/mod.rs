@@ -9,6 +9,7 @@
 //! (one file or a directory of `*.toml`) is read at start-up and again on
 //! every reload.
 
+mod envoy;
 mod error;
 mod log;
 mod machine;
@@ -30,6 +31,7 @@ use toml::Spanned;
 
 pub use crate::normalize::{EncodedSlashes, Normalization};
 
+pub use envoy::EnvoyMapping;
 pub use error::{ConfigError, ConfigErrors, line_col};
 pub use log::{AccessLogTarget, LogConfig};
 pub use overrides::{OverrideSpec, TierSource, TiersSpec};
@@ -111,6 +113,12 @@ pub struct Listen {
     pub tls: Vec<crate::tls::Certificate>,
     /// A plain-HTTP listener answering 308 to the `https://` URL.
     pub http_redirect: Option<SocketAddr>,
+    /// `[listen] decision`: the decision API's listener (`POST /v1/check`,
+    /// see [`crate::decision`]); none when not set.
+    pub decision: Option<SocketAddr>,
+    /// `[listen] envoy_rls`: Envoy's rate limit service over gRPC; none
+    /// when not set.
+    pub envoy_rls: Option<SocketAddr>,
 }
 
 /// `[store]`
@@ -342,9 +350,13 @@ impl Validator<'_> {
             None => 16 * 1024,
         };
         let (tls, http_redirect) = self.listen_tls(&listen);
+        let decision = listen.decision.as_ref().and_then(|v| self.socket_addr(v, "listen.decision"));
+        let envoy_rls = listen.envoy_rls.as_ref().and_then(|v| self.socket_addr(v, "listen.envoy_rls"));
         let listen = Listen {
             tls,
             http_redirect,
+            decision,
+            envoy_rls,
             max_uri_bytes,
             proxy: proxy.unwrap_or(default_proxy),
             admin: admin.unwrap_or(default_admin),

@@ -2,6 +2,8 @@
 //! values that are validated later keep their position (`Spanned`) so the
 //! error can point at them.
 
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -40,6 +42,8 @@ pub struct RawListen {
     pub tunnel_idle_timeout: Option<Spanned<String>>,
     pub tls: Option<Vec<Spanned<RawTls>>>,
     pub http_redirect: Option<Spanned<String>>,
+    pub decision: Option<Spanned<String>>,
+    pub envoy_rls: Option<Spanned<String>>,
 }
 
 /// `[[listen.tls]]`: one certificate the proxy listener may present.
@@ -141,6 +145,8 @@ pub struct RawRulesFile {
     pub rule: Vec<Spanned<RawRule>>,
     #[serde(default)]
     pub deny: Vec<Spanned<RawDeny>>,
+    #[serde(default)]
+    pub envoy: Vec<Spanned<RawEnvoy>>,
 }
 
 /// Who a `[[deny]]` entry or a rule's `exempt` names.
@@ -150,6 +156,18 @@ pub struct RawClients {
     pub ips: Option<Vec<Spanned<String>>>,
     pub users: Option<Vec<String>>,
     pub api_keys: Option<Vec<String>>,
+}
+
+/// `[[envoy]]`: Envoy rate limit descriptors a rule decides (see
+/// [`super::envoy`]).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawEnvoy {
+    pub domain: Spanned<String>,
+    pub rule: Spanned<String>,
+    #[serde(rename = "match")]
+    pub matcher: Option<Spanned<BTreeMap<String, String>>>,
+    pub key: Option<Spanned<BTreeMap<String, String>>>,
 }
 
 /// `[[deny]]`: clients answered 403 before any counting.

@@ -147,6 +147,8 @@ pub struct LoadedRules {
     pub denies: Vec<DenySpec>,
     /// The files read, in order.
     pub files: Vec<PathBuf>,
+    /// `[[envoy]]` entries, in file order.
+    pub envoy: Vec<super::EnvoyMapping>,
 }
 
 /// One rules file, validated: each rule with the span of its name (for
@@ -155,6 +157,8 @@ pub struct LoadedRules {
 pub struct RulesFile {
     pub rules: Vec<(RuleSpec, std::ops::Range<usize>)>,
     pub denies: Vec<DenySpec>,
+    /// `[[envoy]]` entries, checked against the rules by [`load_rules`].
+    pub envoy: Vec<Spanned<super::raw::RawEnvoy>>,
 }
 
 /// A validated rule.
@@ -250,6 +254,7 @@ pub fn load_rules(path: &Path, config: &Config) -> Result<LoadedRules, ConfigErr
     let files = rule_files(path)?;
     let mut specs: Vec<RuleSpec> = Vec::new();
     let mut denies: Vec<DenySpec> = Vec::new();
+    let mut envoy = Vec::new();
     let mut errors = Vec::new();
     for file in &files {
         let source = match std::fs::read_to_string(file) {
@@ -277,10 +282,13 @@ pub fn load_rules(path: &Path, config: &Config) -> Result<LoadedRules, ConfigErr
                 specs.push(rule);
             }
         }
+        let (mappings, mut envoy_errors) = super::envoy::resolve(file, &source, parsed.envoy, &specs);
+        envoy.extend(mappings);
+        file_errors.append(&mut envoy_errors);
         file_errors.sort_by_key(|e| (e.line, e.column));
         errors.append(&mut file_errors);
     }
-    if errors.is_empty() { Ok(LoadedRules { rules: specs, denies, files }) } else { Err(ConfigErrors(errors)) }
+    if errors.is_empty() { Ok(LoadedRules { rules: specs, denies, files, envoy }) } else { Err(ConfigErrors(errors)) }
 }
 
 /// Validates the text of one rules file: its rules alone (see
@@ -339,7 +347,7 @@ fn validate_rules_file(file: &Path, source: &str, config: &Config) -> (RulesFile
             out.push((spec, name_span));
         }
     }
-    (RulesFile { rules: out, denies }, v.errors)
+    (RulesFile { rules: out, denies, envoy: raw.envoy }, v.errors)
 }
 
 /// Why `rule` cannot join `earlier`, if it cannot: its tier reads another

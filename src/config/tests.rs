@@ -110,6 +110,8 @@ idle_timeout = "90s"
 max_connections = 250
 drain_timeout = "2m"
 max_header_bytes = 2048
+decision = "127.0.0.1:8081"
+envoy_rls = "[::1]:8082"
 
 [rules]
 path = "/srv/rules.toml"
@@ -151,6 +153,8 @@ upstream = "users"
     );
     assert_eq!(c.listen.proxy.to_string(), "[::]:8000");
     assert_eq!(c.listen.admin.to_string(), "127.0.0.1:0");
+    assert_eq!(c.listen.decision.map(|a| a.to_string()).as_deref(), Some("127.0.0.1:8081"));
+    assert_eq!(c.listen.envoy_rls.map(|a| a.to_string()).as_deref(), Some("[::1]:8082"));
     assert_eq!(c.listen.header_read_timeout, 5 * SEC);
     assert_eq!(c.listen.idle_timeout, 90 * SEC);
     assert_eq!(c.listen.max_connections, 250);
@@ -198,6 +202,7 @@ fn an_empty_main_file_takes_every_default() {
     assert_eq!(c.listen.max_connections, 10_000);
     assert_eq!(c.listen.drain_timeout, 30 * SEC);
     assert_eq!(c.listen.max_header_bytes, 65_536);
+    assert_eq!((c.listen.decision, c.listen.envoy_rls), (None, None));
     assert_eq!(c.rules_path, PathBuf::from("/etc/tollgate/rules"));
     assert_eq!(c.store.backend, Backend::Memory);
     assert_eq!(c.store.url, None);
@@ -380,6 +385,13 @@ fn bad_listen_addresses() {
     assert_eq!(
         errors("[listen]\nproxy = \"0.0.0.0:80800\"\n"),
         ["t.toml:2:9: listen.proxy \"0.0.0.0:80800\" is not an address such as \"0.0.0.0:8080\" or \"[::1]:8080\""]
+    );
+    assert_eq!(
+        errors("[listen]\ndecision = \"8081\"\nenvoy_rls = \"grpc://127.0.0.1:8082\"\n"),
+        [
+            "t.toml:2:12: listen.decision \"8081\" is not an address such as \"0.0.0.0:8080\" or \"[::1]:8080\"",
+            "t.toml:3:13: listen.envoy_rls \"grpc://127.0.0.1:8082\" is not an address such as \"0.0.0.0:8080\" or \"[::1]:8080\""
+        ]
     );
 }
 
@@ -1044,7 +1056,7 @@ fn unknown_keys_in_a_rule_and_in_match() {
     );
     assert_eq!(
         rule_errors("[[rules]]\nname = \"r\"\n"),
-        ["r.toml:1:3: unknown field `rules`, expected `rule` or `deny`"]
+        ["r.toml:1:3: unknown field `rules`, expected one of `rule`, `deny`, `envoy`"]
     );
 }
 

@@ -292,6 +292,10 @@ pub struct Tollgate {
     pub admin_addr: SocketAddr,
     /// `[listen] http_redirect`'s address, when configured.
     pub redirect_addr: Option<SocketAddr>,
+    /// `[listen] decision`'s address, when configured.
+    pub decision_addr: Option<SocketAddr>,
+    /// `[listen] envoy_rls`'s address, when configured.
+    pub envoy_rls_addr: Option<SocketAddr>,
     pub proxy: Arc<Proxy>,
     pub reloader: Arc<Reloader>,
     shutdown: Option<oneshot::Sender<()>>,
@@ -325,8 +329,13 @@ impl Tollgate {
         let clock = ManualClock::new(T0);
         let server = Server::bind(config, Arc::new(clock.clone())).await.unwrap_or_else(|e| panic!("bind: {e}"));
         let (tx, rx) = oneshot::channel::<()>();
-        let (proxy_addr, admin_addr, redirect_addr) =
-            (server.proxy_addr(), server.admin_addr(), server.redirect_addr());
+        let (proxy_addr, admin_addr, redirect_addr, decision_addr, envoy_rls_addr) = (
+            server.proxy_addr(),
+            server.admin_addr(),
+            server.redirect_addr(),
+            server.decision_addr(),
+            server.envoy_rls_addr(),
+        );
         let (proxy, reloader) = (server.proxy(), server.reloader());
         let task = tokio::spawn(server.run(async move {
             let _ = rx.await;
@@ -337,6 +346,8 @@ impl Tollgate {
             proxy_addr,
             admin_addr,
             redirect_addr,
+            decision_addr,
+            envoy_rls_addr,
             proxy,
             reloader,
             shutdown: Some(tx),

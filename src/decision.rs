@@ -1,0 +1,438 @@
+//! The decision API (`[listen] decision`): `POST /v1/check` lets a service
+//! that is not behind the proxy ask for the same decision the proxy makes.
+//!
+//! The request names a rule and gives the values of its key parts; the
+//! bucket key is built by the rule's own key function ([`Rule::key`]) from
+//! facts assembled out of those values, so a user limited through the proxy
+//! is limited through the API and the other way round: both spend one
+//! counter, in the same store, under the same (hot-reloaded) rules, counted
+//! in the same per-rule metrics.
+//!
+//! ```text
+//! POST /v1/check  {"rule": "per-user", "key": {"user": "alice"}, "cost": 1}
+//! 200             {"allowed": true, "remaining": 4, "retry_after": 0,
+//!                  "headers": {"ratelimit": "\"per-user\";r=4;t=60", ...}}
+//! ```
+//!
+//! A rejection is still a 200 with `"allowed": false`: the call succeeded,
+//! its answer is "no". 400 (JSON) for what the caller got wrong.
+
+use std::convert::Infallible;
+use std::fmt::Write as _;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{ALLOW, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use serde_json::{Map, Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+use crate::config::{Cost, KeyPart, OnError};
+use crate::error::json_response;
+use crate::headers::{self, RuleReport};
+use crate::limiter::{Nanos, ceil_secs};
+use crate::proxy::Proxy;
+use crate::rules::{RequestFacts, Rule};
+
+/// The largest request body read: a check is a few hundred bytes; anything
+/// far larger is a mistake or an attack, answered 413 without reading on.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// Connections the decision listener serves at once.
+const MAX_CONNECTIONS: usize = 1024;
+
+/// The one path this listener serves.
+pub const CHECK_PATH: &str = "/v1/check";
+
+/// Accepts decision API connections until the task is aborted (at
+/// shutdown, like the admin listener).
+pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>, header_read_timeout: Duration) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(header_read_timeout);
+    builder.http2().timer(TokioTimer::new());
+    let builder = Arc::new(builder);
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        // Over the bound, the connection is closed: the caller's own
+        // timeout and retry policy take it from there.
+        let Ok(permit) = slots.clone().try_acquire_owned() else { continue };
+        let _ = stream.set_nodelay(true);
+        let (proxy, builder) = (proxy.clone(), builder.clone());
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| {
+                let proxy = proxy.clone();
+                async move { Ok::<_, Infallible>(handle(&proxy, req).await) }
+            });
+            let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
+            drop(permit);
+        });
+    }
+}
+
+/// Answers one request to the decision listener.
+pub async fn handle<B>(proxy: &Proxy, req: Request<B>) -> Response<Full<Bytes>>
+where
+    B: hyper::body::Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    if req.uri().path() != CHECK_PATH {
+        return json_response(
+            StatusCode::NOT_FOUND,
+            &json!({"error": "not_found", "message": "The decision API answers POST /v1/check only."}),
+        );
+    }
+    if req.method() != Method::POST {
+        let mut resp = json_response(
+            StatusCode::METHOD_NOT_ALLOWED,
+            &json!({"error": "method_not_allowed", "message": "/v1/check answers POST only."}),
+        );
+        resp.headers_mut().insert(ALLOW, HeaderValue::from_static("POST"));
+        return resp;
+    }
+    let body = match Limited::new(req.into_body(), MAX_BODY_BYTES).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return json_response(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &json!({"error": "payload_too_large", "message": format!("The body must be at most {MAX_BODY_BYTES} bytes.")}),
+            );
+        }
+        Err(_) => return bad("The request body could not be read.".into()),
+    };
+    match check(proxy, &body).await {
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(why) => bad(why),
+    }
+}
+
+fn bad(message: String) -> Response<Full<Bytes>> {
+    json_response(StatusCode::BAD_REQUEST, &json!({"error": "bad_request", "message": message}))
+}
+
+/// Decides one check. `Err` carries the sentence of the 400 answer.
+async fn check(proxy: &Proxy, body: &[u8]) -> Result<Value, String> {
+    let req: Value = serde_json::from_slice(body).map_err(|e| format!("The body is not valid JSON: {e}."))?;
+    let Value::Object(mut req) = req else { return Err("The body must be a JSON object.".into()) };
+    let name = match req.remove("rule") {
+        Some(Value::String(s)) => s,
+        Some(_) => return Err("\"rule\" must be a string.".into()),
+        None => return Err("\"rule\" is missing: the name of the rule to check.".into()),
+    };
+    let key = match req.remove("key") {
+        Some(Value::Object(m)) => m,
+        None => Map::new(),
+        Some(_) => return Err("\"key\" must be an object mapping the rule's key parts to strings.".into()),
+    };
+    let cost = req.remove("cost");
+    if let Some(other) = req.keys().next() {
+        return Err(format!("Unknown field {other:?}: a check has \"rule\", \"key\" and \"cost\"."));
+    }
+
+    let rules = proxy.rules.load();
+    let Some(rule) = rules.rules.iter().find(|r| r.name() == name) else {
+        return Err(format!("No rule is named {name:?}."));
+    };
+    if rule.spec.algorithm.holds() {
+        return Err(format!(
+            "Rule {name:?} limits requests in flight (algorithm = \"concurrency\"): a check cannot hold a slot."
+        ));
+    }
+    let max_cost = max_cost(rule);
+    let cost = match cost {
+        None => 1,
+        Some(v) => match v.as_u64() {
+            Some(n) if (1..=max_cost).contains(&n) => n,
+            _ => return Err(format!("\"cost\" must be a whole number from 1 to {max_cost}.")),
+        },
+    };
+    let o = decide(proxy, rule, &key, cost).await?;
+    let headers: Map<String, Value> = o
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.as_str().to_string(), Value::String(v.to_str().unwrap_or("").to_string())))
+        .collect();
+    let mut body = json!({
+        "allowed": o.allowed,
+        "remaining": o.remaining,
+        "retry_after": o.retry_after,
+        "headers": headers,
+    });
+    if o.delay > 0 {
+        // Leaky bucket shaping: the proxy would hold the request this long.
+        body["delay_ms"] = json!(o.delay.div_ceil(1_000_000));
+    }
+    if o.exempt {
+        body["exempt"] = json!(true);
+    }
+    if o.store_unavailable {
+        body["store_unavailable"] = json!(true);
+    }
+    Ok(body)
+}
+
+/// The largest cost one check may ask for: a `cost_header` rule's
+/// `max_cost`, as for the header; otherwise the bucket (more could never
+/// be admitted).
+pub fn max_cost(rule: &Rule) -> u64 {
+    match rule.spec.cost {
+        Cost::Header(_) => rule.spec.max_cost,
+        Cost::Fixed(_) => rule.plans().map(|p| p.nominal.capacity()).max().unwrap_or(1).max(rule.spec.max_cost),
+    }
+}
+
+/// One decision, whoever asked (`/v1/check` or Envoy's `ShouldRateLimit`).
+pub struct Outcome<'r> {
+    pub allowed: bool,
+    /// What the client is told remains (`None`: exempt, or the store
+    /// failed).
+    pub remaining: Option<u64>,
+    /// Whole seconds until a retry can pass; 0 when allowed.
+    pub retry_after: u64,
+    /// Nanoseconds until the quota is whole again.
+    pub reset_after: Nanos,
+    /// Leaky-bucket shaping: how long the proxy would hold the request.
+    pub delay: Nanos,
+    /// What the proxy's rate-limit headers would say (none for shadow
+    /// rules, exempt clients and store failures). Kept as a report rather
+    /// than rendered, so that `ShouldRateLimit` renders one set of headers
+    /// for all its descriptors, as the proxy does for all its rules.
+    pub report: Option<RuleReport<'r>>,
+    pub exempt: bool,
+    pub store_unavailable: bool,
+}
+
+impl Outcome<'_> {
+    /// The rate-limit headers the proxy would send for this one rule.
+    pub fn headers(&self) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        if let Some(report) = self.report {
+            headers::write(&mut headers, &[report], 0);
+            if !self.allowed {
+                headers::write_retry_after(&mut headers, self.retry_after);
+            }
+        }
+        headers
+    }
+}
+
+/// Decides `cost` units of `rule` for the key parts in `key` (named as in
+/// the rule's key list), counting in the store and the rule's metrics as a
+/// proxied request does. `Err` carries the sentence for the caller.
+pub async fn decide<'r>(
+    proxy: &Proxy,
+    rule: &'r Rule,
+    key: &Map<String, Value>,
+    cost: u64,
+) -> Result<Outcome<'r>, String> {
+    let given = KeyValues::parse(proxy, rule, key)?;
+    let facts = given.facts();
+    let mut o = Outcome {
+        allowed: true,
+        remaining: None,
+        retry_after: 0,
+        reset_after: 0,
+        delay: 0,
+        report: None,
+        exempt: false,
+        store_unavailable: false,
+    };
+    if !rule.spec.exempt.is_empty() && rule.spec.exempt.contains(facts.client_ip, facts.user, facts.api_key) {
+        // The proxy would not count this client under this rule either.
+        o.exempt = true;
+        return Ok(o);
+    }
+    let mut bucket = String::with_capacity(64);
+    rule.key(&facts, &mut bucket)?;
+    // An override or tier applies as for a proxied request (a tier header
+    // only when it is one of the key parts given).
+    let plan = rule.plan_for(&bucket, &facts);
+    let (answer, limits) = proxy.decide_one(rule, plan, bucket, cost).await;
+    let verdict = match answer {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::debug!(error = %e, rule = rule.name(), "decision API: store check failed");
+            // `allow` and `local` (when even the local fallback could not
+            // answer) admit; `deny` refuses, as the proxy's 503 does.
+            o.allowed = !rule.enforced() || proxy.on_error_of(rule) != OnError::Deny;
+            o.retry_after = if o.allowed { 0 } else { 1 };
+            o.store_unavailable = true;
+            return Ok(o);
+        }
+    };
+    o.reset_after = verdict.reset_after;
+    if rule.enforced() {
+        let report = RuleReport::of(rule, plan, &verdict, limits.capacity());
+        if verdict.allowed {
+            rule.counters.allowed.inc();
+            o.delay = verdict.delay;
+        } else {
+            rule.counters.limited.inc();
+            o.retry_after = ceil_secs(verdict.retry_after).max(1);
+        }
+        o.allowed = verdict.allowed;
+        o.remaining = Some(report.remaining);
+        o.report = Some(report);
+    } else {
+        // Shadow rules are measured, never enforced nor shown.
+        if verdict.allowed {
+            rule.counters.allowed.inc();
+        } else {
+            rule.counters.shadow_limited.inc();
+        }
+        o.remaining = Some(verdict.remaining);
+    }
+    Ok(o)
+}
+
+/// The values a check gave for its rule's key parts, owned, from which
+/// the [`RequestFacts`] the rule's key function reads are borrowed.
+struct KeyValues {
+    method: Method,
+    path: String,
+    query: Option<String>,
+    route: Option<String>,
+    headers: HeaderMap,
+    client: IpAddr,
+    client_ip: IpAddr,
+    user: Option<Vec<u8>>,
+    api_key: Option<Vec<u8>>,
+}
+
+impl KeyValues {
+    /// Reads one value per key part of `rule` from `given`, spelled as in
+    /// the rule's `key` list. `Err` for a part without a value, a value the
+    /// proxy could never see (an empty one, an invalid header value), or a
+    /// name the rule does not key on.
+    fn parse(proxy: &Proxy, rule: &Rule, given: &Map<String, Value>) -> Result<KeyValues, String> {
+        let unspecified = IpAddr::from([0, 0, 0, 0]);
+        let mut v = KeyValues {
+            method: Method::GET,
+            path: "/".into(),
+            query: None,
+            route: None,
+            headers: HeaderMap::new(),
+            client: unspecified,
+            client_ip: unspecified,
+            user: None,
+            api_key: None,
+        };
+        for name in given.keys() {
+            if !rule.spec.key.iter().any(|p| part_named(p, name)) {
+                return Err(format!(
+                    "Rule {:?} does not key on {name:?}; its key parts are {}.",
+                    rule.name(),
+                    parts_list(rule)
+                ));
+            }
+        }
+        for part in &rule.spec.key {
+            let spelled = part.describe();
+            let value = given.iter().find(|(k, _)| part_named(part, k)).map(|(_, v)| v);
+            let value = match value {
+                Some(Value::String(s)) if !s.is_empty() || *part == KeyPart::Route => s.as_str(),
+                Some(Value::String(_)) => return Err(format!("Key part {spelled:?} must not be empty.")),
+                Some(_) => return Err(format!("Key part {spelled:?} must be a string.")),
+                None => {
+                    return Err(format!(
+                        "Key part {spelled:?} is missing: rule {:?} keys on {}.",
+                        rule.name(),
+                        parts_list(rule)
+                    ));
+                }
+            };
+            match part {
+                KeyPart::Ip => {
+                    let ip: IpAddr =
+                        value.parse().map_err(|_| format!("Key part \"ip\": {value:?} is not an IP address."))?;
+                    v.client_ip = ip;
+                    v.client = crate::client::key_addr(ip, proxy.client_config().ipv6_prefix);
+                }
+                KeyPart::User => v.user = Some(value.as_bytes().to_vec()),
+                KeyPart::ApiKey => v.api_key = Some(value.as_bytes().to_vec()),
+                KeyPart::Route => v.route = Some(value.to_string()),
+                KeyPart::Method => {
+                    v.method = Method::from_bytes(value.as_bytes())
+                        .map_err(|_| format!("Key part \"method\": {value:?} is not an HTTP method."))?;
+                }
+                KeyPart::Path => {
+                    // Canonical, as the proxy keys a request's path.
+                    v.path = crate::normalize::path(value, proxy.normalization())
+                        .map_err(|e| format!("Key part \"path\": {}", e.reason()))?
+                        .into_owned();
+                }
+                KeyPart::Header(h) => {
+                    let hv = HeaderValue::from_str(value)
+                        .map_err(|_| format!("Key part {spelled:?}: the value is not a valid header value."))?;
+                    v.headers.insert(HeaderName::clone(h), hv);
+                }
+                KeyPart::Query(q) => {
+                    // Encoded so that the key function's form decoding gives
+                    // back exactly the value given.
+                    let query = v.query.get_or_insert_with(String::new);
+                    if !query.is_empty() {
+                        query.push('&');
+                    }
+                    form_encode(query, q.as_bytes());
+                    query.push('=');
+                    form_encode(query, value.as_bytes());
+                }
+            }
+        }
+        Ok(v)
+    }
+
+    fn facts(&self) -> RequestFacts<'_> {
+        RequestFacts {
+            method: &self.method,
+            path: &self.path,
+            query: self.query.as_deref(),
+            host: None,
+            route: self.route.as_deref().map(|r| (r, "")),
+            headers: &self.headers,
+            client: self.client,
+            client_ip: self.client_ip,
+            user: self.user.as_deref(),
+            api_key: self.api_key.as_deref(),
+            // JWT claims are the proxy's: a check carries no token.
+            tier_claim: None,
+        }
+    }
+}
+
+/// Whether `name` (from a check's `key` object) names `part`: its spelling
+/// in the rules file; a header's name in any case.
+fn part_named(part: &KeyPart, name: &str) -> bool {
+    match part {
+        KeyPart::Header(h) => name.get(..7).zip(name.get(7..)).is_some_and(|(tag, header)| {
+            tag.eq_ignore_ascii_case("header:") && header.eq_ignore_ascii_case(h.as_str())
+        }),
+        other => other.describe() == name,
+    }
+}
+
+fn parts_list(rule: &Rule) -> String {
+    rule.spec.key.iter().map(|p| format!("{:?}", p.describe())).collect::<Vec<_>>().join(", ")
+}
+
+/// Percent-encodes every byte but ASCII letters and digits.
+fn form_encode(out: &mut String, value: &[u8]) {
+    for &b in value {
+        if b.is_ascii_alphanumeric() {
+            out.push(b as char);
+        } else {
+            // `write!` to a String cannot fail.
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+}

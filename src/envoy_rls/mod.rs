@@ -1,0 +1,253 @@
+//! `[listen] envoy_rls`: Envoy's rate limit service
+//! (`envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`) over
+//! gRPC, so Envoy's and Istio's ratelimit filters can use tollgate's rules
+//! and store.
+//!
+//! Each descriptor of a request is mapped to a rule by the `[[envoy]]`
+//! entries of the rules files ([`crate::config::EnvoyMapping`]) and decided
+//! as the decision API decides a check ([`crate::decision::decide`]): the
+//! same bucket key as the proxy, the same store, metrics and `on_error`.
+//! Descriptors are decided one after the other, each spending its own
+//! counter whatever the others answer (as Envoy's own ratelimit service
+//! does). A descriptor no entry covers is `OK` with no limit.
+//!
+//! The gRPC server is tonic's generated service run on hyper's HTTP/2
+//! server (the one the proxy uses), not tonic's transport: no second HTTP
+//! stack.
+
+pub mod proto;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+use crate::headers::RuleReport;
+use crate::proxy::Proxy;
+use crate::rules::{Plan, Rule};
+use proto::envoy::config::core::v3::HeaderValue;
+use proto::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit};
+use proto::envoy::service::ratelimit::v3::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
+use proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+
+/// Connections the listener serves at once (Envoy keeps a few per worker).
+const MAX_CONNECTIONS: usize = 1024;
+
+/// Descriptors decided per request: Envoy sends one per rate limit action,
+/// a handful; more is a misuse, refused rather than served at length.
+const MAX_DESCRIPTORS: usize = 64;
+
+/// Entries per descriptor: Envoy's actions make one entry each, a handful.
+/// With [`MAX_DESCRIPTORS`] this bounds the matching work of one request.
+const MAX_ENTRIES: usize = 32;
+
+/// The largest request message: a request at both bounds above with long
+/// values fits; tonic's default (4 MiB) would let one request hold that
+/// much memory per stream.
+const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+
+/// The rate limit service: the proxy's rules and store.
+pub struct Rls {
+    proxy: Arc<Proxy>,
+}
+
+/// Accepts gRPC connections until the task is aborted (at shutdown).
+pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let service = RateLimitServiceServer::new(Rls { proxy }).max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    // Pings free the slot of an Envoy that went away without closing.
+    builder
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(256)
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(Duration::from_secs(10));
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        // Over the bound, the connection is closed: Envoy counts the
+        // failure and applies its `failure_mode_deny`.
+        let Ok(permit) = slots.clone().try_acquire_owned() else { continue };
+        let _ = stream.set_nodelay(true);
+        let svc = TowerToHyperService::new(service.clone());
+        let conn = builder.serve_connection(TokioIo::new(stream), svc);
+        tokio::spawn(async move {
+            let _ = conn.await;
+            drop(permit);
+        });
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for Rls {
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        let req = request.into_inner();
+        // Envoy's own service refuses these two the same way.
+        if req.domain.is_empty() {
+            return Err(tonic::Status::invalid_argument("domain must not be empty"));
+        }
+        if req.descriptors.is_empty() || req.descriptors.len() > MAX_DESCRIPTORS {
+            return Err(tonic::Status::invalid_argument(format!("a request needs 1 to {MAX_DESCRIPTORS} descriptors")));
+        }
+        if req.descriptors.iter().any(|d| d.entries.len() > MAX_ENTRIES) {
+            return Err(tonic::Status::invalid_argument(format!("a descriptor has at most {MAX_ENTRIES} entries")));
+        }
+        let rules = self.proxy.rules.load();
+        let mut over = false;
+        let mut statuses = Vec::with_capacity(req.descriptors.len());
+        let mut reports = Vec::new();
+        let mut retry_after = 0;
+        for d in &req.descriptors {
+            let found = rules.envoy.iter().find_map(|m| {
+                let key = m.key_of(&req.domain, d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())))?;
+                Some((rules.rules.iter().find(|r| r.name() == m.rule)?, key))
+            });
+            let Some((rule, key)) = found else {
+                // As Envoy's own service answers a descriptor it has no
+                // limit for.
+                statuses.push(DescriptorStatus { code: Code::Ok as i32, ..Default::default() });
+                continue;
+            };
+            // 0 is proto3's "not set": one hit. A descriptor's own
+            // hits_addend overrides the request's.
+            let cost = d.hits_addend.unwrap_or(u64::from(req.hits_addend)).max(1);
+            if cost > crate::decision::max_cost(rule) {
+                // More than the rule ever admits at once: over the limit,
+                // without spending. Not an error, which Envoy's default
+                // `failure_mode_deny = false` would let through.
+                if rule.enforced() {
+                    over = true;
+                }
+                statuses.push(DescriptorStatus {
+                    code: if rule.enforced() { Code::OverLimit } else { Code::Ok } as i32,
+                    current_limit: Some(current_limit(rule, &rule.plan)),
+                    ..Default::default()
+                });
+                continue;
+            }
+            let o = match crate::decision::decide(&self.proxy, rule, &key, cost).await {
+                Ok(o) => o,
+                Err(why) => {
+                    // A value the rule cannot key on (empty, an `ip` that
+                    // is no address): refused, as the proxy answers such a
+                    // request 400. Not an error, which Envoy's default
+                    // failure mode would let through.
+                    tracing::debug!(rule = rule.name(), why, "envoy_rls: descriptor refused");
+                    over = true;
+                    statuses.push(DescriptorStatus { code: Code::OverLimit as i32, ..Default::default() });
+                    continue;
+                }
+            };
+            over |= !o.allowed;
+            if !o.allowed {
+                retry_after = retry_after.max(o.retry_after);
+            }
+            reports.extend(o.report);
+            statuses.push(match o.remaining {
+                Some(remaining) => DescriptorStatus {
+                    code: if o.allowed { Code::Ok } else { Code::OverLimit } as i32,
+                    current_limit: Some(current_limit(rule, o.report.map_or(&rule.plan, |r| r.plan))),
+                    limit_remaining: remaining.min(u64::from(u32::MAX)) as u32,
+                    // Whole seconds, rounded up as the reset headers are:
+                    // Envoy's own x-ratelimit-reset reads only the seconds.
+                    duration_until_reset: Some(prost_types::Duration {
+                        seconds: crate::limiter::ceil_secs(o.reset_after).min(i64::MAX as u64) as i64,
+                        nanos: 0,
+                    }),
+                    quota: None,
+                },
+                // Exempt, or the store failed: no limit was counted.
+                None => DescriptorStatus {
+                    code: if o.allowed { Code::Ok } else { Code::OverLimit } as i32,
+                    ..Default::default()
+                },
+            });
+        }
+        Ok(tonic::Response::new(RateLimitResponse {
+            overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+            statuses,
+            response_headers_to_add: response_headers(&reports, retry_after),
+            ..Default::default()
+        }))
+    }
+}
+
+/// The rate-limit headers the proxy would send for these rules (its most
+/// restrictive one in the `X-RateLimit-*` trio, every one in `RateLimit`),
+/// for Envoy to add to the client's response.
+fn response_headers(reports: &[RuleReport<'_>], retry_after: u64) -> Vec<HeaderValue> {
+    if reports.is_empty() {
+        return Vec::new();
+    }
+    let mut headers = http::HeaderMap::new();
+    crate::headers::write(&mut headers, reports, crate::headers::most_restrictive(reports));
+    if retry_after > 0 {
+        crate::headers::write_retry_after(&mut headers, retry_after);
+    }
+    headers
+        .iter()
+        .filter_map(|(k, v)| {
+            Some(HeaderValue {
+                key: k.as_str().to_string(),
+                value: v.to_str().ok()?.to_string(),
+                raw_value: Vec::new(),
+            })
+        })
+        .collect()
+}
+
+/// The rule's limit as Envoy states limits: requests per second, minute,
+/// hour, day, week, month (30 days) or year (365 days). A window that is
+/// one of those units is reported as is; another window as the rate over
+/// the smallest unit that holds it, rounded down but at least 1 (5 per
+/// 10 s: 30 per minute; 1 per 366 days: 1 per year).
+/// `plan` is the rule's own limits, or the override's or tier's the
+/// descriptor was checked against.
+fn current_limit(rule: &Rule, plan: &Plan) -> RateLimit {
+    let (requests_per_unit, unit) = per_unit(plan.nominal.limit, Duration::from_nanos(plan.nominal.window));
+    RateLimit { name: rule.name().to_string(), requests_per_unit, unit: unit as i32 }
+}
+
+fn per_unit(limit: u64, window: Duration) -> (u32, Unit) {
+    const UNITS: [(u64, Unit); 7] = [
+        (1, Unit::Second),
+        (60, Unit::Minute),
+        (3600, Unit::Hour),
+        (86_400, Unit::Day),
+        (7 * 86_400, Unit::Week),
+        (30 * 86_400, Unit::Month),
+        (365 * 86_400, Unit::Year),
+    ];
+    let window = window.as_nanos().max(1);
+    let (secs, unit) =
+        UNITS.iter().copied().find(|(s, _)| u128::from(*s) * 1_000_000_000 >= window).unwrap_or(UNITS[6]);
+    let n = u128::from(limit) * u128::from(secs) * 1_000_000_000 / window;
+    (n.clamp(1, u128::from(u32::MAX)) as u32, unit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_are_stated_in_envoys_units() {
+        let s = Duration::from_secs;
+        assert_eq!(per_unit(100, s(1)), (100, Unit::Second));
+        assert_eq!(per_unit(3, s(60)), (3, Unit::Minute));
+        assert_eq!(per_unit(5, s(10)), (30, Unit::Minute));
+        assert_eq!(per_unit(5, Duration::from_millis(250)), (20, Unit::Second));
+        assert_eq!(per_unit(7, s(90)), (280, Unit::Hour));
+        assert_eq!(per_unit(1000, s(86_400)), (1000, Unit::Day));
+        assert_eq!(per_unit(2, s(3 * 86_400)), (4, Unit::Week));
+        assert_eq!(per_unit(1, s(366 * 86_400)), (1, Unit::Year));
+        assert_eq!(per_unit(1_000_000_000, Duration::from_millis(1)), (u32::MAX, Unit::Second));
+    }
+}
