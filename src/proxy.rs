@@ -699,7 +699,7 @@ impl Proxy {
         key: String,
         cost: u64,
     ) -> (Answer, crate::limiter::Limits) {
-        let pending = [Pending { rule, plan, key, check_limits: rule.limits_of(plan, 0), cost }];
+        let pending = [Pending { rule, plan, key, check_limits: rule.limits_of(plan, 0, self.store.clock()), cost }];
         let mut held = None;
         let answers = self.decide(&pending, &mut held).await;
         let mut answers = self.decide_locally(answers, &pending, &mut held);

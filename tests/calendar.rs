@@ -185,3 +185,35 @@ fn this_month_in_berlin(now: u64) -> u64 {
     let start = first.to_zoned_datetime(zone).expect("midnight").start_of_day().expect("start of day");
     start.timestamp().as_nanosecond() as u64
 }
+
+/// The decision API (`POST /v1/check`) counts a calendar rule in the same
+/// calendar window as the proxy: Berlin's 25-hour autumn day.
+#[tokio::test]
+async fn the_decision_api_counts_in_the_calendar_window() {
+    let up = Upstream::start().await;
+    let config = support::config(up.addr).replacen(
+        "admin = \"127.0.0.1:0\"\n",
+        "admin = \"127.0.0.1:0\"\ndecision = \"127.0.0.1:0\"\n",
+        1,
+    );
+    let rules =
+        "[[rule]]\nname = \"daily\"\nkey = [\"user\"]\nlimit = 2\ncalendar = \"day\"\ntimezone = \"Europe/Berlin\"\n";
+    let tg = Tollgate::with(&config, &[("rules.toml", rules)]).await;
+    // 2026-10-25 23:59 CET: the day the clocks went back, 25 hours long.
+    tg.clock.set(at("2026-10-25T22:59:00Z"));
+    let addr = tg.decision_addr.expect("the decision listener");
+    let check = || {
+        support::Call::new("POST", addr, "/v1/check")
+            .header("content-type", "application/json")
+            .body(r#"{"rule": "daily", "key": {"user": "alice"}}"#)
+    };
+    let first = check().send().await.json();
+    assert_eq!(first["allowed"], true, "{first}");
+    assert_eq!(first["headers"]["ratelimit-policy"], "\"daily\";q=2;w=90000", "{first}");
+    // The proxy spends the same counter.
+    let r = tg.get("/").header("x-user-id", "alice").send().await;
+    assert_eq!(r.status, StatusCode::OK);
+    let last = check().send().await.json();
+    assert_eq!(last["allowed"], false, "{last}");
+    assert_eq!(last["retry_after"], 60, "{last}");
+}
