@@ -115,7 +115,7 @@ fn keys(c: &mut Criterion) {
 }
 
 fn limits(algorithm: Algorithm) -> Limits {
-    Limits { algorithm, limit: 1_000_000, window: NANOS_PER_SEC, burst: 1_000_000 }
+    Limits { algorithm, limit: 1_000_000, window: NANOS_PER_SEC, burst: 1_000_000, origin: 0 }
 }
 
 const ALGORITHMS: [Algorithm; 5] = [

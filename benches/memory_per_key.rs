@@ -52,7 +52,7 @@ fn measure(algorithm: Algorithm) {
     {
         let clock = ManualClock::new(1_800_000_000 * NANOS_PER_SEC);
         let store = MemoryStore::new(Arc::new(clock.clone()));
-        let limits = Limits { algorithm, limit: 100, window: 60 * NANOS_PER_SEC, burst: 100 };
+        let limits = Limits { algorithm, limit: 100, window: 60 * NANOS_PER_SEC, burst: 100, origin: 0 };
         let before = rss_bytes();
         let mut key = String::with_capacity(48);
         for i in 0..KEYS {

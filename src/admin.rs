@@ -131,6 +131,11 @@ impl Admin {
                     "throttle": format!("{:?}", s.throttle),
                 });
                 // Only for rules that have them: the common rule stays as it was.
+                if let Some(c) = &s.calendar {
+                    rule["calendar"] = c.period.as_str().into();
+                    rule["timezone"] = c.timezone.clone().into();
+                    rule["window_seconds"] = r.window_secs_now().into();
+                }
                 if !s.overrides.is_empty() {
                     rule["overrides"] = s
                         .overrides

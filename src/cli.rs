@@ -218,7 +218,7 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
         .zip(&plans)
         .map(|((rule, (key, cost)), plan)| Check {
             key,
-            limits: plan.nominal,
+            limits: rule.in_calendar(plan.nominal, &SystemClock),
             cost: *cost,
             enforced: rule.enforced(),
             // Explain asks Redis only: a rule it cannot answer says so.
@@ -236,6 +236,17 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
                 out,
                 "    concurrency: at most {} in flight, slot_ttl {:?}, mode {:?}, throttle {:?}",
                 s.limit, s.window, s.mode, s.throttle
+            );
+        } else if let Some(c) = &s.calendar {
+            let _ = writeln!(
+                out,
+                "    {} {} per calendar {} ({}), mode {:?}, throttle {:?}",
+                s.algorithm.as_str(),
+                s.limit,
+                c.period.as_str(),
+                c.timezone,
+                s.mode,
+                s.throttle
             );
         } else {
             let _ = writeln!(
@@ -266,7 +277,17 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
         }
         let parts: Vec<String> = s.key.iter().map(|k| k.describe()).collect();
         let _ = writeln!(out, "    key [{}] -> bucket {key}", parts.join(", "));
-        if plan.source != crate::rules::PlanSource::Rule {
+        if plan.source != crate::rules::PlanSource::Rule
+            && let Some(c) = &s.calendar
+        {
+            let _ = writeln!(
+                out,
+                "    limits of this request: {}: {} per calendar {}",
+                plan.source,
+                plan.nominal.limit,
+                c.period.as_str()
+            );
+        } else if plan.source != crate::rules::PlanSource::Rule {
             let _ = writeln!(
                 out,
                 "    limits of this request: {}: {} per {:?}, burst {}",

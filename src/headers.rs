@@ -105,8 +105,13 @@ pub fn write(headers: &mut HeaderMap, reports: &[RuleReport<'_>], primary: usize
             policy.push_str(", ");
             state.extend_from_slice(b", ");
         }
-        if reports.len() > 1 {
+        if reports.len() > 1 || r.plan.policy_value.is_none() {
             policy.push_str(&r.plan.policy);
+            if let Some(c) = &r.rule.calendar {
+                // The current calendar window's length.
+                policy.push_str(";w=");
+                policy.push_str(buffer.format(c.window_secs()));
+            }
         }
         state.extend_from_slice(r.rule.quoted_name.as_bytes());
         state.extend_from_slice(b";r=");
@@ -124,7 +129,7 @@ pub fn write(headers: &mut HeaderMap, reports: &[RuleReport<'_>], primary: usize
     // backslashes (the sf-string alphabet, nothing to escape), so
     // these are valid header values; skip the header rather than panic if
     // that ever changes.
-    if reports.len() > 1
+    if !policy.is_empty()
         && let Ok(v) = HeaderValue::from_str(&policy)
     {
         headers.append(RATELIMIT_POLICY, v);

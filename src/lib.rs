@@ -30,6 +30,7 @@
 //! | [`rules`] | the compiled rule set: which rules match, the bucket key and limits (overrides, tiers) of each |
 //! | [`store`] | the [`store::Store`] trait; [`store::memory`] keeps counters in this process, [`store::redis`] in a shared Redis (Cluster) |
 //! | [`limiter`] | the six algorithms' arithmetic, pure, time injected |
+//! | [`calendar`] | `calendar` rules: where the current day, week or month starts in the rule's time zone |
 //! | [`headers`] | `X-RateLimit-*`, `RateLimit-Policy`, `RateLimit`, `Retry-After` |
 //! | [`error`] | every status tollgate answers itself, with its JSON body |
 //! | [`request_id`] | `X-Request-Id`: kept from a trusted proxy or generated, sent upstream and in every answer |
@@ -58,6 +59,7 @@
 pub mod access_log;
 pub mod admin;
 pub mod balance;
+pub mod calendar;
 pub mod cli;
 pub mod client;
 pub mod clock;

@@ -115,6 +115,11 @@ pub struct Limits {
     pub window: Nanos,
     /// Token bucket capacity, or leaky bucket queue length.
     pub burst: u64,
+    /// Where a fixed window's windows are aligned: 0 (the epoch) for a rule
+    /// with a `window`, the current window's start for a `calendar` rule,
+    /// whose `window` is then that window's length (see
+    /// [`crate::calendar`]).
+    pub origin: Nanos,
 }
 
 impl Limits {
@@ -126,6 +131,7 @@ impl Limits {
             limit: self.limit.clamp(1, MAX_LIMIT),
             window: self.window.clamp(1, MAX_WINDOW),
             burst: self.burst.clamp(1, MAX_LIMIT),
+            origin: self.origin,
         }
     }
 
@@ -333,11 +339,14 @@ fn bucket(cell: Cell, now: Nanos, limits: &Limits, cost: u64, shaping: bool) -> 
     }
 }
 
-/// Windows aligned to the epoch: `[k * window, (k + 1) * window)`.
+/// Windows aligned to the origin: `[origin + k * window, origin + (k + 1) *
+/// window)`. A clock behind the origin (another instance than the one that
+/// computed a calendar window) counts in the origin's window.
 fn fixed_window(cell: Cell, now: Nanos, limits: &Limits, cost: u64) -> (Verdict, Cell) {
+    let since = now.saturating_sub(limits.origin);
     // A clock behind the stored window (another instance, NTP) counts in the
     // stored window instead of wiping it with an older one.
-    let start = (now - now % limits.window).max(cell.t);
+    let start = (limits.origin + since - since % limits.window).max(cell.t);
     let count = if cell.t == start { cell.v } else { 0 };
     let reset_after = start + limits.window - now;
     if count + cost <= limits.limit {

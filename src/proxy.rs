@@ -380,7 +380,13 @@ impl Proxy {
                     return ProxyError::BadRequest(reason).into_response(request_id).map(Either::Right);
                 }
                 let plan = rule.plan_for(&key, &facts);
-                pending.push(Pending { rule, plan, key, check_limits: rule.limits_of(plan, inflight), cost });
+                pending.push(Pending {
+                    rule,
+                    plan,
+                    key,
+                    check_limits: rule.limits_of(plan, inflight, self.store.clock()),
+                    cost,
+                });
             }
 
             if !pending.is_empty() {
@@ -470,7 +476,7 @@ impl Proxy {
                         ProxyError::Limited {
                             rule: rule.name().to_string(),
                             limit: pending[i].plan.nominal.limit,
-                            window_seconds: rule.window_secs,
+                            window_seconds: rule.window_secs_now(),
                             retry_after_seconds: secs,
                         }
                     };
@@ -714,7 +720,7 @@ impl Proxy {
         key: String,
         cost: u64,
     ) -> (Answer, crate::limiter::Limits) {
-        let pending = [Pending { rule, plan, key, check_limits: rule.limits_of(plan, 0), cost }];
+        let pending = [Pending { rule, plan, key, check_limits: rule.limits_of(plan, 0, self.store.clock()), cost }];
         let mut held = None;
         let answers = self.decide(&pending, &mut held).await;
         let mut answers = self.decide_locally(answers, &pending, &mut held);

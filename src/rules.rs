@@ -79,8 +79,12 @@ pub struct Rule {
     variants: Option<Box<Variants>>,
     /// The name, quoted as a structured-field string: `"name"`.
     pub quoted_name: String,
-    /// The window in whole seconds (at least 1), for headers and bodies.
+    /// The window in whole seconds (at least 1), for headers and bodies;
+    /// a calendar rule's longest window (see [`Rule::window_secs_now`]).
     pub window_secs: u64,
+    /// A `calendar` rule's current window; `None` for every other rule,
+    /// which then never reads the clock here.
+    pub calendar: Option<Box<crate::calendar::Calendar>>,
     /// The start of every key of this rule: the encoded name and a `|`.
     key_prefix: String,
     pub counters: RuleCounters,
@@ -318,19 +322,21 @@ impl Rule {
         let quoted_name = format!("\"{}\"", spec.name);
         let plan = |limit: u64, burst: u64, source: PlanSource| {
             // A concurrency quota is not per window: the draft's quota unit
-            // says what it counts instead.
+            // says what it counts instead. A quota of something else than
+            // requests (tokens, bytes) says so too. A calendar window's
+            // length changes from window to window: its `w` is added per
+            // response (see `headers::write`).
+            let unit = spec.quota_unit.as_ref().map(|u| format!(";qu=\"{u}\"")).unwrap_or_default();
             let policy = if spec.algorithm == crate::limiter::Algorithm::Concurrency {
                 format!("{quoted_name};q={limit};qu=\"concurrent-requests\"")
-            } else if let Some(unit) = &spec.quota_unit {
-                // A quota of something else than requests (tokens, bytes)
-                // says so: `qu` is the draft's quota unit.
-                format!("{quoted_name};q={limit};qu=\"{unit}\";w={window_secs}")
+            } else if spec.calendar.is_some() {
+                format!("{quoted_name};q={limit}{unit}")
             } else {
-                format!("{quoted_name};q={limit};w={window_secs}")
+                format!("{quoted_name};q={limit}{unit};w={window_secs}")
             };
             Plan {
-                nominal: Limits { algorithm: spec.algorithm, limit, window, burst },
-                policy_value: http::HeaderValue::from_str(&policy).ok(),
+                nominal: Limits { algorithm: spec.algorithm, limit, window, burst, origin: 0 },
+                policy_value: if spec.calendar.is_some() { None } else { http::HeaderValue::from_str(&policy).ok() },
                 policy,
                 limit_value: http::HeaderValue::from(limit),
                 source,
@@ -360,7 +366,9 @@ impl Rule {
         encode(&mut key_prefix, spec.name.as_bytes());
         key_prefix.push('|');
         let counters = metrics.rule_counters(&spec.name);
-        Rule { spec, plan: own, variants, quoted_name, window_secs, key_prefix, counters, top: None }
+        let calendar =
+            spec.calendar.as_ref().map(|c| Box::new(crate::calendar::Calendar::new(c.period, c.zone.clone())));
+        Rule { spec, plan: own, variants, quoted_name, window_secs, calendar, key_prefix, counters, top: None }
     }
 
     /// Every set of limits the rule may apply: its own, its overrides', its
@@ -446,12 +454,35 @@ impl Rule {
     /// The rule's own limits with soft or elastic throttling applied.
     /// `inflight` is the route's upstream's in-flight count (elastic only).
     pub fn effective_limits(&self, inflight: usize) -> Limits {
-        self.limits_of(&self.plan, inflight)
+        self.throttled(&self.plan, inflight)
     }
 
     /// `plan`'s limits (one of this rule's) with soft or elastic throttling
-    /// applied.
-    pub fn limits_of(&self, plan: &Plan, inflight: usize) -> Limits {
+    /// applied, and for a calendar rule the current calendar window.
+    /// `clock` is read for calendar rules only (the store's clock, so the
+    /// memory store counts in the window computed here).
+    pub fn limits_of(&self, plan: &Plan, inflight: usize, clock: &dyn crate::clock::Clock) -> Limits {
+        self.in_calendar(self.throttled(plan, inflight), clock)
+    }
+
+    /// `limits` in the current calendar window, for a calendar rule.
+    pub fn in_calendar(&self, limits: Limits, clock: &dyn crate::clock::Clock) -> Limits {
+        match &self.calendar {
+            None => limits,
+            Some(c) => {
+                let w = c.window(clock.now());
+                Limits { origin: w.start, window: w.len(), ..limits }
+            }
+        }
+    }
+
+    /// The length of the window requests are counted in now, in whole
+    /// seconds: a calendar rule's current window, else `window`.
+    pub fn window_secs_now(&self) -> u64 {
+        self.calendar.as_ref().map_or(self.window_secs, |c| c.window_secs())
+    }
+
+    fn throttled(&self, plan: &Plan, inflight: usize) -> Limits {
         let percent = match self.spec.throttle {
             Throttle::Hard => 0,
             Throttle::Soft { percent } => percent,

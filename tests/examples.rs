@@ -436,6 +436,9 @@ fn explain_shows_the_gateways_tiers_and_partner_override() {
     let report = explain(&["x-user-id: 7", "x-client-type: partner", "x-api-key: sk-partner-acme"]);
     assert!(report.contains("limits of this request: override api_key="), "{report}");
     assert!(report.contains(": 1000000 per 86400s"), "{report}");
+    // And the partners' monthly quota, on Berlin's calendar.
+    assert!(report.contains("users-partner-monthly"), "{report}");
+    assert!(report.contains("fixed_window 2000000 per calendar month (Europe/Berlin)"), "{report}");
     let rules = std::fs::read_to_string(repo().join("examples/gateway/rules/20-users.toml")).expect("read rules");
     assert!(!rules.contains("sk-partner-acme"), "the example rules hold no API key in clear");
 }

@@ -54,10 +54,12 @@ async fn lua(client: &Client, source: &str, key: &str, limits: &Limits, cost: u6
         // As `scripts::args` sends them (consume; within what a check
         // counts exactly), and the request id with no lease.
         format!(
-            "1:{}:{}:{}:{cost}",
+            "1:{}:{}:{}:{cost}{}",
             limits.limit.min(u32::MAX as u64),
             limits.window / 1_000,
-            limits.burst.min(u32::MAX as u64)
+            limits.burst.min(u32::MAX as u64),
+            // A calendar window's start, when there is one.
+            if limits.origin == 0 { String::new() } else { format!(":{}", limits.origin / 1_000) }
         )
         .into(),
         id.into(),
@@ -124,7 +126,7 @@ fn the_lua_scripts_and_the_limiter_agree() {
             // server, so the log stays small.
             let scale = if algorithm == Algorithm::SlidingWindowLog { 1 } else { scale };
             let (limit, burst) = (limit * scale, burst * scale);
-            let limits = Limits { algorithm, limit, window: window_ms * 1_000_000, burst };
+            let limits = Limits { algorithm, limit, window: window_ms * 1_000_000, burst, origin: 0 };
             let source = script(algorithm);
             let key = format!("prop:{case}");
             let mut cell = Cell::default();
@@ -172,7 +174,14 @@ async fn lua_settle(
         key.into(),
         1i64.into(),
         key.into(),
-        format!("4:{}:{}:{}:{units}", limits.limit, limits.window / 1_000, limits.burst).into(),
+        format!(
+            "4:{}:{}:{}:{units}{}",
+            limits.limit,
+            limits.window / 1_000,
+            limits.burst,
+            if limits.origin == 0 { String::new() } else { format!(":{}", limits.origin / 1_000) }
+        )
+        .into(),
         format!("{sign}{since_us}").into(),
         ((now_us / 1_000_000) as i64).into(),
         ((now_us % 1_000_000) as i64).into(),
@@ -214,7 +223,7 @@ fn settling_agrees_between_the_lua_scripts_and_the_limiter() {
         steps in prop::collection::vec((0u64..6_000_000, 1u64..4, 0u64..3_000_000, -4i64..12), 1..40),
     )| {
         let case = cases.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let limits = Limits { algorithm, limit, window: window_ms * 1_000_000, burst };
+        let limits = Limits { algorithm, limit, window: window_ms * 1_000_000, burst, origin: 0 };
         let source = script(algorithm);
         let key = format!("settle:{case}");
         let mut cell = Cell::default();
@@ -244,6 +253,109 @@ fn settling_agrees_between_the_lua_scripts_and_the_limiter() {
             ));
         }
     });
+}
+
+/// A fixed window aligned to a calendar window's start (`Limits::origin`)
+/// counts alike on both sides: inside the window, from a clock behind its
+/// start, past its end (an instance that has not seen the boundary yet), and
+/// then under the next window's origin and length.
+#[test]
+fn the_fixed_window_script_and_the_limiter_agree_on_calendar_windows() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let client = runtime.block_on(async {
+        let client = Builder::from_config(Config::from_url(&server.url()).expect("url")).build().expect("client");
+        client.init().await.expect("connects");
+        client
+    });
+    let source = script(Algorithm::FixedWindow);
+    const HOUR_US: u64 = 3_600_000_000;
+    // A 23-hour day whose start is no multiple of 23 hours since the epoch.
+    let origin_us = T0_US - 5 * HOUR_US - 7_000_000;
+    let day = Limits {
+        algorithm: Algorithm::FixedWindow,
+        limit: 3,
+        window: 23 * HOUR_US * 1_000,
+        burst: 3,
+        origin: origin_us * 1_000,
+    };
+    let next = Limits { window: 24 * HOUR_US * 1_000, origin: (origin_us + 23 * HOUR_US) * 1_000, ..day };
+    let steps: [(&Limits, u64); 9] = [
+        (&day, origin_us - 2_000_000),
+        (&day, T0_US),
+        (&day, T0_US + 1),
+        (&day, T0_US + 2),
+        (&day, origin_us + 23 * HOUR_US - 1),
+        (&day, origin_us + 23 * HOUR_US + 5_000),
+        (&next, origin_us + 23 * HOUR_US + 6_000),
+        (&next, origin_us + 23 * HOUR_US - 3_000),
+        (&next, origin_us + 23 * HOUR_US + 7_000),
+    ];
+    let mut cell = Cell::default();
+    for (i, (limits, now_us)) in steps.into_iter().enumerate() {
+        let (v, after) = evaluate(cell, now_us * 1_000, limits, 1);
+        if v.allowed {
+            cell = after;
+        }
+        let rust = Decision { allowed: v.allowed, remaining: v.remaining, delay_us: 0 };
+        let redis = runtime.block_on(lua(&client, &source, "calendar:{day}", limits, 1, "", now_us));
+        assert_eq!(redis, rust, "step {i}");
+    }
+    // Settled (`cost_response_header`) in a calendar window: a refund within
+    // the day, a charge into debt, a refund that comes after midnight (the
+    // day it was reserved in is over); the decisions that follow agree.
+    let key = "calendar:{settled}";
+    let mut cell = Cell::default();
+    let midnight_us = origin_us + 23 * HOUR_US;
+    let steps: [(u64, i64, u64); 4] = [
+        (T0_US, -1, 1_000_000),
+        (T0_US + 5_000_000, 4, 0),
+        (midnight_us - 1_000_000, -1, 2_000_000),
+        (midnight_us + 3_000_000, 2, 0),
+    ];
+    for (i, (reserved_us, delta, lag_us)) in steps.into_iter().enumerate() {
+        let (v, after) = evaluate(cell, reserved_us * 1_000, &day, 1);
+        if v.allowed {
+            cell = after;
+        }
+        let rust = Decision { allowed: v.allowed, remaining: v.remaining, delay_us: 0 };
+        let redis = runtime.block_on(lua(&client, &source, key, &day, 1, "", reserved_us));
+        assert_eq!(redis, rust, "settle step {i}");
+        if !v.allowed {
+            continue;
+        }
+        let now_us = reserved_us + lag_us;
+        if let Some(c) = settle(cell, now_us * 1_000, &day, delta, lag_us * 1_000) {
+            cell = c;
+        }
+        runtime.block_on(lua_settle(&client, &source, key, &day, delta.unsigned_abs(), delta < 0, lag_us, now_us));
+        for peek_us in [now_us, midnight_us + 4_000_000] {
+            let (v, _) = evaluate(cell, peek_us * 1_000, &day, 1);
+            let rust = Decision { allowed: v.allowed, remaining: v.remaining, delay_us: 0 };
+            let redis = runtime.block_on(lua_peek(&client, &source, key, &day, peek_us));
+            assert_eq!(redis, rust, "after settle step {i}, at +{} us", peek_us - T0_US);
+        }
+    }
+}
+
+/// What the fixed window script would answer at `now_us`, without counting.
+async fn lua_peek(client: &Client, source: &str, key: &str, limits: &Limits, now_us: u64) -> Decision {
+    let args: Vec<Value> = vec![
+        source.into(),
+        1i64.into(),
+        key.into(),
+        1i64.into(),
+        key.into(),
+        format!("0:{}:{}:{}:1:{}", limits.limit, limits.window / 1_000, limits.burst, limits.origin / 1_000).into(),
+        "".into(),
+        ((now_us / 1_000_000) as i64).into(),
+        ((now_us % 1_000_000) as i64).into(),
+    ];
+    let cmd = CustomCommand::new_static("EVAL", ClusterHash::Random, false);
+    let reply: Value = client.custom(cmd, args).await.expect("the script runs");
+    let Value::Array(items) = reply else { panic!("a script answered {reply:?}") };
+    let n: Vec<i64> = items.iter().map(|v| v.as_i64().expect("integers")).collect();
+    Decision { allowed: n[0] == 1, remaining: n[1] as u64, delay_us: 0 }
 }
 
 /// One call of the concurrency script in `mode` (0 peek, 1 take, 2 give
@@ -295,7 +407,7 @@ fn the_concurrency_script_expires_slots_nobody_renews() {
         runtime.block_on(slot_call(&client, &source, 2, TTL, mode, id, T0_US + offset_us))
     };
     // Taken while free, refused when both are held, as the limiter says.
-    let limits = Limits { algorithm: Algorithm::Concurrency, limit: 2, window: TTL * 1_000, burst: 2 };
+    let limits = Limits { algorithm: Algorithm::Concurrency, limit: 2, window: TTL * 1_000, burst: 2, origin: 0 };
     let mut cell = Cell::default();
     for id in ["a", "b", "c"] {
         let (v, next) = evaluate(cell, T0_US * 1_000, &limits, 1);

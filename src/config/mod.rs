@@ -38,8 +38,8 @@ pub use error::{ConfigError, ConfigErrors, line_col};
 pub use log::{AccessLogTarget, LogConfig};
 pub use overrides::{OverrideSpec, TierSource, TiersSpec};
 pub use rules_file::{
-    ClientSet, Cost, DenySpec, InvalidToken, KeyPart, LoadedRules, MatchSpec, PathPattern, RuleMode, RuleSpec,
-    RulesFile, Throttle, load_rules, parse_rules, parse_rules_file, rule_files, rule_files_or_empty,
+    CalendarSpec, ClientSet, Cost, DenySpec, InvalidToken, KeyPart, LoadedRules, MatchSpec, PathPattern, RuleMode,
+    RuleSpec, RulesFile, Throttle, load_rules, parse_rules, parse_rules_file, rule_files, rule_files_or_empty,
 };
 pub use upstream::{Balance, HashKey, HealthCheck, Protocol, Server, Upstream, UpstreamTls};
 

@@ -202,6 +202,11 @@ pub struct RawRule {
     pub burst: Option<Spanned<i64>>,
     /// `algorithm = "concurrency"` only.
     pub slot_ttl: Option<Spanned<String>>,
+    /// `"day"`, `"week"` or `"month"`: a quota per calendar window, instead
+    /// of `window`.
+    pub calendar: Option<Spanned<String>>,
+    /// The IANA zone of `calendar`'s boundaries (default UTC).
+    pub timezone: Option<Spanned<String>>,
     pub mode: Option<super::RuleMode>,
     pub throttle: Option<Spanned<String>>,
     pub soft_percent: Option<Spanned<i64>>,

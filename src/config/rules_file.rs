@@ -175,6 +175,15 @@ pub const DEFAULT_SLOT_TTL: Duration = Duration::from_secs(10);
 const MIN_SLOT_TTL: Duration = Duration::from_secs(1);
 const MAX_SLOT_TTL: Duration = Duration::from_secs(3600);
 
+/// `calendar` and `timezone`: a quota per calendar window.
+#[derive(Debug, Clone)]
+pub struct CalendarSpec {
+    pub period: crate::calendar::Period,
+    /// The IANA name as written (`"UTC"` when left out).
+    pub timezone: String,
+    pub zone: jiff::tz::TimeZone,
+}
+
 #[derive(Debug, Clone)]
 pub struct RuleSpec {
     pub name: String,
@@ -186,8 +195,11 @@ pub struct RuleSpec {
     pub algorithm: Algorithm,
     pub limit: u64,
     /// The window; for `algorithm = "concurrency"`, the slot TTL
-    /// (`slot_ttl`), the one duration such a rule has.
+    /// (`slot_ttl`), the one duration such a rule has; for a `calendar`
+    /// rule, its longest window ([`crate::calendar::Period::longest`]).
     pub window: Duration,
+    /// `calendar`: windows on calendar boundaries rather than of `window`.
+    pub calendar: Option<CalendarSpec>,
     pub burst: u64,
     pub mode: RuleMode,
     pub throttle: Throttle,
@@ -421,9 +433,18 @@ impl Validator<'_> {
                 "rule name must be 1 to 128 printable ASCII characters, without quotes or backslashes",
             );
         }
-        let algorithm = r.algorithm.unwrap_or_default();
+        let calendar = self.calendar(&r);
+        // A calendar quota counts in fixed windows unless told otherwise
+        // (and `calendar` refuses every other algorithm).
+        let algorithm =
+            r.algorithm.unwrap_or(if r.calendar.is_some() { Algorithm::FixedWindow } else { Algorithm::default() });
         let limit = self.count(&r.limit, "limit");
-        let window = if algorithm == Algorithm::Concurrency { self.concurrency(&r) } else { self.window(&r) };
+        let window = match &calendar {
+            Some(c) => Some(Duration::from_nanos(c.period.longest())),
+            None if algorithm == Algorithm::Concurrency => self.concurrency(&r),
+            None if r.calendar.is_some() => None,
+            None => self.window(&r),
+        };
         let matcher = match r.matcher {
             Some(m) => self.matcher(m.into_inner(), config),
             None => MatchSpec::default(),
@@ -555,6 +576,7 @@ impl Validator<'_> {
             algorithm,
             limit: limit?,
             window: window?,
+            calendar,
             burst: burst?,
             mode: r.mode.unwrap_or_default(),
             throttle,
@@ -577,7 +599,7 @@ impl Validator<'_> {
             self.error(t.span(), "slot_ttl applies to algorithm = \"concurrency\" only");
         }
         let Some(raw) = &r.window else {
-            self.error(r.name.span(), "window is required (only algorithm = \"concurrency\" has none)");
+            self.error(r.name.span(), "window is required, or calendar (algorithm = \"concurrency\" has neither)");
             return None;
         };
         let w = self.duration(raw, "window")?;
@@ -588,6 +610,65 @@ impl Validator<'_> {
             self.error(raw.span(), "window must be at most 366d");
         }
         Some(w)
+    }
+
+    /// `calendar` and `timezone`, which stand in a rule's `window`. Only a
+    /// fixed window is counted per calendar window: a sliding counter
+    /// weighs the previous window by a length that calendar windows do not
+    /// share, and a bucket or a log has no window start to align.
+    fn calendar(&mut self, r: &RawRule) -> Option<CalendarSpec> {
+        let Some(raw) = &r.calendar else {
+            if let Some(tz) = &r.timezone {
+                self.error(
+                    tz.span(),
+                    "timezone applies to calendar rules only: set calendar = \"day\", \"week\" or \"month\"",
+                );
+            }
+            return None;
+        };
+        let mut ok = true;
+        if let Some(w) = &r.window {
+            self.error(w.span(), "set either window or calendar, not both");
+            ok = false;
+        }
+        if let Some(a) = r.algorithm.filter(|a| *a != Algorithm::FixedWindow) {
+            self.error(
+                raw.span(),
+                format!("calendar counts with algorithm = \"fixed_window\" (its default), not {:?}", a.as_str()),
+            );
+            ok = false;
+        }
+        if let Some(b) = &r.burst {
+            self.error(b.span(), "a calendar rule has no burst: limit is the quota of each window");
+            ok = false;
+        }
+        if let Some(t) = &r.slot_ttl {
+            self.error(t.span(), "slot_ttl applies to algorithm = \"concurrency\" only");
+            ok = false;
+        }
+        let period = crate::calendar::Period::parse(raw.get_ref().trim());
+        if period.is_none() {
+            self.error(raw.span(), format!("calendar {:?} is not one of day, week, month", raw.get_ref()));
+        }
+        let timezone = r.timezone.as_ref().map_or("UTC", |t| t.get_ref().trim()).to_string();
+        let zone = match jiff::tz::TimeZone::get(&timezone) {
+            Ok(z) => Some(z),
+            Err(_) => {
+                if let Some(t) = &r.timezone {
+                    self.error(
+                        t.span(),
+                        format!(
+                            "timezone {timezone:?} is not an IANA time zone name such as \"Europe/Berlin\" or \"UTC\""
+                        ),
+                    );
+                }
+                None
+            }
+        };
+        if !ok {
+            return None;
+        }
+        Some(CalendarSpec { period: period?, timezone, zone: zone? })
     }
 
     /// A concurrency rule's slot TTL, which stands in its `window`: keys

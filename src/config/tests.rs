@@ -1039,7 +1039,7 @@ fn unknown_keys_in_a_rule_and_in_match() {
     assert_eq!(
         rule_errors(&with("  burts = 10\n")),
         [
-            "r.toml:5:3: unknown field `burts`, expected one of `name`, `match`, `key`, `algorithm`, `limit`, `window`, `burst`, `slot_ttl`, `mode`, `throttle`, `soft_percent`, `elastic_percent`, `elastic_when_inflight_below`, `cost`, `cost_header`, `max_cost`, `cost_response_header`, `quota_unit`, `on_error`, `exempt`, `on_invalid_token`, `override`, `tier`, `tiers`"
+            "r.toml:5:3: unknown field `burts`, expected one of `name`, `match`, `key`, `algorithm`, `limit`, `window`, `burst`, `slot_ttl`, `calendar`, `timezone`, `mode`, `throttle`, `soft_percent`, `elastic_percent`, `elastic_when_inflight_below`, `cost`, `cost_header`, `max_cost`, `cost_response_header`, `quota_unit`, `on_error`, `exempt`, `on_invalid_token`, `override`, `tier`, `tiers`"
         ]
     );
     assert_eq!(
@@ -1419,8 +1419,71 @@ slot_ttl = "100ms"
     assert_eq!(
         errors,
         [
-            "r.toml:2:8: window is required (only algorithm = \"concurrency\" has none)",
+            "r.toml:2:8: window is required, or calendar (algorithm = \"concurrency\" has neither)",
             "r.toml:4:12: slot_ttl applies to algorithm = \"concurrency\" only",
+        ]
+    );
+}
+
+#[test]
+fn a_calendar_rule_counts_fixed_windows_in_its_time_zone() {
+    let r = rules(
+        r#"
+[[rule]]
+name = "monthly"
+limit = 1000
+calendar = "month"
+timezone = "Europe/Berlin"
+
+[[rule]]
+name = "daily"
+algorithm = "fixed_window"
+limit = 10
+calendar = "day"
+"#,
+    );
+    let c = r[0].calendar.as_ref().expect("a calendar");
+    assert_eq!((c.period, c.timezone.as_str()), (crate::calendar::Period::Month, "Europe/Berlin"));
+    assert_eq!(r[0].algorithm, Algorithm::FixedWindow, "the default of calendar rules");
+    assert_eq!(r[0].window, Duration::from_nanos(crate::calendar::Period::Month.longest()));
+    let c = r[1].calendar.as_ref().expect("a calendar");
+    assert_eq!((c.period, c.timezone.as_str()), (crate::calendar::Period::Day, "UTC"));
+}
+
+#[test]
+fn calendar_rules_refuse_what_they_cannot_count() {
+    let errors = rule_errors(
+        r#"[[rule]]
+name = "c"
+algorithm = "token_bucket"
+limit = 4
+window = "1m"
+burst = 8
+calendar = "month"
+timezone = "Europe/Atlantis"
+"#,
+    );
+    assert_eq!(
+        errors,
+        [
+            "r.toml:5:10: set either window or calendar, not both",
+            "r.toml:6:9: a calendar rule has no burst: limit is the quota of each window",
+            "r.toml:7:12: calendar counts with algorithm = \"fixed_window\" (its default), not \"token_bucket\"",
+            "r.toml:8:12: timezone \"Europe/Atlantis\" is not an IANA time zone name such as \"Europe/Berlin\" or \"UTC\"",
+        ]
+    );
+    assert_eq!(
+        rule_errors("[[rule]]\nname = \"r\"\nlimit = 4\ncalendar = \"year\"\n"),
+        ["r.toml:4:12: calendar \"year\" is not one of day, week, month"]
+    );
+    assert_eq!(
+        rule_errors("[[rule]]\nname = \"r\"\nlimit = 4\nwindow = \"1h\"\ntimezone = \"UTC\"\n"),
+        ["r.toml:5:12: timezone applies to calendar rules only: set calendar = \"day\", \"week\" or \"month\""]
+    );
+    assert_eq!(
+        rule_errors("[[rule]]\nname = \"r\"\nalgorithm = \"sliding_window_counter\"\nlimit = 4\ncalendar = \"day\"\n"),
+        [
+            "r.toml:5:12: calendar counts with algorithm = \"fixed_window\" (its default), not \"sliding_window_counter\""
         ]
     );
 }

@@ -211,9 +211,24 @@ fn response_headers(reports: &[RuleReport<'_>], retry_after: u64) -> Vec<HeaderV
 /// 10 s: 30 per minute; 1 per 366 days: 1 per year).
 /// `plan` is the rule's own limits, or the override's or tier's the
 /// descriptor was checked against.
+/// A calendar rule's limit is per its calendar period, which is Envoy's
+/// unit of the same name (its window in nanoseconds is only the longest
+/// such period).
 fn current_limit(rule: &Rule, plan: &Plan) -> RateLimit {
-    let (requests_per_unit, unit) = per_unit(plan.nominal.limit, Duration::from_nanos(plan.nominal.window));
+    let (requests_per_unit, unit) = match rule.spec.calendar.as_ref().map(|c| c.period) {
+        Some(period) => per_period(plan.nominal.limit, period),
+        None => per_unit(plan.nominal.limit, Duration::from_nanos(plan.nominal.window)),
+    };
     RateLimit { name: rule.name().to_string(), requests_per_unit, unit: unit as i32 }
+}
+
+fn per_period(limit: u64, period: crate::calendar::Period) -> (u32, Unit) {
+    let unit = match period {
+        crate::calendar::Period::Day => Unit::Day,
+        crate::calendar::Period::Week => Unit::Week,
+        crate::calendar::Period::Month => Unit::Month,
+    };
+    (limit.clamp(1, u64::from(u32::MAX)) as u32, unit)
 }
 
 fn per_unit(limit: u64, window: Duration) -> (u32, Unit) {
@@ -249,5 +264,13 @@ mod tests {
         assert_eq!(per_unit(2, s(3 * 86_400)), (4, Unit::Week));
         assert_eq!(per_unit(1, s(366 * 86_400)), (1, Unit::Year));
         assert_eq!(per_unit(1_000_000_000, Duration::from_millis(1)), (u32::MAX, Unit::Second));
+    }
+
+    #[test]
+    fn calendar_limits_are_per_their_period() {
+        use crate::calendar::Period;
+        assert_eq!(per_period(1000, Period::Month), (1000, Unit::Month));
+        assert_eq!(per_period(70, Period::Week), (70, Unit::Week));
+        assert_eq!(per_period(10, Period::Day), (10, Unit::Day));
     }
 }

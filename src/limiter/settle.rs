@@ -32,10 +32,13 @@ pub fn settle(cell: Cell, now: Nanos, limits: &Limits, delta: i64, since: Nanos)
     let limits = &limits.bounded();
     let units = delta.unsigned_abs();
     let w = limits.window;
-    let reserved_in = {
-        let at = now.saturating_sub(since);
-        at - at % w
+    // Window starts, aligned to the origin (a calendar window's start, or
+    // the epoch) as `fixed_window` aligns them.
+    let align = |t: Nanos| {
+        let into = t.saturating_sub(limits.origin);
+        limits.origin + into - into % w
     };
+    let reserved_in = align(now.saturating_sub(since));
     match limits.algorithm {
         Algorithm::TokenBucket => {
             let elapsed = now.saturating_sub(cell.t) as f64;
@@ -44,7 +47,7 @@ pub fn settle(cell: Cell, now: Nanos, limits: &Limits, delta: i64, since: Nanos)
             Some(Cell { t: now.max(cell.t), v: level.to_bits() })
         }
         Algorithm::FixedWindow => {
-            let start = (now - now % w).max(cell.t);
+            let start = align(now).max(cell.t);
             if delta > 0 {
                 let count = if cell.t == start { cell.v } else { 0 };
                 Some(Cell { t: start, v: count.saturating_add(units) })

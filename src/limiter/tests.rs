@@ -15,7 +15,7 @@ const SEC: Nanos = NANOS_PER_SEC;
 const T0: Nanos = 1_700_000_000 * SEC;
 
 fn lim(algorithm: Algorithm, limit: u64, window_ms: u64, burst: u64) -> Limits {
-    Limits { algorithm, limit, window: window_ms * MS, burst }
+    Limits { algorithm, limit, window: window_ms * MS, burst, origin: 0 }
 }
 
 fn tb(limit: u64, window_ms: u64, burst: u64) -> Limits {
@@ -209,13 +209,14 @@ fn idle_horizon() {
     // A zero limit is treated as 1 rather than dividing by zero.
     assert_eq!(tb(0, 1000, 4).idle_horizon(), 4 * SEC);
     // Too long to represent: saturates instead of wrapping.
-    let huge = Limits { algorithm: Algorithm::TokenBucket, limit: 1, window: u64::MAX, burst: 2 };
+    let huge = Limits { algorithm: Algorithm::TokenBucket, limit: 1, window: u64::MAX, burst: 2, origin: 0 };
     assert_eq!(huge.idle_horizon(), u64::MAX);
     // Windows.
     assert_eq!(fw(10, 1500).idle_horizon(), 1500 * MS);
     assert_eq!(swl(10, 1500).idle_horizon(), 1500 * MS);
     assert_eq!(swc(10, 1500).idle_horizon(), 3000 * MS);
-    let huge = Limits { algorithm: Algorithm::SlidingWindowCounter, limit: 1, window: u64::MAX / 2 + 1, burst: 0 };
+    let huge =
+        Limits { algorithm: Algorithm::SlidingWindowCounter, limit: 1, window: u64::MAX / 2 + 1, burst: 0, origin: 0 };
     assert_eq!(huge.idle_horizon(), u64::MAX);
 }
 
@@ -617,6 +618,36 @@ fn fixed_window_is_epoch_aligned() {
     let v = hit(&mut cell, T0 + 39 * SEC, &l, 1);
     assert_eq!(cell, Cell { t: T0 - 20 * SEC, v: 2 });
     assert_eq!((v.remaining, v.reset_after), (3, SEC));
+}
+
+#[test]
+fn fixed_window_aligned_to_a_calendar_origin() {
+    // A 23-hour day (a DST change) starting at a whole second that is no
+    // multiple of the window: the window is [origin, origin + 23h).
+    let hour = 3600 * SEC;
+    let origin = T0 - 5 * hour - 7 * SEC;
+    let l = Limits { origin, window: 23 * hour, ..fw(2, 1000) };
+    let mut cell = Cell::default();
+    let v = hit(&mut cell, T0, &l, 1);
+    assert_eq!(cell, Cell { t: origin, v: 1 });
+    assert_eq!(v.reset_after, origin + 23 * hour - T0);
+    hit(&mut cell, T0 + SEC, &l, 1);
+    let v = hit(&mut cell, T0 + 2 * SEC, &l, 1);
+    assert!(!v.allowed);
+    // Retry at the next boundary, exactly.
+    assert_eq!(v.retry_after, origin + 23 * hour - T0 - 2 * SEC);
+    // An instance whose clock already passed the boundary (before it learnt
+    // the next window's origin) counts in the next window, where the next
+    // origin counts too.
+    let end = origin + 23 * hour;
+    let v = hit(&mut cell, end + MS, &l, 1);
+    assert_eq!((v.allowed, cell), (true, Cell { t: end, v: 1 }));
+    let next = Limits { origin: end, window: 24 * hour, ..l };
+    let v = hit(&mut cell, end + 2 * MS, &next, 1);
+    assert_eq!((v.allowed, v.remaining, cell), (true, 0, Cell { t: end, v: 2 }));
+    // A clock still behind the new origin counts in the new window.
+    let v = peek(cell, end - MS, &next, 1);
+    assert_eq!((v.allowed, v.retry_after), (false, 24 * hour + MS));
 }
 
 #[test]
@@ -1199,7 +1230,7 @@ fn windows_past_the_bound_do_not_overflow() {
     for algorithm in
         [Algorithm::TokenBucket, Algorithm::LeakyBucket, Algorithm::FixedWindow, Algorithm::SlidingWindowCounter]
     {
-        let limits = Limits { algorithm, limit: 5, window: u64::MAX, burst: 5 };
+        let limits = Limits { algorithm, limit: 5, window: u64::MAX, burst: 5, origin: 0 };
         let mut cell = Cell::default();
         for _ in 0..6 {
             hit(&mut cell, T0, &limits, 1);
@@ -1207,7 +1238,7 @@ fn windows_past_the_bound_do_not_overflow() {
         assert!(!hit(&mut cell, T0, &limits, 1).allowed, "{algorithm:?}");
     }
     let mut log = Log::new();
-    let limits = Limits { algorithm: Algorithm::SlidingWindowLog, limit: 5, window: u64::MAX, burst: 5 };
+    let limits = Limits { algorithm: Algorithm::SlidingWindowLog, limit: 5, window: u64::MAX, burst: 5, origin: 0 };
     let admitted = (0..6).filter(|_| evaluate_log(&mut log, T0, &limits, 1, true).allowed).count();
     assert_eq!(admitted, 5);
 }
@@ -1354,6 +1385,32 @@ fn a_refund_reaches_only_the_window_the_reservation_went_to() {
     let c = take(Cell::default(), T0, &l, 10);
     let c = settle(c, T0 + 40 * SEC, &l, -10, 40 * SEC).expect("changed");
     assert_eq!(evaluate(c, T0 + 40 * SEC, &l, 1).0.remaining, 99);
+}
+
+#[test]
+fn settling_a_calendar_window_uses_its_origin() {
+    // A 23-hour day starting 7 s past a whole hour: no multiple of 23 h
+    // since the epoch, so epoch-aligned arithmetic would miss its window.
+    let hour = 3600 * SEC;
+    let origin = T0 - 5 * hour - 7 * SEC;
+    let l = Limits { origin, window: 23 * hour, ..fw(100, 1000) };
+    let c = take(Cell::default(), T0, &l, 10);
+    // Really 3: 7 back to this day's count.
+    let c = settle(c, T0 + SEC, &l, -7, SEC).expect("changed");
+    assert_eq!(c, Cell { t: origin, v: 3 });
+    // Really 150: the day goes into debt, until the next local midnight.
+    let c = settle(c, T0 + SEC, &l, 147, SEC).expect("changed");
+    assert_eq!(c, Cell { t: origin, v: 150 });
+    let (v, _) = evaluate(c, T0 + SEC, &l, 1);
+    assert_eq!((v.allowed, v.retry_after), (false, origin + 23 * hour - T0 - SEC));
+    // A reservation of the day's last second, settled after midnight with
+    // the limits it was checked under: its day is over, nothing to give
+    // back; a charge goes to the new day.
+    let midnight = origin + 23 * hour;
+    let c = take(Cell::default(), midnight - SEC, &l, 5);
+    assert_eq!(c, Cell { t: origin, v: 5 });
+    assert_eq!(settle(c, midnight + SEC, &l, -5, 2 * SEC), None);
+    assert_eq!(settle(c, midnight + SEC, &l, 4, 2 * SEC), Some(Cell { t: midnight, v: 4 }));
 }
 
 #[test]

@@ -507,11 +507,14 @@ window = "1500ms"
     assert_eq!(login.window_secs, 60);
     assert_eq!(
         login.plan.nominal,
-        Limits { algorithm: Algorithm::SlidingWindowLog, limit: 5, window: 60 * SEC, burst: 5 }
+        Limits { algorithm: Algorithm::SlidingWindowLog, limit: 5, window: 60 * SEC, burst: 5, origin: 0 }
     );
     assert_eq!(fast.plan.policy, "\"fast\";q=10;w=1");
     assert_eq!(fast.window_secs, 1);
-    assert_eq!(fast.plan.nominal, Limits { algorithm: Algorithm::TokenBucket, limit: 10, window: SEC / 4, burst: 20 });
+    assert_eq!(
+        fast.plan.nominal,
+        Limits { algorithm: Algorithm::TokenBucket, limit: 10, window: SEC / 4, burst: 20, origin: 0 }
+    );
     assert_eq!(odd.window_secs, 2, "whole seconds, rounded up");
     assert_eq!(odd.plan.policy, "\"odd\";q=3;w=2");
     assert!(login.enforced());

@@ -128,6 +128,12 @@ impl Hasher for IdentityHasher {
 }
 
 impl MemoryStore {
+    /// The clock it reads: a calendar rule's window is computed on it (see
+    /// [`crate::rules::Rule::limits_of`]), so that both agree on the time.
+    pub fn clock(&self) -> &dyn crate::clock::Clock {
+        &*self.clock
+    }
+
     /// An empty store reading time from `clock`.
     ///
     /// Unbounded until [`MemoryStore::bounded`] says otherwise.
@@ -475,7 +481,7 @@ mod tests {
     use crate::limiter::{Algorithm, NANOS_PER_SEC};
 
     fn limits(algorithm: Algorithm, limit: u64) -> Limits {
-        Limits { algorithm, limit, window: NANOS_PER_SEC, burst: limit }
+        Limits { algorithm, limit, window: NANOS_PER_SEC, burst: limit, origin: 0 }
     }
 
     fn check(key: &str, algorithm: Algorithm, limit: u64, enforced: bool) -> Check<'_> {

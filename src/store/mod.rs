@@ -143,6 +143,15 @@ pub enum AnyStore {
 }
 
 impl AnyStore {
+    /// The clock the store was built with: calendar rules compute their
+    /// current window on it.
+    pub fn clock(&self) -> &dyn crate::clock::Clock {
+        match self {
+            AnyStore::Memory(s) => s.clock(),
+            AnyStore::Redis(s) => s.clock(),
+        }
+    }
+
     /// The `on_error = "local"` fallback: decides `checks` in this process's
     /// memory with the same rules. `None` for a store that has no fallback
     /// (the memory store never fails).

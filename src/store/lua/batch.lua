@@ -9,7 +9,7 @@
 --          are on the same node as far as the caller knows, not in the same
 --          slot, which the script's `allow-cross-slot-keys` flag permits.
 -- ARGV[1]  the number of checks, then three values per check: its key; its
---          spec "mode:limit:window_us:burst:cost"; and its tail: "" or the
+--          spec "mode:limit:window_us:burst:cost[:origin_us]"; and its tail: "" or the
 --          extra value, followed for a lease by "|want:period_us:phase_us:
 --          settle_at:taken:unspent"
 -- Returns  STRIDE integers per check, in order: {allowed, remaining,
@@ -33,8 +33,8 @@ local specs
 local function spec(text)
   local parsed = specs[text]
   if not parsed then
-    local m, l, w, b, c = match(text, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
-    parsed = {tonum(m), tonum(l), tonum(w), tonum(b), tonum(c)}
+    local m, l, w, b, c, o = match(text, '^(%d+):(%d+):(%d+):(%d+):(%d+):?(%d*)$')
+    parsed = {tonum(m), tonum(l), tonum(w), tonum(b), tonum(c), tonum(o) or 0}
     specs[text] = parsed
   end
   return parsed
@@ -59,7 +59,7 @@ local function run(args)
     local at = 2 + c * 3
     key = args[at]
     local s = spec(args[at + 1])
-    mode, limit, window, capacity, cost = s[1], s[2], s[3], s[4], s[5]
+    mode, limit, window, capacity, cost, origin = s[1], s[2], s[3], s[4], s[5], s[6]
     local tail = args[at + 2]
     extra, want, period, phase, settle_at, taken, unspent = '', 0, 0, 0, 0, 0, 0
     if tail ~= '' then

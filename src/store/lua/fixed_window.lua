@@ -1,4 +1,5 @@
--- Fixed window: a counter per epoch-aligned window `[k * window, (k + 1) * window)`.
+-- Fixed window: a counter per window `[origin + k * window, origin + (k + 1) * window)`,
+-- aligned to the epoch (origin 0) or to a calendar window's start.
 -- The same arithmetic as `fixed_window` in src/limiter.rs, on the server's clock.
 --
 -- key      the counter, a string "<window start_us>:<count>"
@@ -33,7 +34,7 @@ local function decide()
     -- past the limit (a debt the next requests wait out); a refund reaches
     -- the reservation's window only while it is the current one.
     local sign, since = match(extra, '^([+-])(%d+)$')
-    local start = max(now - fmod(now, window), stored_start)
+    local start = max(now - fmod(now - origin, window), stored_start)
     if sign == '+' then
       local count = cost
       if stored_start == start then count = stored_count + cost end
@@ -41,7 +42,7 @@ local function decide()
       call('SET', key, format('%d:%d', start, count), 'PX', ttl_ms)
     elseif sign == '-' then
       local at = now - tonum(since)
-      if stored_start == start and stored_start == at - fmod(at, window) then
+      if stored_start == start and stored_start == at - fmod(at - origin, window) then
         local count = max(stored_count - cost, 0)
         if count == 0 then
           call('DEL', key)
@@ -68,7 +69,9 @@ local function decide()
 
   -- A clock behind the stored window (a failover to a node whose clock is
   -- behind) counts in the stored window instead of wiping it with an older one.
-  local start = max(now - fmod(now, window), stored_start)
+  -- Windows are aligned to `origin`; a server clock behind a calendar
+  -- window's start (fmod of a negative is negative) counts in that window.
+  local start = max(now - fmod(now - origin, window), stored_start)
   local count = 0
   if stored_start == start then count = stored_count end
   local reset_us = start + window - now

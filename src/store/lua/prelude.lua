@@ -11,6 +11,7 @@
 -- key      the check's key
 -- mode     0 peek, 1 consume, 2 refund
 -- limit, window (µs), capacity (the burst)
+-- origin   the fixed window's alignment (µs), see below
 -- cost     units of this request
 -- extra    an algorithm-specific string: the refund token of a window, the
 --          request id of the sliding log
@@ -35,6 +36,9 @@ local call, tonum, try, kind, tostr
 local now, NOW
 
 local key, mode, limit, window, capacity, cost, extra
+-- Where fixed windows are aligned (µs): 0, the epoch, except for a calendar
+-- window, whose start the proxy computed (`Limits::origin`).
+local origin = 0
 local want, period, phase, settle_at, taken, unspent = 0, 0, 0, 0, 0, 0
 
 -- Scripts that lease answer two more values, {..., granted, lease_ttl_ns}:

@@ -172,7 +172,8 @@ mod tests {
     use super::*;
     use crate::limiter::{Algorithm, NANOS_PER_SEC};
 
-    const LIMITS: Limits = Limits { algorithm: Algorithm::FixedWindow, limit: 5, window: NANOS_PER_SEC, burst: 5 };
+    const LIMITS: Limits =
+        Limits { algorithm: Algorithm::FixedWindow, limit: 5, window: NANOS_PER_SEC, burst: 5, origin: 0 };
 
     fn rejected(retry_ms: u64) -> Verdict {
         Verdict {

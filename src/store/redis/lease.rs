@@ -409,7 +409,7 @@ mod tests {
     use crate::limiter::NANOS_PER_SEC;
 
     const BUCKET: Limits =
-        Limits { algorithm: Algorithm::TokenBucket, limit: 1_000, window: NANOS_PER_SEC, burst: 1_000 };
+        Limits { algorithm: Algorithm::TokenBucket, limit: 1_000, window: NANOS_PER_SEC, burst: 1_000, origin: 0 };
     const TIMEOUT: Duration = Duration::from_millis(20);
 
     fn reply(granted: u64, remaining: u64, token: i64, lease_ttl: u64) -> Reply {

@@ -220,6 +220,12 @@ impl RedisStore {
         Ok(RedisStore { shared, tasks })
     }
 
+    /// The clock of the local fallback (Redis itself counts on the server's
+    /// clock).
+    pub fn clock(&self) -> &dyn crate::clock::Clock {
+        self.shared.local.clock()
+    }
+
     /// Decides `checks` in this process's memory, with the same rules: the
     /// `on_error = "local"` fallback while Redis cannot answer.
     pub fn check_local(&self, checks: &[Check<'_>], mode: Mode) -> Vec<Verdict> {

@@ -202,7 +202,8 @@ pub struct Settle {
 }
 
 /// The values of one check after its key: its spec
-/// `mode:limit:window_us:burst:cost`, and its tail: empty, or the refund
+/// `mode:limit:window_us:burst:cost` (and `:origin_us` for a calendar
+/// window, see [`Limits::origin`]), and its tail: empty, or the refund
 /// token or request id, followed for a lease by
 /// `|want:period:phase:slot:taken:unspent` (the units wanted, the escrow
 /// period and phase, and the lease settled; a slot of 0 settles nothing).
@@ -212,7 +213,12 @@ pub fn args(mode: ScriptMode, limits: &Limits, cost: u64, extra: &str, lease: Le
     use std::fmt::Write as _;
     // The same bounds as the in-process arithmetic (`Limits::bounded`).
     let limits = &limits.bounded();
-    let spec = format!("{}:{}:{}:{}:{}", mode as u8, limits.limit, window_us(limits), limits.burst, cost);
+    let mut spec = format!("{}:{}:{}:{}:{}", mode as u8, limits.limit, window_us(limits), limits.burst, cost);
+    if limits.origin != 0 {
+        // A calendar window: aligned to its start, which is a whole second.
+        // Writing to a String cannot fail.
+        let _ = write!(spec, ":{}", limits.origin / 1_000);
+    }
     let mut tail = String::with_capacity(extra.len());
     tail.push_str(extra);
     if lease != LeaseArgs::default() {
@@ -366,7 +372,7 @@ mod tests {
 
     #[test]
     fn windows_go_to_whole_microseconds_rounded_up() {
-        let limits = |window| Limits { algorithm: Algorithm::FixedWindow, limit: 1, window, burst: 1 };
+        let limits = |window| Limits { algorithm: Algorithm::FixedWindow, limit: 1, window, burst: 1, origin: 0 };
         assert_eq!(window_us(&limits(NANOS_PER_SEC)), 1_000_000);
         assert_eq!(window_us(&limits(1_500)), 2);
         assert_eq!(window_us(&limits(1)), 1);
