@@ -191,16 +191,23 @@ pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-type
 /// Whether the client's `Accept` asks for RFC 9457 problem details
 /// (`application/problem+json`, not at `q=0`).
 pub fn accepts_problem(headers: &HeaderMap) -> bool {
-    headers.get_all(http::header::ACCEPT).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(',')).any(
-        |range| {
+    // Most clients send `*/*` or a short list: a value shorter than the
+    // media type cannot name it, and is not split at all.
+    const MEDIA_TYPE_LEN: usize = "application/problem+json".len();
+    headers
+        .get_all(http::header::ACCEPT)
+        .iter()
+        .filter(|v| v.len() >= MEDIA_TYPE_LEN)
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|range| {
             let mut parts = range.split(';').map(str::trim);
             parts.next().is_some_and(|t| t.eq_ignore_ascii_case("application/problem+json"))
                 && !parts.any(|p| {
                     p.split_once('=')
                         .is_some_and(|(k, v)| k.trim().eq_ignore_ascii_case("q") && v.trim().parse::<f32>() == Ok(0.0))
                 })
-        },
-    )
+        })
 }
 
 impl ProxyError {
