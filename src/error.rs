@@ -134,17 +134,21 @@ impl ProxyError {
         }
     }
 
-    /// The full response, without rate-limit headers (the proxy adds those),
-    /// for the request `request_id`.
-    pub fn into_response(self, request_id: &HeaderValue) -> Response<Full<Bytes>> {
-        let retry = match &self {
+    /// `Retry-After` of this answer, in seconds; `None` for answers that
+    /// have none.
+    fn retry_after(&self) -> Option<u64> {
+        match self {
             ProxyError::Limited { retry_after_seconds, .. } | ProxyError::StoreUnavailable { retry_after_seconds } => {
                 Some(*retry_after_seconds)
             }
             ProxyError::TooManyInFlight { .. } => Some(CONCURRENCY_RETRY_SECS),
             _ => None,
-        };
-        let body = match &self {
+        }
+    }
+
+    /// The JSON body with the request's id, rendered.
+    fn body_bytes(&self, request_id: &HeaderValue) -> Bytes {
+        match self {
             // The flood path: written directly instead of through a JSON
             // tree (a handful of allocations fewer per rejection).
             ProxyError::Limited { rule, limit, window_seconds, retry_after_seconds } => {
@@ -158,7 +162,36 @@ impl ProxyError {
                 }
                 Bytes::from(body.to_string())
             }
+        }
+    }
+
+    /// The 429 of a request whose only matching rule (`report`) rejected
+    /// it, with the headers prebuilt for the rule's plan (see
+    /// [`headers::RejectHead`]): the same response as
+    /// [`ProxyError::into_response`] followed by [`headers::write`], for a
+    /// clone instead of nine map insertions.
+    pub fn into_limited_response(
+        self,
+        request_id: &HeaderValue,
+        head: &headers::RejectHead,
+        report: &headers::RuleReport<'_>,
+    ) -> Response<Full<Bytes>> {
+        let Some(retry) = self.retry_after().filter(|_| self.status() == StatusCode::TOO_MANY_REQUESTS) else {
+            let mut resp = self.into_response(request_id);
+            headers::write(resp.headers_mut(), std::slice::from_ref(report), 0);
+            return resp;
         };
+        let mut resp = Response::new(Full::new(self.body_bytes(request_id)));
+        *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        *resp.headers_mut() = head.render(request_id, retry, report);
+        resp
+    }
+
+    /// The full response, without rate-limit headers (the proxy adds those),
+    /// for the request `request_id`.
+    pub fn into_response(self, request_id: &HeaderValue) -> Response<Full<Bytes>> {
+        let retry = self.retry_after();
+        let body = self.body_bytes(request_id);
         let mut resp = Response::new(Full::new(body));
         if let ProxyError::Limited { .. } | ProxyError::TooManyInFlight { .. } = self {
             // Room for the headers of a 429 (the proxy adds the rate-limit

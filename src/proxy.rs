@@ -480,7 +480,15 @@ impl Proxy {
                             retry_after_seconds: secs,
                         }
                     };
-                    let mut resp = if error::accepts_problem(req.headers()) {
+                    let problem = error::accepts_problem(req.headers());
+                    if let [only] = reports.as_slice()
+                        && let Some(head) = &only.plan.reject_head
+                        && !problem
+                    {
+                        // The flood's case: one rule, a head prebuilt for it.
+                        return err.into_limited_response(request_id, head, only).map(Either::Right);
+                    }
+                    let mut resp = if problem {
                         // Every enforced rule this request is over.
                         let violated: Vec<&str> = pending
                             .iter()

@@ -105,6 +105,9 @@ pub struct Plan {
     pub policy_value: Option<http::HeaderValue>,
     /// The limit as the `X-RateLimit-Limit` value.
     pub limit_value: http::HeaderValue,
+    /// The headers of a 429 under these limits when the rule is the
+    /// request's only one; `None` for a calendar rule.
+    pub reject_head: Option<crate::headers::RejectHead>,
     /// Where these limits come from.
     pub source: PlanSource,
 }
@@ -334,11 +337,14 @@ impl Rule {
             } else {
                 format!("{quoted_name};q={limit}{unit};w={window_secs}")
             };
+            let policy_value = if spec.calendar.is_some() { None } else { http::HeaderValue::from_str(&policy).ok() };
+            let limit_value = http::HeaderValue::from(limit);
             Plan {
                 nominal: Limits { algorithm: spec.algorithm, limit, window, burst, origin: 0 },
-                policy_value: if spec.calendar.is_some() { None } else { http::HeaderValue::from_str(&policy).ok() },
+                reject_head: crate::headers::RejectHead::new(&limit_value, policy_value.as_ref()),
+                policy_value,
                 policy,
-                limit_value: http::HeaderValue::from(limit),
+                limit_value,
                 source,
             }
         };

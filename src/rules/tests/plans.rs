@@ -131,3 +131,52 @@ fn headers_report_the_limits_the_request_was_checked_against() {
     headers::write(&mut h, &two, 0);
     assert_eq!(h.get("ratelimit-policy").expect("policy"), "\"r\";q=40;w=1, \"r\";q=10;w=1");
 }
+
+/// A response's status, headers in wire order and body.
+fn wire(resp: http::Response<http_body_util::Full<bytes::Bytes>>) -> (u16, Vec<(String, String)>, bytes::Bytes) {
+    use http_body_util::BodyExt;
+    let status = resp.status().as_u16();
+    let headers = resp
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.as_str().to_string(), v.to_str().expect("ascii header").to_string()))
+        .collect();
+    let body = futures::executor::block_on(resp.into_body().collect()).expect("body").to_bytes();
+    (status, headers, body)
+}
+
+#[test]
+fn a_prebuilt_429_head_is_the_response_built_header_by_header() {
+    use crate::error::ProxyError;
+    let s = by_user("[[rule.override]]\nkey = \"user=alice\"\nlimit = 50\n");
+    let rule = &s.rules[0];
+    let id = HeaderValue::from_static("5f0c9a1e2b7d4c38-000000000000002a");
+    for who in ["alice", "bob"] {
+        let facts = user(who);
+        let facts = facts.facts();
+        let mut k = String::new();
+        rule.key(&facts, &mut k).expect("key");
+        let plan = rule.plan_for(&k, &facts);
+        let head = plan.reject_head.as_ref().expect("a head for a rule with a fixed window");
+        for (reset_ms, retry) in [(500, 1), (39_200, 12), (3_600_000, 3_600), (0, 0)] {
+            let report = RuleReport::of(rule, plan, &verdict(false, 0, reset_ms), plan.nominal.capacity());
+            let errors = [
+                ProxyError::Limited {
+                    rule: "r".into(),
+                    limit: plan.nominal.limit,
+                    window_seconds: 1,
+                    retry_after_seconds: retry,
+                },
+                ProxyError::TooManyInFlight { rule: "r".into(), limit: plan.nominal.limit },
+            ];
+            for err in errors {
+                let fast = wire(err.clone().into_limited_response(&id, head, &report));
+                let mut slow = err.into_response(&id);
+                headers::write(slow.headers_mut(), &[report], 0);
+                assert_eq!(fast, wire(slow), "{who}, reset {reset_ms} ms, retry {retry} s");
+            }
+        }
+    }
+    let calendar = set("[[rule]]\nname = \"c\"\nlimit = 10\ncalendar = \"day\"\n");
+    assert!(calendar.rules[0].plan.reject_head.is_none(), "a calendar window's w changes: no prebuilt head");
+}
