@@ -340,12 +340,12 @@ fn limited_body(rule: &str, limit: u64, window: u64, retry: u64, request_id: &He
     // The id's escapes (rare: `"` or `\` from a trusted proxy) may need a
     // few more bytes than its length.
     let len = pieces.iter().map(|p| p.len()).sum::<usize>() + request_id.len() + 2;
-    let mut s = String::with_capacity(len);
+    let mut s = Vec::with_capacity(len);
     for piece in pieces {
-        s.push_str(piece);
+        s.extend_from_slice(piece.as_bytes());
     }
     request_id::push_json(&mut s, request_id);
-    s.push_str(r#""}"#);
+    s.extend_from_slice(br#""}"#);
     Bytes::from(s)
 }
 
