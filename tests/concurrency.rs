@@ -154,6 +154,18 @@ fn cluster_config(upstream: SocketAddr) -> String {
     tollgate_config(upstream, &cluster().url(), "on_error = \"deny\"")
 }
 
+/// Waits until no slot of `ip` under the "in-flight" rule is held in the
+/// cluster: a slot is given back by a call this instance makes after the
+/// response ended, which may reach Redis after the client saw the end.
+async fn slots_given_back(ip: &str) {
+    let key = format!("tollgate:{{in-flight|ip={ip}}}:cc");
+    eventually("the slots to be given back", || async {
+        let Some(port) = cluster().master_of(&key) else { return false };
+        cluster().cli(port, &["ZCARD", &key]).trim() == "0"
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn two_instances_on_a_cluster_share_the_slots() {
     let up = Upstream::start().await;
@@ -175,6 +187,7 @@ async fn two_instances_on_a_cluster_share_the_slots() {
         assert_eq!(h.await.expect("request task").status, StatusCode::OK);
     }
     // Given back: three fit again.
+    slots_given_back(ip).await;
     held_requests.extend([held(b.proxy_addr, ip), held(b.proxy_addr, ip), held(a.proxy_addr, ip)]);
     up.wait_held(3).await;
     up.release(3);
@@ -192,6 +205,7 @@ async fn two_instances_on_a_cluster_share_the_slots() {
         assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(refused.json()["rule"], "free-plan");
     }
+    slots_given_back(ip).await;
     let three = [held(a.proxy_addr, ip), held(b.proxy_addr, ip), held(a.proxy_addr, ip)];
     up.wait_held(3).await;
     up.release(3);
