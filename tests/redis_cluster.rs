@@ -194,9 +194,15 @@ async fn leased_keys_on_every_master_admit_exactly_their_limit_across_two_instan
 /// other client is admitted, while the checks of concurrent requests go to
 /// Redis in batches that span slots (fewer calls than checks), none of
 /// them sent to a node that does not own its key.
-async fn a_crowd_through_three_instances(algorithm: &str) {
+///
+/// `warm`: the client first sends ten requests a second to each instance
+/// for 1.5 s, so that each holds a lease sized by that use (at most a
+/// tenth of the limit) when the crowd arrives: the crowd then never gets
+/// past what is left of the limit, and falls short of it by at most the
+/// three leases.
+async fn a_crowd_through_three_instances(algorithm: &str, warm: bool) {
     let up = Upstream::start().await;
-    let name = format!("crowd-{algorithm}");
+    let name = if warm { format!("warm-crowd-{algorithm}") } else { format!("crowd-{algorithm}") };
     let config = tollgate_config(up.addr, &cluster().url(), "on_error = \"deny\"\ntimeout = \"5s\"");
     let rules = rule(&name, algorithm, 100, "1h", 100);
     let mut instances = Vec::new();
@@ -207,6 +213,22 @@ async fn a_crowd_through_three_instances(algorithm: &str) {
     let masters: std::collections::HashSet<u16> =
         others.iter().filter_map(|ip| cluster().master_of(&format!("{{{name}|ip={ip}}}"))).collect();
     assert_eq!(masters.len(), 3, "the other clients' keys cover every master");
+
+    let mut spent = 0;
+    if warm {
+        for _ in 0..15 {
+            for tg in &instances {
+                assert_eq!(tg.get("/").from_ip("203.0.113.9").send().await.status, 200);
+                spent += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut granted = 0.0;
+        for t in &instances {
+            granted += metric(&t.metrics().await, "tollgate_leases_granted_total", &[]).unwrap_or(0.0);
+        }
+        assert!(granted >= 3.0, "{algorithm}: each instance holds a lease by use ({granted} granted)");
+    }
 
     let calls: Vec<(usize, String)> = (0..1_000)
         .map(|i| (i % 3, "203.0.113.9".to_string()))
@@ -231,7 +253,14 @@ async fn a_crowd_through_three_instances(algorithm: &str) {
             others_ok += 1;
         }
     }
-    assert_eq!(crowd, [(200, 100), (429, 900)].into_iter().collect(), "{algorithm}");
+    if warm {
+        let admitted = crowd.get(&200).copied().unwrap_or(0);
+        let left = 100 - spent;
+        assert!(admitted <= left, "{algorithm}: {admitted} admitted, {left} left of the limit: {crowd:?}");
+        assert!(admitted + 30 >= left, "{algorithm}: {admitted} admitted, {left} left of the limit: {crowd:?}");
+    } else {
+        assert_eq!(crowd, [(200, 100), (429, 900)].into_iter().collect(), "{algorithm}");
+    }
     assert_eq!(others_ok, 300, "{algorithm}");
 
     let (mut calls, mut checks, mut misrouted) = (0.0, 0.0, 0.0);
@@ -247,21 +276,36 @@ async fn a_crowd_through_three_instances(algorithm: &str) {
 }
 
 #[tokio::test]
+async fn a_crowd_on_a_token_bucket_leased_by_use_never_passes_its_limit() {
+    a_crowd_through_three_instances("token_bucket", true).await;
+}
+
+#[tokio::test]
+async fn a_crowd_on_a_fixed_window_leased_by_use_never_passes_its_limit() {
+    a_crowd_through_three_instances("fixed_window", true).await;
+}
+
+#[tokio::test]
+async fn a_crowd_on_a_sliding_counter_leased_by_use_never_passes_its_limit() {
+    a_crowd_through_three_instances("sliding_window_counter", true).await;
+}
+
+#[tokio::test]
 async fn a_crowd_on_a_token_bucket_gets_exactly_its_limit() {
-    a_crowd_through_three_instances("token_bucket").await;
+    a_crowd_through_three_instances("token_bucket", false).await;
 }
 
 #[tokio::test]
 async fn a_crowd_on_a_fixed_window_gets_exactly_its_limit() {
-    a_crowd_through_three_instances("fixed_window").await;
+    a_crowd_through_three_instances("fixed_window", false).await;
 }
 
 #[tokio::test]
 async fn a_crowd_on_a_sliding_log_gets_exactly_its_limit() {
-    a_crowd_through_three_instances("sliding_window_log").await;
+    a_crowd_through_three_instances("sliding_window_log", false).await;
 }
 
 #[tokio::test]
 async fn a_crowd_on_a_sliding_counter_gets_exactly_its_limit() {
-    a_crowd_through_three_instances("sliding_window_counter").await;
+    a_crowd_through_three_instances("sliding_window_counter", false).await;
 }

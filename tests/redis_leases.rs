@@ -359,3 +359,74 @@ async fn the_escrow_of_an_instance_that_died_holding_a_lease_comes_back_when_its
         "admitted {admitted} of a full bucket of 400 (+{refill} refilled)"
     );
 }
+
+#[tokio::test]
+async fn a_key_far_below_its_limit_is_leased_what_it_uses() {
+    let up = Upstream::start().await;
+    for algorithm in ["token_bucket", "fixed_window", "sliding_window_counter"] {
+        let prefix = format!("t-lease-by-use-{algorithm}:");
+        // 100 a second: a 1% share is one unit, too small to lease.
+        let rules = format!(
+            "[[rule]]\nname = \"small\"\nkey = [\"ip\"]\nalgorithm = \"{algorithm}\"\nlimit = 100\nwindow = \"1s\"\n"
+        );
+        let tg = tollgate(&up, &prefix, "", &rules).await;
+        // Forty a second for 2.5 s: the first second is asked request by
+        // request, then leases of what the last second used (capped at a
+        // tenth of the limit) answer most of the rest here.
+        let mut statuses = Vec::new();
+        for _ in 0..100 {
+            statuses.push(tg.get("/").from_ip("192.0.2.20").send().await.status.as_u16());
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+        assert!(statuses.iter().all(|&s| s == 200), "{algorithm}: {statuses:?}");
+        let hits = lease_hits(&tg).await;
+        assert!(hits >= 40.0, "{algorithm}: only {hits} of 100 requests were answered from leases");
+        let m = tg.metrics().await;
+        let checks = metric(&m, "tollgate_redis_call_checks_total", &[]).unwrap_or(0.0);
+        assert!(checks <= 60.0, "{algorithm}: {checks} checks in Redis for 100 requests");
+    }
+}
+
+#[tokio::test]
+async fn leases_sized_by_use_never_admit_past_a_token_bucket() {
+    let up = Upstream::start().await;
+    let prefix = "t-lease-by-use-bound:";
+    let rules = "[[rule]]\nname = \"small\"\nkey = [\"ip\"]\nalgorithm = \"token_bucket\"\nlimit = 100\n\
+                 window = \"1s\"\n";
+    let store = "lease_idle = \"1h\"";
+    let instances = [
+        tollgate(&up, prefix, store, rules).await,
+        tollgate(&up, prefix, store, rules).await,
+        tollgate(&up, prefix, store, rules).await,
+    ];
+    let ip = "192.0.2.21";
+    // Each instance uses the key well below its limit long enough to hold
+    // a lease sized by that use...
+    for _ in 0..15 {
+        for tg in &instances {
+            assert_eq!(tg.get("/").from_ip(ip).send().await.status, 200);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let mut granted = 0.0;
+    for tg in &instances {
+        granted += metric(&tg.metrics().await, "tollgate_leases_granted_total", &[]).unwrap_or(0.0);
+    }
+    assert!(granted >= 3.0, "each instance holds a lease ({granted} granted)");
+    // ...then all three flood it: whatever they admit, the bucket allows at
+    // most its burst plus what refills meanwhile, by the server's clock.
+    let started = server_time_us();
+    let (mut admitted, mut sent) = (0, 0);
+    while server_time_us() - started < 2_000_000 {
+        let replies = burst(60, |i| instances[i % 3].get("/").from_ip(ip)).await;
+        admitted += count(&replies, 200);
+        sent += replies.len();
+    }
+    let elapsed_us = server_time_us() - started;
+    let allowed = 100 + 100 * elapsed_us / 1_000_000;
+    assert!(
+        admitted as u64 <= allowed,
+        "admitted {admitted} of {sent} in {elapsed_us} us; the bucket allows {allowed}"
+    );
+    assert!(sent > admitted, "the load must exceed the bucket to test it");
+}

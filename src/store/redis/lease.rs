@@ -20,8 +20,7 @@
 //!   is settled with the call that asks for the next one, or given back.
 //! - **Exact near the limit.** A script grants a lease only when at least as
 //!   much again stays in Redis (`lease` in prelude.lua), so the last units of
-//!   a key are decided one request at a time, and a key whose capacity is
-//!   under 200 (at the default 1%) is never leased at all. What an instance
+//!   a key are decided one request at a time. What an instance
 //!   can hold back from the others is one lease per key, and only for keys
 //!   it is using: a lease left idle for `lease_idle` is given back (a refund
 //!   script call), and so is every lease on shutdown.
@@ -32,6 +31,20 @@
 //!   call per client, as without leases, and what each leaves counted is a
 //!   lease of a key nobody else is using, which ends with its window or its
 //!   escrow slot. One lease request per key is in flight at a time.
+//! - **Sized by use where a share of the capacity is too small.** A key
+//!   whose `lease_percent` share is under two units (every key under 200 at
+//!   the default 1%) is leased what this instance asked of it in the last
+//!   [`HORIZON`] (when that is two units or more), at most
+//!   a tenth of its capacity ([`BY_USE_SHARE`]), once the instance has seen
+//!   it for a whole horizon: a key far below its limit then costs a round
+//!   trip per second or so instead of one per request, while a key seen
+//!   only in a burst (a crowd arriving at once) is still decided request by
+//!   request. The rule that half the room stays in Redis keeps the last
+//!   units exact. What an instance can hold back of such a key is one lease
+//!   of at most a tenth of its capacity, which it spends as fast as it
+//!   used the key in the last second: other instances may be refused
+//!   while it holds it, by at most that tenth per instance, until it is
+//!   spent, settled, or given back idle.
 //! - **Not for every algorithm.** The leaky bucket decides each request's
 //!   delay from the queue ahead of it, and the sliding log stamps each entry
 //!   with its own time (an entry stamped early would leave the window
@@ -57,6 +70,11 @@ const SHARDS: usize = 64;
 const MAX_PER_SHARD: usize = 2_000;
 /// Cluster hash slots: a key's slot gives its escrow phase.
 const SLOTS: u64 = 16_384;
+/// How far back a key's use here is measured to size a lease by use, and
+/// how long it must have been seen first (shorter if `lease_lifetime` is).
+const HORIZON: Duration = Duration::from_secs(1);
+/// A lease sized by use takes at most this fraction of the key's capacity.
+const BY_USE_SHARE: u64 = 10;
 
 /// The leases this instance holds.
 pub(super) struct Leases {
@@ -66,6 +84,8 @@ pub(super) struct Leases {
     idle: Duration,
     /// A token-bucket escrow slot's period, in µs (`lease_lifetime`).
     period_us: u64,
+    /// [`HORIZON`], or `lease_lifetime` when that is shorter.
+    horizon: Duration,
     /// Set by [`drain`](Leases::drain): no new leases, and grants that
     /// arrive later are given straight back.
     closing: AtomicBool,
@@ -94,6 +114,14 @@ struct Lease {
     asking_until: Option<Instant>,
     /// Whether a request spent some of it since it was granted.
     used: bool,
+    /// Units requests asked of this key here since `since` (the start of
+    /// the current horizon), served from the lease or not, and in the
+    /// horizon before: its rate here, which sizes a lease by use.
+    seen: u64,
+    before: u64,
+    since: Instant,
+    /// When this instance began tracking the key.
+    born: Instant,
 }
 
 impl Lease {
@@ -160,6 +188,7 @@ impl Leases {
             percent: u64::from(percent),
             idle,
             period_us: u64::try_from(lifetime.as_micros()).unwrap_or(u64::MAX).max(1),
+            horizon: HORIZON.min(lifetime).max(Duration::from_millis(1)),
             closing: AtomicBool::new(false),
         }
     }
@@ -175,17 +204,43 @@ impl Leases {
         self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The lease size for `limits`, or 0 where leasing does not apply.
-    fn size(&self, limits: &Limits) -> u64 {
-        let leases = matches!(
-            limits.algorithm,
-            Algorithm::TokenBucket | Algorithm::FixedWindow | Algorithm::SlidingWindowCounter
-        );
-        if !leases {
-            return 0;
-        }
+    /// Whether `limits` can be leased at all (see the module notes).
+    fn leasable(limits: &Limits) -> bool {
+        matches!(limits.algorithm, Algorithm::TokenBucket | Algorithm::FixedWindow | Algorithm::SlidingWindowCounter)
+    }
+
+    /// The `lease_percent` share of the capacity, or 0 when under two units.
+    fn share(&self, limits: &Limits) -> u64 {
         let size = limits.capacity().saturating_mul(self.percent) / 100;
         if size < 2 { 0 } else { size }
+    }
+
+    /// The lease `lease`'s key has earned by use here at `now` (see the
+    /// module notes): the units asked in the last horizon (a sliding
+    /// estimate over this horizon and the one before), at most a tenth of
+    /// the capacity; none under two units, nor until the key has been seen
+    /// for a horizon.
+    fn by_use(&self, lease: &mut Lease, limits: &Limits, now: Instant) -> u64 {
+        self.roll(lease, now);
+        if now.saturating_duration_since(lease.born) < self.horizon {
+            return 0;
+        }
+        let horizon = self.horizon.as_nanos();
+        let into = now.saturating_duration_since(lease.since).as_nanos().min(horizon);
+        let before = u128::from(lease.before) * (horizon - into) / horizon;
+        let rate = u64::try_from(before).unwrap_or(u64::MAX).saturating_add(lease.seen);
+        let size = rate.min(limits.capacity() / BY_USE_SHARE);
+        if size < 2 { 0 } else { size }
+    }
+
+    /// Moves `lease`'s use count on to the horizon `now` falls in.
+    fn roll(&self, lease: &mut Lease, now: Instant) {
+        let elapsed = now.saturating_duration_since(lease.since);
+        if elapsed >= 2 * self.horizon {
+            (lease.before, lease.seen, lease.since) = (0, 0, now);
+        } else if elapsed >= self.horizon {
+            (lease.before, lease.seen, lease.since) = (lease.seen, 0, lease.since + self.horizon);
+        }
     }
 
     /// A token bucket's escrow period and the phase its slots end on for
@@ -204,6 +259,8 @@ impl Leases {
     pub fn take(&self, key: &str, limits: &Limits, cost: u64, now: Instant) -> Option<Verdict> {
         let mut shard = self.shard(key);
         let lease = shard.get_mut(key)?;
+        self.roll(lease, now);
+        lease.seen = lease.seen.saturating_add(cost);
         if lease.limits != *limits || lease.units < cost.max(1) || lease.expired(now) {
             return None;
         }
@@ -242,18 +299,25 @@ impl Leases {
     /// When it asks for units, the caller must report the call's outcome to
     /// [`granted`](Self::granted) or [`failed`](Self::failed).
     pub fn want(&self, key: &str, limits: &Limits, cost: u64, now: Instant, timeout: Duration) -> LeaseArgs {
-        let size = self.size(limits);
-        if size < cost.max(1) || self.closing.load(Ordering::Relaxed) {
+        if !Self::leasable(limits) || self.closing.load(Ordering::Relaxed) {
             return LeaseArgs::default();
         }
+        let share = self.share(limits);
         let (period_us, phase_us) = self.escrow(key, limits);
         let mut shard = self.shard(key);
         if let Some(lease) = shard.get_mut(key) {
+            // In use, leased or not: its history is kept.
+            lease.last_used = now;
             if lease.asking_until.is_some_and(|t| t > now) {
                 return LeaseArgs::default();
             }
+            // A key big enough for a share keeps it, so that what any
+            // instance holds of it stays that share.
+            let size = if share > 0 { share } else { self.by_use(lease, limits, now) };
+            if size < cost.max(1) {
+                return LeaseArgs::default();
+            }
             lease.asking_until = Some(now + timeout);
-            lease.last_used = now;
             // Settled whatever the call's fate: if it fails, the slot ends
             // with these units counted as spent (never twice, never short).
             let settle = if lease.is_bucket() && lease.taken > 0 && !lease.expired(now) {
@@ -271,6 +335,9 @@ impl Leases {
         if shard.len() >= MAX_PER_SHARD {
             return LeaseArgs::default();
         }
+        // Tracked from its first request, leased by share at once or by
+        // use once it has earned it.
+        let asking = share >= cost.max(1);
         shard.insert(
             key.to_string(),
             Lease {
@@ -282,11 +349,18 @@ impl Leases {
                 last_used: now,
                 remaining: 0,
                 reset_at: now,
-                asking_until: Some(now + timeout),
+                asking_until: asking.then(|| now + timeout),
                 used: false,
+                seen: cost,
+                before: 0,
+                since: now,
+                born: now,
             },
         );
-        LeaseArgs { want: size, period_us, phase_us, settle: None }
+        if !asking {
+            return LeaseArgs::default();
+        }
+        LeaseArgs { want: share, period_us, phase_us, settle: None }
     }
 
     /// Records what a call that asked for a lease was granted. `sent` is
@@ -340,6 +414,10 @@ impl Leases {
             reset_at: sent + Duration::from_nanos(reply.verdict.reset_after),
             asking_until: None,
             used,
+            seen: lease.seen,
+            before: lease.before,
+            since: lease.since,
+            born: lease.born,
         };
         replaced
     }
@@ -445,15 +523,61 @@ mod tests {
         let small = Limits { limit: 150, burst: 150, ..BUCKET };
         let log = Limits { algorithm: Algorithm::SlidingWindowLog, ..BUCKET };
         let leaky = Limits { algorithm: Algorithm::LeakyBucket, ..BUCKET };
-        for limits in [small, log, leaky] {
+        for limits in [log, leaky] {
             assert_eq!(leases.want("k", &limits, 1, t0, TIMEOUT).want, 0, "{limits:?}");
         }
-        assert_eq!(leases.len(), 0);
+        assert_eq!(leases.len(), 0, "per-request algorithms are not even tracked");
+        // A small key is tracked, to be leased by use later (see below).
+        assert_eq!(leases.want("s", &small, 1, t0, TIMEOUT).want, 0);
+        assert_eq!(leases.len(), 1);
         assert_eq!(leases.want("k", &BUCKET, 11, t0, TIMEOUT).want, 0, "a request costing more than a lease");
         assert_eq!(
             Leases::new(0, Duration::from_secs(5), Duration::from_secs(5)).want("k", &BUCKET, 1, t0, TIMEOUT).want,
             0
         );
+    }
+
+    #[test]
+    fn a_key_too_small_for_a_share_is_leased_what_it_used_in_the_last_second() {
+        let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        // 100 a second: 1% is one unit, too small for a share.
+        let small = Limits { limit: 100, burst: 100, ..BUCKET };
+        // A request every 100 ms: ten a second, none leased during the
+        // first second (a burst is decided request by request).
+        for i in 0..10 {
+            let at = t0 + ms(100 * i);
+            assert!(leases.take("k", &small, 1, at).is_none());
+            assert_eq!(leases.want("k", &small, 1, at, TIMEOUT).want, 0, "request {i}");
+        }
+        let at = t0 + ms(1_000);
+        assert!(leases.take("k", &small, 1, at).is_none());
+        let asked = leases.want("k", &small, 1, at, TIMEOUT);
+        assert_eq!(asked.want, 10, "what the last second used");
+        assert!(asked.period_us > 0, "held in escrow like any bucket lease");
+        leases.granted("k", &small, &reply(10, 80, 9, 6 * NANOS_PER_SEC), at, at);
+        for i in 1..=10 {
+            assert!(leases.take("k", &small, 1, at + ms(100 * i)).is_some(), "served here");
+        }
+        // Faster than a tenth of the capacity: capped there.
+        let busy = t0 + ms(2_100);
+        for _ in 0..50 {
+            leases.take("k", &small, 1, busy);
+        }
+        assert_eq!(leases.want("k", &small, 1, busy, TIMEOUT).want, 10, "a tenth of 100");
+        leases.failed("k");
+        // Quiet again: older use fades, and a key used once in a while is
+        // not leased.
+        let quiet = busy + ms(10_000);
+        assert!(leases.take("k", &small, 1, quiet).is_none());
+        assert_eq!(leases.want("k", &small, 1, quiet, TIMEOUT).want, 0);
+        // A key under ten units is never leased by use.
+        let tiny = Limits { limit: 9, burst: 9, ..BUCKET };
+        for i in 0..30 {
+            leases.take("t", &tiny, 1, t0 + ms(100 * i));
+            assert_eq!(leases.want("t", &tiny, 1, t0 + ms(100 * i), TIMEOUT).want, 0);
+        }
     }
 
     #[test]
