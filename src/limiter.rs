@@ -182,6 +182,10 @@ pub struct Verdict {
     /// Nanoseconds the request must wait before it is forwarded (leaky bucket
     /// shaping; 0 otherwise).
     pub delay: Nanos,
+    /// Decided by the `on_error = "local"` fallback while the shared store
+    /// could not answer: counted in this process's memory only, so a
+    /// settlement of its cost belongs there too (see [`crate::settle`]).
+    pub fallback: bool,
 }
 
 /// The fixed-size state of one key for every algorithm except the log:
@@ -324,6 +328,7 @@ fn bucket(cell: Cell, now: Nanos, limits: &Limits, cost: u64, shaping: bool) -> 
             reset_after: drain(new_level),
             retry_after: 0,
             delay: if shaping { drain(level) } else { 0 },
+            fallback: false,
         };
         let new_cell = Cell { t, v: new_level.to_bits() };
         (verdict, new_cell)
@@ -334,6 +339,7 @@ fn bucket(cell: Cell, now: Nanos, limits: &Limits, cost: u64, shaping: bool) -> 
             reset_after: drain(level),
             retry_after: drain(level + cost_f - capacity).max(1),
             delay: 0,
+            fallback: false,
         };
         (verdict, cell)
     }
@@ -351,10 +357,24 @@ fn fixed_window(cell: Cell, now: Nanos, limits: &Limits, cost: u64) -> (Verdict,
     let reset_after = start + limits.window - now;
     if count + cost <= limits.limit {
         let count = count + cost;
-        let verdict = Verdict { allowed: true, remaining: limits.limit - count, reset_after, retry_after: 0, delay: 0 };
+        let verdict = Verdict {
+            allowed: true,
+            remaining: limits.limit - count,
+            reset_after,
+            retry_after: 0,
+            delay: 0,
+            fallback: false,
+        };
         (verdict, Cell { t: start, v: count })
     } else {
-        let verdict = Verdict { allowed: false, remaining: 0, reset_after, retry_after: reset_after.max(1), delay: 0 };
+        let verdict = Verdict {
+            allowed: false,
+            remaining: 0,
+            reset_after,
+            retry_after: reset_after.max(1),
+            delay: 0,
+            fallback: false,
+        };
         (verdict, cell)
     }
 }
@@ -388,6 +408,7 @@ fn sliding_counter(cell: Cell, now: Nanos, limits: &Limits, cost: u64) -> (Verdi
             reset_after: start + 2 * w - now,
             retry_after: 0,
             delay: 0,
+            fallback: false,
         };
         let v = (prev << 32) | curr.min(u32::MAX as u64);
         (verdict, Cell { t: start, v })
@@ -410,7 +431,7 @@ fn sliding_counter(cell: Cell, now: Nanos, limits: &Limits, cost: u64) -> (Verdi
         // `now` is before `start` if the clock stepped back (see above).
         let retry_after = ns_ceil(at - (now as i128 - start as i128) as f64).max(1);
         let reset_after = if curr > 0 { start + 2 * w - now } else { start + w - now };
-        let verdict = Verdict { allowed: false, remaining: 0, reset_after, retry_after, delay: 0 };
+        let verdict = Verdict { allowed: false, remaining: 0, reset_after, retry_after, delay: 0, fallback: false };
         (verdict, cell)
     }
 }
@@ -433,7 +454,7 @@ fn concurrency(cell: Cell, limits: &Limits, cost: u64) -> (Verdict, Cell) {
     if held.saturating_add(cost) <= limits.limit {
         let remaining = limits.limit - held - cost;
         let reset_after = if remaining == 0 { CONCURRENCY_RETRY } else { 0 };
-        let verdict = Verdict { allowed: true, remaining, reset_after, retry_after: 0, delay: 0 };
+        let verdict = Verdict { allowed: true, remaining, reset_after, retry_after: 0, delay: 0, fallback: false };
         (verdict, Cell { t: HELD, v: held + cost })
     } else {
         let verdict = Verdict {
@@ -442,6 +463,7 @@ fn concurrency(cell: Cell, limits: &Limits, cost: u64) -> (Verdict, Cell) {
             reset_after: CONCURRENCY_RETRY,
             retry_after: CONCURRENCY_RETRY,
             delay: 0,
+            fallback: false,
         };
         (verdict, cell)
     }
@@ -481,6 +503,7 @@ pub fn evaluate_log(log: &mut Log, now: Nanos, limits: &Limits, cost: u64, commi
             reset_after: newest + w - now,
             retry_after: 0,
             delay: 0,
+            fallback: false,
         }
     } else {
         // Free enough of the oldest entries to make room for `cost`.
@@ -501,6 +524,7 @@ pub fn evaluate_log(log: &mut Log, now: Nanos, limits: &Limits, cost: u64, commi
             reset_after: newest + w - now,
             retry_after: retry_after.max(1),
             delay: 0,
+            fallback: false,
         }
     }
 }

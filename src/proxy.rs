@@ -661,8 +661,11 @@ impl Proxy {
         pending
             .iter()
             .zip(answers)
-            .filter(|(_, a)| matches!(a, Ok(v) if v.allowed))
-            .filter_map(|(p, _)| {
+            .filter_map(|(p, a)| match a {
+                Ok(v) if v.allowed => Some((p, v.fallback)),
+                _ => None,
+            })
+            .filter_map(|(p, fallback)| {
                 Some(Settling {
                     header: p.rule.spec.cost_response_header.clone()?,
                     rule: p.rule.name().to_string(),
@@ -672,6 +675,7 @@ impl Proxy {
                     enforced: p.rule.enforced(),
                     on_error: self.on_error(p),
                     at,
+                    fallback,
                 })
             })
             .collect()
@@ -710,7 +714,7 @@ impl Proxy {
         let Some((verdicts, slots)) = self.store.check_local_holding(&checks, Mode::Consume) else { return answers };
         *held = slots;
         for (&i, v) in local.iter().zip(verdicts) {
-            answers[i] = Ok(v);
+            answers[i] = Ok(Verdict { fallback: true, ..v });
         }
         answers
     }

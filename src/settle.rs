@@ -36,6 +36,11 @@ pub struct Settling {
     /// When the reservation was counted: a window gives back only to the
     /// window it went to.
     pub at: Stamp,
+    /// Admitted by the `on_error = "local"` fallback: counted in this
+    /// process's memory, never in the shared store, which must not be given
+    /// back units it did not count (that would let the key pass its limit
+    /// there). Settled in the fallback's memory instead.
+    pub fallback: bool,
 }
 
 impl Settling {
@@ -61,8 +66,8 @@ impl Settling {
             settles: true,
         };
         match store {
-            Target::Store(s) => s.settle(&check, delta, self.at),
-            Target::Settler(s) => s.settle(&check, delta, self.at),
+            Target::Store(s) => s.settle(&check, delta, self.at, self.fallback),
+            Target::Settler(s) => s.settle(&check, delta, self.at, self.fallback),
         }
         true
     }

@@ -140,6 +140,47 @@ async fn two_instances_on_a_cluster_see_each_others_settlements() {
     }
 }
 
+/// A request admitted by the `on_error = "local"` fallback was counted in
+/// this process's memory, never in Redis: its settlement goes there too. A
+/// refund sent to Redis would give back units Redis never counted, and let
+/// the key pass its limit there.
+#[tokio::test]
+async fn a_request_the_local_fallback_admitted_settles_locally_not_in_redis() {
+    let up = Upstream::start().await;
+    let redis = support::redis::RedisServer::start();
+    let ip = "198.51.100.8";
+    let rules = llm("token_bucket", "1h", "");
+    let store = |policy: &str| format!("on_error = \"{policy}\"\ntimeout = \"200ms\"\nlease_percent = 0");
+    let a = Tollgate::with(&tollgate_config(up.addr, &redis.url(), &store("local")), &[("rules.toml", &rules)]).await;
+    let b = Tollgate::with(&tollgate_config(up.addr, &redis.url(), &store("deny")), &[("rules.toml", &rules)]).await;
+
+    // Redis is down: the fallback admits this request here, reserving 10.
+    // Its upstream answers seconds later, when Redis is back, with a real
+    // cost of 0.
+    redis.kill();
+    let fallback = used(a.proxy_addr, ip, "0").header("x-echo-delay-ms", "4000");
+    let fallback = tokio::spawn(async move { fallback.send().await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    redis.restart();
+    // Meanwhile, 90 of the 100 counted in Redis.
+    eventually("redis to answer again", || async {
+        used(b.proxy_addr, ip, "10").send().await.status == StatusCode::OK
+    })
+    .await;
+    for _ in 0..8 {
+        assert_eq!(used(b.proxy_addr, ip, "10").send().await.status, StatusCode::OK);
+    }
+    let fallback = fallback.await.expect("the request task");
+    assert_eq!(fallback.status, StatusCode::OK);
+    assert_eq!(remaining(&fallback), 90, "decided by the fallback: {fallback:?}");
+    // Time for a settlement sent to Redis to run.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+
+    // Redis still counts 90: one more request of 10 fits, not two.
+    let admitted = support::statuses(3, || used(b.proxy_addr, ip, "10")).await;
+    assert_eq!(admitted, vec![200, 429, 429], "the fallback's refund reached Redis, which never counted it");
+}
+
 // ---------------------------------------------------------------------------
 // Trailers
 // ---------------------------------------------------------------------------

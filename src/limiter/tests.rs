@@ -491,7 +491,10 @@ fn token_bucket_fresh_cell_is_full() {
     // A zero cell is a fresh key: elapsed since t = 0 refills everything.
     let l = tb(10, 1000, 10);
     let v = peek(Cell::default(), T0, &l, 1);
-    assert_eq!(v, Verdict { allowed: true, remaining: 9, reset_after: 100 * MS, retry_after: 0, delay: 0 });
+    assert_eq!(
+        v,
+        Verdict { allowed: true, remaining: 9, reset_after: 100 * MS, retry_after: 0, delay: 0, fallback: false }
+    );
     // And works at t = 0 too.
     let v = peek(Cell::default(), 0, &l, 1);
     assert!(v.allowed);
@@ -988,7 +991,7 @@ fn sliding_log_commit_false_does_not_append() {
     let l = swl(2, 1000);
     let mut log = Log::new();
     let v = evaluate_log(&mut log, T0, &l, 1, false);
-    assert_eq!(v, Verdict { allowed: true, remaining: 1, reset_after: SEC, retry_after: 0, delay: 0 });
+    assert_eq!(v, Verdict { allowed: true, remaining: 1, reset_after: SEC, retry_after: 0, delay: 0, fallback: false });
     assert!(log.is_empty());
     assert!(evaluate_log(&mut log, T0, &l, 1, true).allowed);
     let v = evaluate_log(&mut log, T0 + 400 * MS, &l, 1, false);
@@ -1306,7 +1309,8 @@ fn concurrency_admits_up_to_its_limit_in_flight_whatever_the_time() {
             remaining: 0,
             reset_after: CONCURRENCY_RETRY,
             retry_after: CONCURRENCY_RETRY,
-            delay: 0
+            delay: 0,
+            fallback: false
         }
     );
     assert_eq!(same, cell);

@@ -117,9 +117,10 @@ pub enum Settler {
 
 impl Settler {
     /// [`AnyStore::settle`].
-    pub fn settle(&self, check: &Check<'_>, delta: i64, stamp: Stamp) {
+    pub fn settle(&self, check: &Check<'_>, delta: i64, stamp: Stamp, fallback: bool) {
         match self {
             Settler::Memory(s) => s.settle(check, delta, s.now().saturating_sub(stamp.store)),
+            Settler::Redis(s) if fallback => s.settle_local(check, delta, stamp.at.elapsed()),
             Settler::Redis(s) => s.settle(check, delta, stamp.at.elapsed()),
         }
     }
@@ -214,10 +215,13 @@ impl AnyStore {
     /// (real cost minus reserved) in one atomic step: under the shard lock
     /// here, in one script call in the background for Redis (the response
     /// is not held for it). A correction Redis does not take is lost: the
-    /// reservation stands.
-    pub fn settle(&self, check: &Check<'_>, delta: i64, stamp: Stamp) {
+    /// reservation stands. A reservation the `on_error = "local"` fallback
+    /// counted (`fallback`) is corrected where it was counted, in this
+    /// process's memory, never in Redis.
+    pub fn settle(&self, check: &Check<'_>, delta: i64, stamp: Stamp, fallback: bool) {
         match self {
             AnyStore::Memory(s) => s.settle(check, delta, s.now().saturating_sub(stamp.store)),
+            AnyStore::Redis(s) if fallback => s.settle_local(check, delta, stamp.at.elapsed()),
             AnyStore::Redis(s) => s.settle(check, delta, stamp.at.elapsed()),
         }
     }

@@ -124,6 +124,7 @@ impl OverLimitCache {
                 reset_after: nanos(entry.reset_at.saturating_duration_since(now)),
                 retry_after: nanos(entry.retry_at - now).max(1),
                 delay: 0,
+                fallback: false,
             });
         }
         match entry.probing_until {
@@ -134,6 +135,7 @@ impl OverLimitCache {
                 // Try again right away: the probe's answer is on its way.
                 retry_after: 1,
                 delay: 0,
+                fallback: false,
             }),
             _ => {
                 entry.probing_until = Some(now + probe_for);
@@ -182,6 +184,7 @@ mod tests {
             reset_after: retry_ms * 2_000_000,
             retry_after: retry_ms * 1_000_000,
             delay: 0,
+            fallback: false,
         }
     }
 
@@ -212,7 +215,8 @@ mod tests {
         cache.forget("k");
         assert_eq!(lookup(&cache, "k", &LIMITS, 1, t1 + PROBE), Lookup::Unknown);
         // Admitted with nothing left: the next request probes, the rest wait.
-        let last = Verdict { allowed: true, remaining: 0, reset_after: 1_000_000, retry_after: 0, delay: 0 };
+        let last =
+            Verdict { allowed: true, remaining: 0, reset_after: 1_000_000, retry_after: 0, delay: 0, fallback: false };
         cache.exhausted("k", LIMITS, 1, &last, t1);
         assert_eq!(lookup(&cache, "k", &LIMITS, 1, t1), Lookup::Probe);
         assert!(matches!(lookup(&cache, "k", &LIMITS, 1, t1), Lookup::Rejected(_)));

@@ -171,7 +171,7 @@ impl Shared {
                 local_slots = slots;
                 for (&i, v) in fallback.iter().zip(verdicts) {
                     rejected |= checks[i].enforced && !v.allowed;
-                    answers[i] = Ok(v);
+                    answers[i] = Ok(Verdict { fallback: true, ..v });
                 }
             }
         }
@@ -283,6 +283,7 @@ impl Shared {
                     reset_after: blocker.retry_after,
                     retry_after: 0,
                     delay: 0,
+                    fallback: false,
                 })
             })
             .collect())

@@ -279,6 +279,7 @@ impl Leases {
             reset_after: nanos(lease.reset_at.saturating_duration_since(now)),
             retry_after: 0,
             delay: 0,
+            fallback: false,
         })
     }
 
@@ -498,7 +499,14 @@ mod tests {
 
     fn reply(granted: u64, remaining: u64, token: i64, lease_ttl: u64) -> Reply {
         Reply {
-            verdict: Verdict { allowed: true, remaining, reset_after: 500_000_000, retry_after: 0, delay: 0 },
+            verdict: Verdict {
+                allowed: true,
+                remaining,
+                reset_after: 500_000_000,
+                retry_after: 0,
+                delay: 0,
+                fallback: false,
+            },
             token,
             granted,
             lease_ttl,

@@ -129,6 +129,11 @@ impl Settler {
     pub fn settle(&self, check: &Check<'_>, delta: i64, since: Duration) {
         self.0.settle(check, delta, since);
     }
+
+    /// [`RedisStore::settle_local`].
+    pub fn settle_local(&self, check: &Check<'_>, delta: i64, since: Duration) {
+        self.0.local.settle(check, delta, nanos(since));
+    }
 }
 
 /// What the request path and the probe task share.
@@ -248,6 +253,13 @@ impl RedisStore {
     /// background (see [`crate::store::AnyStore::settle`]).
     pub fn settle(&self, check: &Check<'_>, delta: i64, since: Duration) {
         self.shared.settle(check, delta, since);
+    }
+
+    /// Corrects a reservation the `on_error = "local"` fallback counted,
+    /// in the fallback's memory where it was counted: Redis never counted
+    /// it, so a refund there would let the key pass its limit.
+    pub fn settle_local(&self, check: &Check<'_>, delta: i64, since: Duration) {
+        self.shared.local.settle(check, delta, nanos(since));
     }
 
     /// A handle that settles after the request path has returned.

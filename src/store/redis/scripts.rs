@@ -304,6 +304,7 @@ fn reply(n: [i64; STRIDE]) -> Reply {
             reset_after: ns(n[2]),
             retry_after: ns(n[3]),
             delay: ns(n[4]),
+            fallback: false,
         },
         token: n[5],
         granted: ns(n[6]),
@@ -356,7 +357,10 @@ mod tests {
         items.extend(ints(&[0, 0, 0, 0, 0, 0]));
         let outcomes = parse_batch(Value::Array(items.clone()), 4).expect("parses");
         let Outcome::Decided(r) = &outcomes[0] else { panic!("{outcomes:?}") };
-        assert_eq!(r.verdict, Verdict { allowed: true, remaining: 4, reset_after: 2_000, retry_after: 0, delay: 7 });
+        assert_eq!(
+            r.verdict,
+            Verdict { allowed: true, remaining: 4, reset_after: 2_000, retry_after: 0, delay: 7, fallback: false }
+        );
         assert_eq!((r.token, r.granted, r.lease_ttl), (99, 0, 0));
         let Outcome::Decided(r) = &outcomes[1] else { panic!("{outcomes:?}") };
         assert_eq!((r.granted, r.lease_ttl), (10, 5_000));
