@@ -42,6 +42,9 @@ struct Decision {
     allowed: bool,
     remaining: u64,
     delay_us: u64,
+    /// When the quota is whole again: `X-RateLimit-Reset`, and how long the
+    /// key lives in Redis.
+    reset_us: u64,
 }
 
 async fn lua(client: &Client, source: &str, key: &str, limits: &Limits, cost: u64, id: &str, now_us: u64) -> Decision {
@@ -70,7 +73,12 @@ async fn lua(client: &Client, source: &str, key: &str, limits: &Limits, cost: u6
     let reply: Value = client.custom(cmd, args).await.expect("the script runs");
     let Value::Array(items) = reply else { panic!("a script answered {reply:?}") };
     let n: Vec<i64> = items.iter().map(|v| v.as_i64().expect("integers")).collect();
-    Decision { allowed: n[0] == 1, remaining: n[1] as u64, delay_us: (n[4] as u64).div_ceil(1_000) }
+    Decision {
+        allowed: n[0] == 1,
+        remaining: n[1] as u64,
+        delay_us: (n[4] as u64).div_ceil(1_000),
+        reset_us: (n[2] as u64).div_ceil(1_000),
+    }
 }
 
 fn algorithm() -> impl Strategy<Value = Algorithm> {
@@ -138,13 +146,23 @@ fn the_lua_scripts_and_the_limiter_agree() {
                 let now = now_us * 1_000;
                 let rust = if algorithm == Algorithm::SlidingWindowLog {
                     let v = evaluate_log(&mut log, now, &limits, cost, true);
-                    Decision { allowed: v.allowed, remaining: v.remaining, delay_us: v.delay.div_ceil(1_000) }
+                    Decision {
+                        allowed: v.allowed,
+                        remaining: v.remaining,
+                        delay_us: v.delay.div_ceil(1_000),
+                        reset_us: v.reset_after.div_ceil(1_000),
+                    }
                 } else {
                     let (v, next) = evaluate(cell, now, &limits, cost);
                     if v.allowed {
                         cell = next;
                     }
-                    Decision { allowed: v.allowed, remaining: v.remaining, delay_us: v.delay.div_ceil(1_000) }
+                    Decision {
+                        allowed: v.allowed,
+                        remaining: v.remaining,
+                        delay_us: v.delay.div_ceil(1_000),
+                        reset_us: v.reset_after.div_ceil(1_000),
+                    }
                 };
                 let id = format!("{case}-{i}");
                 let redis = runtime.block_on(lua(&client, &source, &key, &limits, cost, &id, now_us));
@@ -234,7 +252,7 @@ fn settling_agrees_between_the_lua_scripts_and_the_limiter() {
             if v.allowed {
                 cell = next;
             }
-            let rust = Decision { allowed: v.allowed, remaining: v.remaining, delay_us: 0 };
+            let rust = Decision { allowed: v.allowed, remaining: v.remaining, delay_us: 0, reset_us: v.reset_after.div_ceil(1_000) };
             let id = format!("{case}-{i}");
             let redis = runtime.block_on(lua(&client, &source, &key, &limits, cost, &id, now_us));
             prop_assert_eq!(&redis, &rust, "step {} of {:?} at +{} us", i, limits, now_us - T0_US);
@@ -297,7 +315,12 @@ fn the_fixed_window_script_and_the_limiter_agree_on_calendar_windows() {
         if v.allowed {
             cell = after;
         }
-        let rust = Decision { allowed: v.allowed, remaining: v.remaining, delay_us: 0 };
+        let rust = Decision {
+            allowed: v.allowed,
+            remaining: v.remaining,
+            delay_us: 0,
+            reset_us: v.reset_after.div_ceil(1_000),
+        };
         let redis = runtime.block_on(lua(&client, &source, "calendar:{day}", limits, 1, "", now_us));
         assert_eq!(redis, rust, "step {i}");
     }
@@ -318,7 +341,12 @@ fn the_fixed_window_script_and_the_limiter_agree_on_calendar_windows() {
         if v.allowed {
             cell = after;
         }
-        let rust = Decision { allowed: v.allowed, remaining: v.remaining, delay_us: 0 };
+        let rust = Decision {
+            allowed: v.allowed,
+            remaining: v.remaining,
+            delay_us: 0,
+            reset_us: v.reset_after.div_ceil(1_000),
+        };
         let redis = runtime.block_on(lua(&client, &source, key, &day, 1, "", reserved_us));
         assert_eq!(redis, rust, "settle step {i}");
         if !v.allowed {
@@ -331,7 +359,12 @@ fn the_fixed_window_script_and_the_limiter_agree_on_calendar_windows() {
         runtime.block_on(lua_settle(&client, &source, key, &day, delta.unsigned_abs(), delta < 0, lag_us, now_us));
         for peek_us in [now_us, midnight_us + 4_000_000] {
             let (v, _) = evaluate(cell, peek_us * 1_000, &day, 1);
-            let rust = Decision { allowed: v.allowed, remaining: v.remaining, delay_us: 0 };
+            let rust = Decision {
+                allowed: v.allowed,
+                remaining: v.remaining,
+                delay_us: 0,
+                reset_us: v.reset_after.div_ceil(1_000),
+            };
             let redis = runtime.block_on(lua_peek(&client, &source, key, &day, peek_us));
             assert_eq!(redis, rust, "after settle step {i}, at +{} us", peek_us - T0_US);
         }
@@ -355,7 +388,7 @@ async fn lua_peek(client: &Client, source: &str, key: &str, limits: &Limits, now
     let reply: Value = client.custom(cmd, args).await.expect("the script runs");
     let Value::Array(items) = reply else { panic!("a script answered {reply:?}") };
     let n: Vec<i64> = items.iter().map(|v| v.as_i64().expect("integers")).collect();
-    Decision { allowed: n[0] == 1, remaining: n[1] as u64, delay_us: 0 }
+    Decision { allowed: n[0] == 1, remaining: n[1] as u64, delay_us: 0, reset_us: (n[2] as u64).div_ceil(1_000) }
 }
 
 /// One call of the concurrency script in `mode` (0 peek, 1 take, 2 give

@@ -30,6 +30,11 @@ local STRIDE = 8
 -- call to call: a table kept longer would grow with every cost clients
 -- send).
 local specs
+-- The reply, kept from call to call by a function library: filled afresh,
+-- a table rehashes several times as it grows check by check. A nil after
+-- the call's last value ends the reply; what lies beyond it is left from a
+-- bigger call (at most MAX_BATCH checks' worth, see batch.rs).
+local out = {}
 local function spec(text)
   local parsed = specs[text]
   if not parsed then
@@ -53,7 +58,6 @@ local function run(args)
   now = tonum(time[1]) * 1000000 + tonum(time[2])
   NOW = format('%d', now)
   specs = {}
-  local out = {}
   local count = tonum(args[1])
   for c = 0, count - 1 do
     local at = 2 + c * 3
@@ -86,5 +90,6 @@ local function run(args)
       out[o + 5], out[o + 6], out[o + 7], out[o + 8] = 0, 0, 0, 0
     end
   end
+  out[count * STRIDE + 1] = nil
   return out
 end

@@ -84,6 +84,15 @@ local function decide()
     clear(live_units)
   end
   local state = call('GET', key)
+  if not state and mode == 1 and period == 0 and not SHAPING and cost > tol and cost <= capacity + tol then
+    -- A fresh bucket admitting a request with no lease asked: what the
+    -- general path below comes to with level, escrow and slots all zero.
+    -- The common case by far for keys far below their limit, whose bucket
+    -- is full again (its key gone) before their next request.
+    local drain = drain_ns(cost)
+    call('SET', key, NOW .. ':' .. format('%d', cost), 'PX', ceil(drain / 1000 / 1000) + 1)
+    return 1, floor(max(capacity - cost + tol, 0)), drain, 0, 0, 0, 0, 0
+  end
   if state then
     local t, l, rest = match(state, '^(%d+):([^:]+)(.*)$')
     if t then
