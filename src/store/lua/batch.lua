@@ -26,10 +26,11 @@
 -- A key this node does not own fails on its first read, before any write
 -- of its check.
 local STRIDE = 8
--- The specs of this call, parsed (a function library keeps its locals from
--- call to call: a table kept longer would grow with every cost clients
--- send).
-local specs
+-- The specs parsed, kept from call to call by a function library: a rule
+-- sends the same spec in every call. Costs clients send make new specs, so
+-- the table starts again once it holds SPECS of them.
+local SPECS = 256
+local specs, nspecs = {}, 0
 -- The reply, kept from call to call by a function library: filled afresh,
 -- a table rehashes several times as it grows check by check. A nil after
 -- the call's last value ends the reply; what lies beyond it is left from a
@@ -38,18 +39,21 @@ local out = {}
 local function spec(text)
   local parsed = specs[text]
   if not parsed then
+    if nspecs >= SPECS then specs, nspecs = {}, 0 end
     local m, l, w, b, c, o = match(text, '^(%d+):(%d+):(%d+):(%d+):(%d+):?(%d*)$')
     parsed = {tonum(m), tonum(l), tonum(w), tonum(b), tonum(c), tonum(o) or 0}
-    specs[text] = parsed
+    specs[text], nspecs = parsed, nspecs + 1
   end
   return parsed
 end
 -- One call: binds the library's names, reads the clock, and decides the
 -- checks in `args` (ARGV).
 local function run(args)
-  max, min, floor, ceil, abs, fmod = math.max, math.min, math.floor, math.ceil, math.abs, math.fmod
-  format, match, gmatch, find = string.format, string.match, string.gmatch, string.find
-  call, tonum, try, kind, tostr = redis.call, tonumber, pcall, type, tostring
+  if not call then
+    max, min, floor, ceil, abs, fmod = math.max, math.min, math.floor, math.ceil, math.abs, math.fmod
+    format, match, gmatch, find = string.format, string.match, string.gmatch, string.find
+    call, tonum, try, kind, tostr = redis.call, tonumber, pcall, type, tostring
+  end
   -- The clock line: tests/lua_matches_limiter.rs swaps the TIME call below
   -- for a time of its choosing, to drive these scripts and src/limiter.rs
   -- through the same instants. Production scripts always read the server,
@@ -57,7 +61,6 @@ local function run(args)
   local time = redis.call('TIME')
   now = tonum(time[1]) * 1000000 + tonum(time[2])
   NOW = format('%d', now)
-  specs = {}
   local count = tonum(args[1])
   for c = 0, count - 1 do
     local at = 2 + c * 3

@@ -25,9 +25,10 @@
 -- epoch (~1.7e15) are exact in a Lua double; nanoseconds would not be.
 -- The library functions the scripts use, as locals: a global lookup
 -- costs a table access (and, in a script, a metatable's) on every call.
--- Bound at the start of every call (`run` in batch.lua): a function
--- library cannot read them while it loads. Named apart from the globals
--- they hold, so that binding them can read those.
+-- Bound by the first call (`run` in batch.lua): a function library cannot
+-- read them while it loads, and keeps them from call to call after (a
+-- script binds them in every call). Named apart from the globals they
+-- hold, so that binding them can read those.
 local max, min, floor, ceil, abs, fmod
 local format, match, gmatch, find
 local call, tonum, try, kind, tostr
