@@ -139,6 +139,12 @@ impl Lease {
         self.expires_at.is_some_and(|t| t <= now)
     }
 
+    /// Drops the lease itself (given back or ended), keeping the key's
+    /// history.
+    fn end(&mut self) {
+        (self.units, self.taken, self.token, self.expires_at, self.used) = (0, 0, 0, None, false);
+    }
+
     /// What giving this lease back at `now` returns: a window's unspent
     /// units, or a token bucket's settle (nothing once its slot has ended,
     /// which counted all of it already).
@@ -153,6 +159,19 @@ impl Lease {
         };
         unused.worth_sending(now).then_some(unused)
     }
+}
+
+/// What a sweep does with a key's entry.
+enum Fate {
+    Keep,
+    /// Its lease is over; the key stays tracked.
+    End {
+        give_back: bool,
+    },
+    /// The key is forgotten.
+    Forget {
+        give_back: bool,
+    },
 }
 
 /// Units to give back to Redis: a lease nobody here uses any more.
@@ -436,13 +455,22 @@ impl Leases {
         }
     }
 
-    /// Forgets keys idle for `lease_idle` and leases whose window or slot
-    /// has ended, and returns what Redis should get back of them: the
-    /// leases that were used (see the module notes).
+    /// Forgets keys idle for `lease_idle`, and ends leases whose window or
+    /// slot has ended; returns what Redis should get back of them: the
+    /// leases that were used (see the module notes). A key still in use
+    /// keeps its history when its lease ends (its rate, and how long it has
+    /// been seen here), so that a lease by use follows at once instead of
+    /// after a new horizon: with windows of a second or less, every lease
+    /// would otherwise end before the key had earned the next.
     pub fn expire(&self, now: Instant) -> Vec<Unused> {
-        self.remove_where(now, |lease| {
-            let gone = now.saturating_duration_since(lease.last_used) >= self.idle || lease.expired(now);
-            (gone, lease.used)
+        self.sweep(now, |lease| {
+            if now.saturating_duration_since(lease.last_used) >= self.idle {
+                Fate::Forget { give_back: lease.used }
+            } else if lease.expired(now) {
+                Fate::End { give_back: lease.used }
+            } else {
+                Fate::Keep
+            }
         })
     }
 
@@ -450,20 +478,21 @@ impl Leases {
     /// after it.
     pub fn drain(&self, now: Instant) -> Vec<Unused> {
         self.closing.store(true, Ordering::Relaxed);
-        self.remove_where(now, |_| (true, true))
+        self.sweep(now, |_| Fate::Forget { give_back: true })
     }
 
-    /// Removes the leases `gone` says (first) are gone, returning the units
-    /// of those it says (second) to give back.
-    fn remove_where(&self, now: Instant, mut gone: impl FnMut(&Lease) -> (bool, bool)) -> Vec<Unused> {
+    /// Applies `fate` to every key tracked, returning the units of the
+    /// leases it ends or forgets with `give_back`.
+    fn sweep(&self, now: Instant, mut fate: impl FnMut(&Lease) -> Fate) -> Vec<Unused> {
         let mut unused = Vec::new();
         for shard in self.shards.iter() {
             let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
             shard.retain(|key, lease| {
-                let (gone, give_back) = gone(lease);
-                if !gone {
-                    return true;
-                }
+                let (forget, give_back) = match fate(lease) {
+                    Fate::Keep => return true,
+                    Fate::End { give_back } => (false, give_back),
+                    Fate::Forget { give_back } => (true, give_back),
+                };
                 // A fixed window's count ends with its window, so units of an
                 // ended window need no refund; a sliding counter's still
                 // weigh on the next window; a bucket's slot, once ended,
@@ -475,7 +504,11 @@ impl Leases {
                 {
                     unused.push(u);
                 }
-                false
+                if forget {
+                    return false;
+                }
+                lease.end();
+                true
             });
         }
         unused
@@ -595,6 +628,39 @@ mod tests {
     }
 
     #[test]
+    fn a_key_in_use_whose_lease_ended_is_leased_again_at_once() {
+        let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        // A one-second window of 100, used ten times a second.
+        let window = Limits { algorithm: Algorithm::FixedWindow, limit: 100, burst: 100, ..BUCKET };
+        for i in 0..=10 {
+            let at = t0 + ms(100 * i);
+            assert!(leases.take("w", &window, 1, at).is_none());
+            let asked = leases.want("w", &window, 1, at, TIMEOUT);
+            if i < 10 {
+                leases.failed("w");
+                continue;
+            }
+            assert_eq!(asked.want, 10);
+            // Granted until its window ends, 50 ms from now.
+            leases.granted("w", &window, &reply(10, 80, 7, 50_000_000), at, at);
+        }
+        // The window ends and the periodic sweep drops the lease: the key's
+        // use is still known, so the next call asks for a lease again rather
+        // than waiting for a new second of history.
+        let after = t0 + ms(1_100);
+        // (A fixed window's units end with it: nothing to give back.)
+        assert!(leases.expire(after).is_empty());
+        assert!(leases.take("w", &window, 1, after).is_none(), "nothing left to spend");
+        assert_eq!(leases.want("w", &window, 1, after, TIMEOUT).want, 10);
+        // Idle for `lease_idle`, it is forgotten.
+        leases.failed("w");
+        assert!(leases.expire(after + Duration::from_secs(5)).is_empty());
+        assert_eq!(leases.len(), 0);
+    }
+
+    #[test]
     fn a_lease_serves_only_its_limits_and_its_window() {
         let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
         let t0 = Instant::now();
@@ -604,9 +670,11 @@ mod tests {
         assert!(leases.take("k", &Limits { limit: 2_000, ..window }, 1, t0).is_none(), "limits lifted");
         assert!(leases.take("k", &window, 1, t0 + Duration::from_millis(99)).is_some());
         assert!(leases.take("k", &window, 1, t0 + Duration::from_millis(100)).is_none(), "the window ended");
-        // The window's count ended with it: nothing to give back.
+        // The window's count ended with it: nothing to give back. The key
+        // stays tracked, with no lease.
         assert!(leases.expire(t0 + Duration::from_millis(100)).is_empty());
-        assert_eq!(leases.len(), 0);
+        assert_eq!(leases.len(), 1);
+        assert!(leases.take("k", &window, 1, t0 + Duration::from_millis(100)).is_none());
     }
 
     #[test]
