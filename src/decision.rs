@@ -14,6 +14,9 @@
 //!                  "headers": {"ratelimit": "\"per-user\";r=4;t=60", ...}}
 //! ```
 //!
+//! An optional `"tier"` states the client's tier for a rule with `tiers`
+//! (the caller is trusted: the listener is operator-only).
+//!
 //! A rejection is still a 200 with `"allowed": false`: the call succeeded,
 //! its answer is "no". 400 (JSON) for what the caller got wrong.
 
@@ -34,7 +37,7 @@ use serde_json::{Map, Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use crate::config::{Cost, KeyPart, OnError};
+use crate::config::{Cost, KeyPart, OnError, TierSource};
 use crate::error::json_response;
 use crate::headers::{self, RuleReport};
 use crate::limiter::{Nanos, ceil_secs};
@@ -135,8 +138,13 @@ async fn check(proxy: &Proxy, body: &[u8]) -> Result<Value, String> {
         Some(_) => return Err("\"key\" must be an object mapping the rule's key parts to strings.".into()),
     };
     let cost = req.remove("cost");
+    let tier = match req.remove("tier") {
+        Some(Value::String(s)) => Some(s),
+        None => None,
+        Some(_) => return Err("\"tier\" must be a string: the name of one of the rule's tiers.".into()),
+    };
     if let Some(other) = req.keys().next() {
-        return Err(format!("Unknown field {other:?}: a check has \"rule\", \"key\" and \"cost\"."));
+        return Err(format!("Unknown field {other:?}: a check has \"rule\", \"key\", \"cost\" and \"tier\"."));
     }
 
     let rules = proxy.rules.load();
@@ -156,7 +164,7 @@ async fn check(proxy: &Proxy, body: &[u8]) -> Result<Value, String> {
             _ => return Err(format!("\"cost\" must be a whole number from 1 to {max_cost}.")),
         },
     };
-    let o = decide(proxy, rule, &key, cost).await?;
+    let o = decide(proxy, rule, &key, Ask { cost, tier: tier.as_deref() }).await?;
     let headers: Map<String, Value> = o
         .headers()
         .iter()
@@ -226,15 +234,26 @@ impl Outcome<'_> {
     }
 }
 
-/// Decides `cost` units of `rule` for the key parts in `key` (named as in
-/// the rule's key list), counting in the store and the rule's metrics as a
-/// proxied request does. `Err` carries the sentence for the caller.
+/// What a caller asks of one rule besides its key.
+pub struct Ask<'a> {
+    /// Units to spend.
+    pub cost: u64,
+    /// The tier the caller states for a rule with `tiers` (ignored by a
+    /// rule without). `None`: a `header:` tier is read from the key part
+    /// of that header, if the rule keys on it; otherwise `default`.
+    pub tier: Option<&'a str>,
+}
+
+/// Decides `ask.cost` units of `rule` for the key parts in `key` (named as
+/// in the rule's key list), counting in the store and the rule's metrics as
+/// a proxied request does. `Err` carries the sentence for the caller.
 pub async fn decide<'r>(
     proxy: &Proxy,
     rule: &'r Rule,
     key: &Map<String, Value>,
-    cost: u64,
+    ask: Ask<'_>,
 ) -> Result<Outcome<'r>, String> {
+    let cost = ask.cost;
     let given = KeyValues::parse(proxy, rule, key)?;
     let facts = given.facts();
     let mut o = Outcome {
@@ -254,9 +273,25 @@ pub async fn decide<'r>(
     }
     let mut bucket = String::with_capacity(64);
     rule.key(&facts, &mut bucket)?;
-    // An override or tier applies as for a proxied request (a tier header
-    // only when it is one of the key parts given).
-    let plan = rule.plan_for(&bucket, &facts);
+    // An override or tier applies as for a proxied request: the key's
+    // override first, then the tier the caller states, else the one its
+    // tier header's key part gives.
+    let plan = match ask.tier {
+        Some(tier) => {
+            if let Some(TierSource::Header(h)) = rule.spec.tiers.as_ref().map(|t| &t.source)
+                && let Some(keyed) = facts.headers.get(h)
+                && keyed.as_bytes() != tier.as_bytes()
+            {
+                // The proxy reads both from one header: they never differ.
+                return Err(format!(
+                    "The tier {tier:?} contradicts key part \"header:{h}\", which gives rule {:?} its tier.",
+                    rule.name()
+                ));
+            }
+            rule.plan_stated(&bucket, Some(tier.as_bytes()))
+        }
+        None => rule.plan_for(&bucket, &facts),
+    };
     let (answer, limits) = proxy.decide_one(rule, plan, bucket, cost).await;
     let verdict = match answer {
         Ok(v) => v,

@@ -391,6 +391,29 @@ impl Rule {
     /// else the rule's own. One hash lookup each, and none for a rule
     /// without overrides or tiers.
     pub fn plan_for(&self, key: &str, f: &RequestFacts<'_>) -> &Plan {
+        self.plan_with(key, |source| match source {
+            TierSource::Header(h) => f.headers.get(h).map(http::HeaderValue::as_bytes),
+            TierSource::Claim(_) => f.tier_claim,
+        })
+    }
+
+    /// [`plan_for`](Self::plan_for) for a caller that states the tier
+    /// itself (`/v1/check`'s `tier`, an `[[envoy]]` `tier` entry): the
+    /// key's override first, then the tier `tier` names (`None` or one not
+    /// listed: `default`), else the rule's own.
+    pub fn plan_stated(&self, key: &str, tier: Option<&[u8]>) -> &Plan {
+        self.plan_with(key, |_| tier)
+    }
+
+    /// Whether the rule has `tiers`.
+    pub fn has_tiers(&self) -> bool {
+        self.spec.tiers.is_some()
+    }
+
+    /// The plan of `key`, its tier read by `tier` from where the rule's
+    /// `tier` says (called only for a rule with tiers and no override for
+    /// the key).
+    fn plan_with<'t>(&self, key: &str, tier: impl FnOnce(&TierSource) -> Option<&'t [u8]>) -> &Plan {
         let Some(v) = self.variants.as_deref() else { return &self.plan };
         if !v.overrides.is_empty()
             && let Some(p) = key.get(self.key_prefix.len()..).and_then(|k| v.overrides.get(k))
@@ -398,11 +421,7 @@ impl Rule {
             return p;
         }
         let Some(t) = &v.tiers else { return &self.plan };
-        let value = match &t.source {
-            TierSource::Header(h) => f.headers.get(h).map(http::HeaderValue::as_bytes),
-            TierSource::Claim(_) => f.tier_claim,
-        };
-        value.and_then(|v| t.by_name.get(v)).unwrap_or(&t.default)
+        tier(&t.source).and_then(|v| t.by_name.get(v)).unwrap_or(&t.default)
     }
 
     /// Whether the rule reads the user: it keys on it, or `exempt` names

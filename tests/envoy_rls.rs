@@ -447,3 +447,53 @@ async fn a_keys_override_is_its_limit_here_too() {
     let r = rls.ok(alice()).await;
     assert_eq!(r["statuses"][0]["current_limit"]["requests_per_unit"], 3, "{r}");
 }
+
+/// A rule with tiers Envoy names in a descriptor entry (`tier = "plan"`),
+/// and a VIP whose override outranks any tier.
+const TIERED: &str = r#"
+[[rule]]
+name = "by-plan"
+key = ["user"]
+algorithm = "fixed_window"
+limit = 3
+window = "1h"
+tier = "header:x-plan"
+tiers = { free = 2, pro = 5, default = 1 }
+
+[[rule.override]]
+key = "user=vip"
+limit = 9
+
+[[envoy]]
+domain = "edge"
+match = { generic_key = "api" }
+key = { user = "user_id" }
+tier = "plan"
+rule = "by-plan"
+"#;
+
+#[tokio::test]
+async fn a_descriptor_entry_states_the_tier() {
+    let upstream = Upstream::start().await;
+    let (t, mut rls) = start(&upstream, TIERED).await;
+    let limit = |r: &Value| r["statuses"][0]["current_limit"]["requests_per_unit"].as_u64().expect("current_limit");
+    let r = rls.ok(one(&[("generic_key", "api"), ("user_id", "alice"), ("plan", "pro")])).await;
+    assert_eq!((limit(&r), remaining(&r["statuses"][0])), (5, 4), "{r}");
+    assert_eq!(header(&r, "x-ratelimit-limit"), Some("5"), "{r}");
+    let r = rls.ok(one(&[("plan", "free"), ("generic_key", "api"), ("user_id", "bob")])).await;
+    assert_eq!(limit(&r), 2, "{r}");
+    // An unknown tier, or no tier entry: `default`.
+    let r = rls.ok(one(&[("generic_key", "api"), ("user_id", "carol"), ("plan", "gold")])).await;
+    assert_eq!(limit(&r), 1, "{r}");
+    let r = rls.ok(one(&[("generic_key", "api"), ("user_id", "dave")])).await;
+    assert_eq!(limit(&r), 1, "{r}");
+    // The key's override outranks the tier.
+    let r = rls.ok(one(&[("generic_key", "api"), ("user_id", "vip"), ("plan", "pro")])).await;
+    assert_eq!(limit(&r), 9, "{r}");
+    // The proxy counts alice's pro tier on the same counter.
+    let resp = t.get("/").header("x-user-id", "alice").header("x-plan", "pro").send().await;
+    assert_eq!(resp.header("x-ratelimit-remaining"), Some("3"));
+    // An entry the mapping does not know: not covered.
+    let r = rls.ok(one(&[("generic_key", "api"), ("user_id", "erin"), ("tier", "pro")])).await;
+    assert_eq!(r["statuses"][0]["current_limit"], Value::Null, "{r}");
+}

@@ -25,6 +25,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+use crate::decision::Ask;
 use crate::headers::RuleReport;
 use crate::proxy::Proxy;
 use crate::rules::{Plan, Rule};
@@ -107,10 +108,11 @@ impl RateLimitService for Rls {
         let mut retry_after = 0;
         for d in &req.descriptors {
             let found = rules.envoy.iter().find_map(|m| {
-                let key = m.key_of(&req.domain, d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())))?;
-                Some((rules.rules.iter().find(|r| r.name() == m.rule)?, key))
+                let (key, tier) =
+                    m.key_of(&req.domain, d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())))?;
+                Some((rules.rules.iter().find(|r| r.name() == m.rule)?, key, tier))
             });
-            let Some((rule, key)) = found else {
+            let Some((rule, key, tier)) = found else {
                 // As Envoy's own service answers a descriptor it has no
                 // limit for.
                 statuses.push(DescriptorStatus { code: Code::Ok as i32, ..Default::default() });
@@ -133,7 +135,7 @@ impl RateLimitService for Rls {
                 });
                 continue;
             }
-            let o = match crate::decision::decide(&self.proxy, rule, &key, cost).await {
+            let o = match crate::decision::decide(&self.proxy, rule, &key, Ask { cost, tier }).await {
                 Ok(o) => o,
                 Err(why) => {
                     // A value the rule cannot key on (empty, an `ip` that
