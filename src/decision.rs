@@ -40,9 +40,9 @@ use tokio::sync::Semaphore;
 use crate::config::{Cost, KeyPart, OnError, TierSource};
 use crate::error::json_response;
 use crate::headers::{self, RuleReport};
-use crate::limiter::{Nanos, ceil_secs};
+use crate::limiter::{NANOS_PER_SEC, Nanos, ceil_secs};
 use crate::proxy::Proxy;
-use crate::rules::{RequestFacts, Rule};
+use crate::rules::{Plan, RequestFacts, Rule};
 
 /// The largest request body read: a check is a few hundred bytes; anything
 /// far larger is a mistake or an attack, answered 413 without reading on.
@@ -164,7 +164,7 @@ async fn check(proxy: &Proxy, body: &[u8]) -> Result<Value, String> {
             _ => return Err(format!("\"cost\" must be a whole number from 1 to {max_cost}.")),
         },
     };
-    let o = decide(proxy, rule, &key, Ask { cost, tier: tier.as_deref() }).await?;
+    let o = decide(proxy, rule, &key, Ask { cost, tier: tier.as_deref(), limit: None }).await?;
     let headers: Map<String, Value> = o
         .headers()
         .iter()
@@ -196,6 +196,20 @@ pub fn max_cost(rule: &Rule) -> u64 {
     match rule.spec.cost {
         Cost::Header(_) => rule.spec.max_cost,
         Cost::Fixed(_) => rule.plans().map(|p| p.nominal.capacity()).max().unwrap_or(1).max(rule.spec.max_cost),
+    }
+}
+
+/// [`max_cost`] for a check under `limit`, Envoy's override of the rule's
+/// limits, when there is one: its bucket, or the rule's `max_cost` for a
+/// `cost_header` rule; 0 for an override of 0 requests.
+pub fn max_cost_under(rule: &Rule, limit: Option<&Plan>) -> u64 {
+    match limit {
+        None => max_cost(rule),
+        Some(p) if p.nominal.capacity() == 0 => 0,
+        Some(p) => match rule.spec.cost {
+            Cost::Header(_) => rule.spec.max_cost,
+            Cost::Fixed(_) => p.nominal.capacity(),
+        },
     }
 }
 
@@ -242,6 +256,11 @@ pub struct Ask<'a> {
     /// rule without). `None`: a `header:` tier is read from the key part
     /// of that header, if the rule keys on it; otherwise `default`.
     pub tier: Option<&'a str>,
+    /// Limits that replace the rule's, its overrides' and tiers' (Envoy's
+    /// per-descriptor `limit`, from [`Rule::envoy_plan`]). They count on a
+    /// counter of their own, apart from the rule's for the same key: the
+    /// store's state of one set of limits is no state for another.
+    pub limit: Option<&'a Plan>,
 }
 
 /// Decides `ask.cost` units of `rule` for the key parts in `key` (named as
@@ -251,7 +270,7 @@ pub async fn decide<'r>(
     proxy: &Proxy,
     rule: &'r Rule,
     key: &Map<String, Value>,
-    ask: Ask<'_>,
+    ask: Ask<'r>,
 ) -> Result<Outcome<'r>, String> {
     let cost = ask.cost;
     let given = KeyValues::parse(proxy, rule, key)?;
@@ -276,8 +295,15 @@ pub async fn decide<'r>(
     // An override or tier applies as for a proxied request: the key's
     // override first, then the tier the caller states, else the one its
     // tier header's key part gives.
-    let plan = match ask.tier {
-        Some(tier) => {
+    let plan = match (ask.limit, ask.tier) {
+        (Some(plan), _) => {
+            // `|` ends the key parts, and `envoy` is no part's tag: no
+            // request's key is this one.
+            let _ = write!(bucket, "|envoy={}/{}s", plan.nominal.limit, plan.nominal.window / NANOS_PER_SEC);
+            proxy.cover_idle_horizon(&plan.nominal);
+            plan
+        }
+        (None, Some(tier)) => {
             if let Some(TierSource::Header(h)) = rule.spec.tiers.as_ref().map(|t| &t.source)
                 && let Some(keyed) = facts.headers.get(h)
                 && keyed.as_bytes() != tier.as_bytes()
@@ -290,7 +316,7 @@ pub async fn decide<'r>(
             }
             rule.plan_stated(&bucket, Some(tier.as_bytes()))
         }
-        None => rule.plan_for(&bucket, &facts),
+        (None, None) => rule.plan_for(&bucket, &facts),
     };
     let (answer, limits) = proxy.decide_one(rule, plan, bucket, cost).await;
     let verdict = match answer {
