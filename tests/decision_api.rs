@@ -362,3 +362,24 @@ async fn a_keyed_tier_header_gives_the_tier_and_may_not_be_contradicted() {
     assert_eq!(a.status, 400, "{}", a.body);
     assert!(a.body["message"].as_str().is_some_and(|m| m.contains("contradicts")), "{}", a.body);
 }
+
+/// A `claim:` tier (a check carries no token): the caller states it.
+#[tokio::test]
+async fn a_claim_tier_is_the_one_the_caller_states() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("jwt.secret"), "a-test-secret-of-32-bytes-length").expect("write secret");
+    std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
+    std::fs::write(dir.path().join("rules/r.toml"), TIERED.replace("header:x-plan", "claim:plan"))
+        .expect("write rules");
+    let config = config_with_decision(support::config(upstream.addr))
+        .replace("[client]\n", "[client]\njwt = { key_file = \"jwt.secret\", algorithms = [\"HS256\"] }\n");
+    let t = Tollgate::start_in(dir, &config).await;
+    let api = decision_addr(&t);
+    let a = check(api, json!({"rule": "by-plan", "key": {"user": "alice"}, "tier": "pro"})).await;
+    assert_eq!((a.status, limit_of(&a)), (200, "5"), "{}", a.body);
+    let a = check(api, json!({"rule": "by-plan", "key": {"user": "bob"}})).await;
+    assert_eq!((a.status, limit_of(&a)), (200, "1"), "{}", a.body);
+    let a = check(api, json!({"rule": "by-plan", "key": {"user": "vip"}, "tier": "free"})).await;
+    assert_eq!(limit_of(&a), "9", "{}", a.body);
+}
