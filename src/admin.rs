@@ -19,7 +19,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use serde_json::json;
 
-use crate::config::OnError;
+use crate::config::{Cost, OnError};
 use crate::error::{AdminError, json_response};
 use crate::proxy::Proxy;
 use crate::reload::Reloader;
@@ -142,6 +142,20 @@ impl Admin {
                         .iter()
                         .map(|o| json!({"key": o.key, "limit": o.limit, "burst": o.burst, "line": o.line}))
                         .collect();
+                }
+                if let Some(h) = &s.cost_response_header {
+                    // What a request reserves until its response says.
+                    rule["cost_response_header"] = h.as_str().into();
+                    match &s.cost {
+                        Cost::Fixed(n) => rule["cost"] = (*n).into(),
+                        Cost::Header(h) => {
+                            rule["cost_header"] = h.as_str().into();
+                            rule["max_cost"] = s.max_cost.into();
+                        }
+                    }
+                }
+                if let Some(u) = &s.quota_unit {
+                    rule["quota_unit"] = u.as_str().into();
                 }
                 if let Some(t) = &s.tiers {
                     let mut tiers = serde_json::Map::new();

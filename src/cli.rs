@@ -275,6 +275,19 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
                 t.default.1
             );
         }
+        if let Some(h) = &s.cost_response_header {
+            let reserved = match &s.cost {
+                crate::config::Cost::Fixed(n) => format!("{n}"),
+                crate::config::Cost::Header(c) => format!("the {c} header's value (absent: 1, at most {})", s.max_cost),
+            };
+            let _ = writeln!(
+                out,
+                "    cost settled from response header {h} (or trailer): reserves {reserved} until the response says"
+            );
+        }
+        if let Some(u) = &s.quota_unit {
+            let _ = writeln!(out, "    quota unit: {u}");
+        }
         let parts: Vec<String> = s.key.iter().map(|k| k.describe()).collect();
         let _ = writeln!(out, "    key [{}] -> bucket {key}", parts.join(", "));
         if plan.source != crate::rules::PlanSource::Rule

@@ -14,6 +14,9 @@
 //!                  "headers": {"ratelimit": "\"per-user\";r=4;t=60", ...}}
 //! ```
 //!
+//! An optional `"tier"` states the client's tier for a rule with `tiers`
+//! (the caller is trusted: the listener is operator-only).
+//!
 //! A rejection is still a 200 with `"allowed": false`: the call succeeded,
 //! its answer is "no". 400 (JSON) for what the caller got wrong.
 
@@ -34,12 +37,12 @@ use serde_json::{Map, Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use crate::config::{Cost, KeyPart, OnError};
+use crate::config::{Cost, KeyPart, OnError, TierSource};
 use crate::error::json_response;
 use crate::headers::{self, RuleReport};
-use crate::limiter::{Nanos, ceil_secs};
+use crate::limiter::{NANOS_PER_SEC, Nanos, ceil_secs};
 use crate::proxy::Proxy;
-use crate::rules::{RequestFacts, Rule};
+use crate::rules::{Plan, RequestFacts, Rule};
 
 /// The largest request body read: a check is a few hundred bytes; anything
 /// far larger is a mistake or an attack, answered 413 without reading on.
@@ -135,8 +138,13 @@ async fn check(proxy: &Proxy, body: &[u8]) -> Result<Value, String> {
         Some(_) => return Err("\"key\" must be an object mapping the rule's key parts to strings.".into()),
     };
     let cost = req.remove("cost");
+    let tier = match req.remove("tier") {
+        Some(Value::String(s)) => Some(s),
+        None => None,
+        Some(_) => return Err("\"tier\" must be a string: the name of one of the rule's tiers.".into()),
+    };
     if let Some(other) = req.keys().next() {
-        return Err(format!("Unknown field {other:?}: a check has \"rule\", \"key\" and \"cost\"."));
+        return Err(format!("Unknown field {other:?}: a check has \"rule\", \"key\", \"cost\" and \"tier\"."));
     }
 
     let rules = proxy.rules.load();
@@ -156,7 +164,7 @@ async fn check(proxy: &Proxy, body: &[u8]) -> Result<Value, String> {
             _ => return Err(format!("\"cost\" must be a whole number from 1 to {max_cost}.")),
         },
     };
-    let o = decide(proxy, rule, &key, cost).await?;
+    let o = decide(proxy, rule, &key, Ask { cost, tier: tier.as_deref(), limit: None }).await?;
     let headers: Map<String, Value> = o
         .headers()
         .iter()
@@ -188,6 +196,20 @@ pub fn max_cost(rule: &Rule) -> u64 {
     match rule.spec.cost {
         Cost::Header(_) => rule.spec.max_cost,
         Cost::Fixed(_) => rule.plans().map(|p| p.nominal.capacity()).max().unwrap_or(1).max(rule.spec.max_cost),
+    }
+}
+
+/// [`max_cost`] for a check under `limit`, Envoy's override of the rule's
+/// limits, when there is one: its bucket, or the rule's `max_cost` for a
+/// `cost_header` rule; 0 for an override of 0 requests.
+pub fn max_cost_under(rule: &Rule, limit: Option<&Plan>) -> u64 {
+    match limit {
+        None => max_cost(rule),
+        Some(p) if p.nominal.capacity() == 0 => 0,
+        Some(p) => match rule.spec.cost {
+            Cost::Header(_) => rule.spec.max_cost,
+            Cost::Fixed(_) => p.nominal.capacity(),
+        },
     }
 }
 
@@ -226,15 +248,31 @@ impl Outcome<'_> {
     }
 }
 
-/// Decides `cost` units of `rule` for the key parts in `key` (named as in
-/// the rule's key list), counting in the store and the rule's metrics as a
-/// proxied request does. `Err` carries the sentence for the caller.
+/// What a caller asks of one rule besides its key.
+pub struct Ask<'a> {
+    /// Units to spend.
+    pub cost: u64,
+    /// The tier the caller states for a rule with `tiers` (ignored by a
+    /// rule without). `None`: a `header:` tier is read from the key part
+    /// of that header, if the rule keys on it; otherwise `default`.
+    pub tier: Option<&'a str>,
+    /// Limits that replace the rule's, its overrides' and tiers' (Envoy's
+    /// per-descriptor `limit`, from [`Rule::envoy_plan`]). They count on a
+    /// counter of their own, apart from the rule's for the same key: the
+    /// store's state of one set of limits is no state for another.
+    pub limit: Option<&'a Plan>,
+}
+
+/// Decides `ask.cost` units of `rule` for the key parts in `key` (named as
+/// in the rule's key list), counting in the store and the rule's metrics as
+/// a proxied request does. `Err` carries the sentence for the caller.
 pub async fn decide<'r>(
     proxy: &Proxy,
     rule: &'r Rule,
     key: &Map<String, Value>,
-    cost: u64,
+    ask: Ask<'r>,
 ) -> Result<Outcome<'r>, String> {
+    let cost = ask.cost;
     let given = KeyValues::parse(proxy, rule, key)?;
     let facts = given.facts();
     let mut o = Outcome {
@@ -254,9 +292,32 @@ pub async fn decide<'r>(
     }
     let mut bucket = String::with_capacity(64);
     rule.key(&facts, &mut bucket)?;
-    // An override or tier applies as for a proxied request (a tier header
-    // only when it is one of the key parts given).
-    let plan = rule.plan_for(&bucket, &facts);
+    // An override or tier applies as for a proxied request: the key's
+    // override first, then the tier the caller states, else the one its
+    // tier header's key part gives.
+    let plan = match (ask.limit, ask.tier) {
+        (Some(plan), _) => {
+            // `|` ends the key parts, and `envoy` is no part's tag: no
+            // request's key is this one.
+            let _ = write!(bucket, "|envoy={}/{}s", plan.nominal.limit, plan.nominal.window / NANOS_PER_SEC);
+            proxy.cover_idle_horizon(&plan.nominal);
+            plan
+        }
+        (None, Some(tier)) => {
+            if let Some(TierSource::Header(h)) = rule.spec.tiers.as_ref().map(|t| &t.source)
+                && let Some(keyed) = facts.headers.get(h)
+                && keyed.as_bytes() != tier.as_bytes()
+            {
+                // The proxy reads both from one header: they never differ.
+                return Err(format!(
+                    "The tier {tier:?} contradicts key part \"header:{h}\", which gives rule {:?} its tier.",
+                    rule.name()
+                ));
+            }
+            rule.plan_stated(&bucket, Some(tier.as_bytes()))
+        }
+        (None, None) => rule.plan_for(&bucket, &facts),
+    };
     let (answer, limits) = proxy.decide_one(rule, plan, bucket, cost).await;
     let verdict = match answer {
         Ok(v) => v,

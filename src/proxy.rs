@@ -50,6 +50,11 @@ pub type LoggedBody = Logged<Holding<ProxyBody>>;
 pub struct Proxy {
     pub rules: ArcSwap<RuleSet>,
     pub store: AnyStore,
+    /// The longest idle horizon of limits no rule states (Envoy's
+    /// per-descriptor overrides), kept across reloads: the store's horizon
+    /// is the larger of it and the rules'. The lock orders a reload's
+    /// update of the store's horizon with [`Proxy::cover_idle_horizon`]'s.
+    extra_idle_horizon: std::sync::Mutex<crate::limiter::Nanos>,
     pub metrics: Arc<Metrics>,
     client: ClientConfig,
     store_timeout: Duration,
@@ -139,6 +144,7 @@ impl Proxy {
         Proxy {
             access_log,
             rules: ArcSwap::from_pointee(rules),
+            extra_idle_horizon: std::sync::Mutex::new(0),
             store,
             no_route: metrics.route_counters("none"),
             metrics,
@@ -183,9 +189,25 @@ impl Proxy {
         if let Some(t) = &self.top {
             t.attach(&mut rules);
         }
-        self.store.set_idle_horizon(rules.idle_horizon);
+        let extra = self.extra_idle_horizon.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.store.set_idle_horizon(rules.idle_horizon.max(*extra));
         self.metrics.rules_active.set(rules.rules.len() as i64);
         self.rules.store(Arc::new(rules));
+    }
+
+    /// Keeps the store from forgetting keys checked under `limits`, which
+    /// no rule states (Envoy's overrides), before they are fresh again: the
+    /// store forgets a key idle for longer than the rules' longest idle
+    /// horizon, which a longer override would outlast. The horizon only
+    /// grows (to twice a year at most: Envoy's longest unit); the store is
+    /// told only when it does.
+    pub fn cover_idle_horizon(&self, limits: &crate::limiter::Limits) {
+        let h = limits.idle_horizon().saturating_mul(2);
+        let mut extra = self.extra_idle_horizon.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if h > *extra {
+            *extra = h;
+            self.store.set_idle_horizon(self.rules.load().idle_horizon.max(h));
+        }
     }
 
     /// The peer of a connection just accepted from `addr`, for every

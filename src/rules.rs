@@ -123,6 +123,8 @@ pub enum PlanSource {
     Tier(String),
     /// `default` of `tiers`: the request's tier is missing or not listed.
     DefaultTier,
+    /// Envoy's `limit` override of a descriptor.
+    Envoy,
 }
 
 impl std::fmt::Display for PlanSource {
@@ -132,6 +134,7 @@ impl std::fmt::Display for PlanSource {
             PlanSource::Override(k) => write!(f, "override {k}"),
             PlanSource::Tier(t) => write!(f, "tier {t:?}"),
             PlanSource::DefaultTier => write!(f, "tier default (no tier, or one not listed)"),
+            PlanSource::Envoy => write!(f, "Envoy's limit override"),
         }
     }
 }
@@ -318,35 +321,48 @@ impl Iterator for MergeSorted<'_> {
     }
 }
 
+/// One set of limits of a rule with its rendered header values.
+fn build_plan(
+    spec: &RuleSpec,
+    quoted_name: &str,
+    window: Nanos,
+    window_secs: u64,
+    limit: u64,
+    burst: u64,
+    source: PlanSource,
+) -> Plan {
+    // A concurrency quota is not per window: the draft's quota unit
+    // says what it counts instead. A quota of something else than
+    // requests (tokens, bytes) says so too. A calendar window's
+    // length changes from window to window: its `w` is added per
+    // response (see `headers::write`).
+    let unit = spec.quota_unit.as_ref().map(|u| format!(";qu=\"{u}\"")).unwrap_or_default();
+    let policy = if spec.algorithm == crate::limiter::Algorithm::Concurrency {
+        format!("{quoted_name};q={limit};qu=\"concurrent-requests\"")
+    } else if spec.calendar.is_some() {
+        format!("{quoted_name};q={limit}{unit}")
+    } else {
+        format!("{quoted_name};q={limit}{unit};w={window_secs}")
+    };
+    let policy_value = if spec.calendar.is_some() { None } else { http::HeaderValue::from_str(&policy).ok() };
+    let limit_value = http::HeaderValue::from(limit);
+    Plan {
+        nominal: Limits { algorithm: spec.algorithm, limit, window, burst, origin: 0 },
+        reject_head: crate::headers::RejectHead::new(&limit_value, policy_value.as_ref()),
+        policy_value,
+        policy,
+        limit_value,
+        source,
+    }
+}
+
 impl Rule {
     fn build(spec: RuleSpec, metrics: &Metrics) -> Rule {
         let window = spec.window.as_nanos().min(u64::MAX as u128) as u64;
         let window_secs = crate::limiter::ceil_secs(window).max(1);
         let quoted_name = format!("\"{}\"", spec.name);
         let plan = |limit: u64, burst: u64, source: PlanSource| {
-            // A concurrency quota is not per window: the draft's quota unit
-            // says what it counts instead. A quota of something else than
-            // requests (tokens, bytes) says so too. A calendar window's
-            // length changes from window to window: its `w` is added per
-            // response (see `headers::write`).
-            let unit = spec.quota_unit.as_ref().map(|u| format!(";qu=\"{u}\"")).unwrap_or_default();
-            let policy = if spec.algorithm == crate::limiter::Algorithm::Concurrency {
-                format!("{quoted_name};q={limit};qu=\"concurrent-requests\"")
-            } else if spec.calendar.is_some() {
-                format!("{quoted_name};q={limit}{unit}")
-            } else {
-                format!("{quoted_name};q={limit}{unit};w={window_secs}")
-            };
-            let policy_value = if spec.calendar.is_some() { None } else { http::HeaderValue::from_str(&policy).ok() };
-            let limit_value = http::HeaderValue::from(limit);
-            Plan {
-                nominal: Limits { algorithm: spec.algorithm, limit, window, burst, origin: 0 },
-                reject_head: crate::headers::RejectHead::new(&limit_value, policy_value.as_ref()),
-                policy_value,
-                policy,
-                limit_value,
-                source,
-            }
+            build_plan(&spec, &quoted_name, window, window_secs, limit, burst, source)
         };
         let own = plan(spec.limit, spec.burst, PlanSource::Rule);
         let variants = (!spec.overrides.is_empty() || spec.tiers.is_some()).then(|| {
@@ -377,6 +393,24 @@ impl Rule {
         Rule { spec, plan: own, variants, quoted_name, window_secs, calendar, key_prefix, counters, top: None }
     }
 
+    /// The limits of Envoy's `limit` override of a descriptor:
+    /// `requests_per_unit` per `unit_secs`, the rule's algorithm, and a
+    /// burst in the rule's burst-to-limit ratio (as for a tier given as a
+    /// number). Built per descriptor, never kept: Envoy's configuration
+    /// chooses the numbers. For a calendar rule the window stays its
+    /// calendar period (the caller checks that the unit is that period).
+    pub fn envoy_plan(&self, requests_per_unit: u64, unit_secs: u64) -> Plan {
+        let limit = requests_per_unit.min(crate::limiter::MAX_LIMIT);
+        let burst = (u128::from(limit) * u128::from(self.spec.burst)).div_ceil(u128::from(self.spec.limit.max(1)));
+        let burst = u64::try_from(burst).unwrap_or(u64::MAX).min(crate::limiter::MAX_LIMIT);
+        let (window, window_secs) = if self.calendar.is_some() {
+            (self.plan.nominal.window, self.window_secs)
+        } else {
+            (unit_secs.saturating_mul(NANOS_PER_SEC), unit_secs)
+        };
+        build_plan(&self.spec, &self.quoted_name, window, window_secs, limit, burst, PlanSource::Envoy)
+    }
+
     /// Every set of limits the rule may apply: its own, its overrides', its
     /// tiers'.
     pub fn plans(&self) -> impl Iterator<Item = &Plan> {
@@ -391,6 +425,29 @@ impl Rule {
     /// else the rule's own. One hash lookup each, and none for a rule
     /// without overrides or tiers.
     pub fn plan_for(&self, key: &str, f: &RequestFacts<'_>) -> &Plan {
+        self.plan_with(key, |source| match source {
+            TierSource::Header(h) => f.headers.get(h).map(http::HeaderValue::as_bytes),
+            TierSource::Claim(_) => f.tier_claim,
+        })
+    }
+
+    /// [`plan_for`](Self::plan_for) for a caller that states the tier
+    /// itself (`/v1/check`'s `tier`, an `[[envoy]]` `tier` entry): the
+    /// key's override first, then the tier `tier` names (`None` or one not
+    /// listed: `default`), else the rule's own.
+    pub fn plan_stated(&self, key: &str, tier: Option<&[u8]>) -> &Plan {
+        self.plan_with(key, |_| tier)
+    }
+
+    /// Whether the rule has `tiers`.
+    pub fn has_tiers(&self) -> bool {
+        self.spec.tiers.is_some()
+    }
+
+    /// The plan of `key`, its tier read by `tier` from where the rule's
+    /// `tier` says (called only for a rule with tiers and no override for
+    /// the key).
+    fn plan_with<'t>(&self, key: &str, tier: impl FnOnce(&TierSource) -> Option<&'t [u8]>) -> &Plan {
         let Some(v) = self.variants.as_deref() else { return &self.plan };
         if !v.overrides.is_empty()
             && let Some(p) = key.get(self.key_prefix.len()..).and_then(|k| v.overrides.get(k))
@@ -398,11 +455,7 @@ impl Rule {
             return p;
         }
         let Some(t) = &v.tiers else { return &self.plan };
-        let value = match &t.source {
-            TierSource::Header(h) => f.headers.get(h).map(http::HeaderValue::as_bytes),
-            TierSource::Claim(_) => f.tier_claim,
-        };
-        value.and_then(|v| t.by_name.get(v)).unwrap_or(&t.default)
+        tier(&t.source).and_then(|v| t.by_name.get(v)).unwrap_or(&t.default)
     }
 
     /// Whether the rule reads the user: it keys on it, or `exempt` names

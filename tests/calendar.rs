@@ -15,7 +15,7 @@ use http::StatusCode;
 use jiff::tz::TimeZone;
 use jiff::{Span, Timestamp};
 use support::redis::{RedisCluster, tollgate_config};
-use support::{Tollgate, Upstream};
+use support::{Tollgate, Upstream, metric};
 
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
@@ -216,4 +216,72 @@ async fn the_decision_api_counts_in_the_calendar_window() {
     let last = check().send().await.json();
     assert_eq!(last["allowed"], false, "{last}");
     assert_eq!(last["retry_after"], 60, "{last}");
+}
+
+/// Leases on a calendar rule never admit past the month's limit: two
+/// instances drive a monthly quota of 1,000 (leased 1% = 10 units at a
+/// time, counted in the month's window, which a lease ends with) to
+/// exhaustion concurrently. At most the limit is admitted, and at least the
+/// limit less one lease per instance (docs/redis.md: what an instance holds
+/// back is one lease per key).
+#[tokio::test]
+async fn leases_never_admit_past_a_monthly_limit() {
+    if !support::redis::available() {
+        eprintln!("redis-server not installed: skipped");
+        return;
+    }
+    const LIMIT: usize = 1_000;
+    const LEASE: usize = LIMIT / 100;
+    let up = Upstream::start().await;
+    let config = tollgate_config(up.addr, &cluster().url(), "on_error = \"deny\"\ntimeout = \"5s\"");
+    let rules = rule("monthly-leased", LIMIT as u64, "month", Some("Europe/Berlin"));
+    let instances = [
+        Tollgate::with(&config, &[("rules.toml", &rules)]).await,
+        Tollgate::with(&config, &[("rules.toml", &rules)]).await,
+    ];
+    // Redis counts on its own clock, the real one: so do the instances.
+    let now = real_now();
+    for t in &instances {
+        t.clock.set(now);
+    }
+    // 16 clients per instance, 44 requests each: 1,408 in all, enough to
+    // spend every lease either instance holds.
+    let mut set = tokio::task::JoinSet::new();
+    for t in &instances {
+        for _ in 0..16 {
+            let calls: Vec<_> = (0..44).map(|_| t.get("/").from_ip("198.51.100.77")).collect();
+            set.spawn(async move {
+                let mut statuses = Vec::with_capacity(calls.len());
+                for call in calls {
+                    statuses.push(call.send().await.status.as_u16());
+                }
+                statuses
+            });
+        }
+    }
+    let mut by_status = std::collections::BTreeMap::new();
+    while let Some(r) = set.join_next().await {
+        for status in r.expect("client task") {
+            *by_status.entry(status).or_insert(0usize) += 1;
+        }
+    }
+    let admitted = by_status.get(&200).copied().unwrap_or(0);
+    assert_eq!(by_status.keys().copied().collect::<Vec<_>>(), [200, 429], "{by_status:?}");
+    assert!(admitted <= LIMIT, "{admitted} admitted past the limit of {LIMIT}: {by_status:?}");
+    assert!(admitted >= LIMIT - instances.len() * LEASE, "{admitted} admitted of {LIMIT}: {by_status:?}");
+    // Leases were in play: granted, and requests answered from them.
+    let (mut granted, mut hits) = (0.0, 0.0);
+    for t in &instances {
+        let m = t.metrics().await;
+        granted += metric(&m, "tollgate_leases_granted_total", &[]).unwrap_or(0.0);
+        hits += metric(&m, "tollgate_lease_hits_total", &[]).unwrap_or(0.0);
+    }
+    assert!(granted >= 2.0 && hits >= 100.0, "{granted} leases granted, {hits} requests served from them");
+    // And Redis counted no more than the limit in the month's window.
+    let key = "tollgate:{monthly-leased|ip=198.51.100.77}:fw";
+    let port = cluster().master_of(key).expect("the key's master");
+    let stored = cluster().cli(port, &["GET", key]);
+    let count: usize = stored.trim().rsplit(':').next().and_then(|s| s.parse().ok()).expect("count");
+    assert!(count <= LIMIT, "Redis counted {count}: {stored}");
+    eprintln!("{admitted} admitted, Redis counted {count}, {granted} leases, {hits} lease hits: {by_status:?}");
 }

@@ -283,3 +283,103 @@ async fn a_concurrency_rule_is_not_checked() {
     assert_eq!(a.status, 400, "{}", a.body);
     assert!(a.body["message"].as_str().is_some_and(|m| m.contains("cannot hold a slot")), "{}", a.body);
 }
+
+/// A rule with tiers read from a header it does not key on (a check carries
+/// no request headers) and from a JWT claim (a check carries no token); a
+/// VIP whose override outranks any tier.
+const TIERED: &str = r#"
+[[rule]]
+name = "by-plan"
+key = ["user"]
+algorithm = "fixed_window"
+limit = 3
+window = "1h"
+tier = "header:x-plan"
+tiers = { free = 2, pro = 5, default = 1 }
+
+[[rule.override]]
+key = "user=vip"
+limit = 9
+"#;
+
+/// The limit a check was decided against, as `X-RateLimit-Limit` says.
+fn limit_of(a: &Answer) -> &str {
+    a.body["headers"]["x-ratelimit-limit"].as_str().unwrap_or_else(|| panic!("no limit in {}", a.body))
+}
+
+#[tokio::test]
+async fn the_caller_states_the_tier_and_an_override_still_comes_first() {
+    let upstream = Upstream::start().await;
+    let t = start(&upstream, &format!("{TIERED}{PER_USER}")).await;
+    let api = decision_addr(&t);
+    let ask = |user: &str, tier: Option<Value>| {
+        let mut body = json!({"rule": "by-plan", "key": {"user": user}});
+        if let Some(tier) = tier {
+            body["tier"] = tier;
+        }
+        check(api, body)
+    };
+    let a = ask("alice", Some(json!("pro"))).await;
+    assert_eq!((a.status, limit_of(&a), &a.body["remaining"]), (200, "5", &json!(4)), "{}", a.body);
+    let a = ask("bob", Some(json!("free"))).await;
+    assert_eq!((limit_of(&a), &a.body["remaining"]), ("2", &json!(1)), "{}", a.body);
+    // Unknown (names are exact) or missing: `default`, as in the proxy.
+    for (user, tier) in [("carol", Some(json!("gold"))), ("dave", Some(json!("Pro"))), ("erin", None)] {
+        let a = ask(user, tier).await;
+        assert_eq!((a.status, limit_of(&a)), (200, "1"), "{}", a.body);
+    }
+    // The key's override wins over the tier, as in the proxy.
+    let a = ask("vip", Some(json!("pro"))).await;
+    assert_eq!(limit_of(&a), "9", "{}", a.body);
+    // The proxy counts alice's pro tier on the same counter.
+    let r = t.get("/").header("x-user-id", "alice").header("x-plan", "pro").send().await;
+    assert!(r.header("ratelimit").is_some_and(|h| h.contains("\"by-plan\";r=3;")), "{:?}", r.header("ratelimit"));
+    // A rule without tiers ignores the tier.
+    let a = check(api, json!({"rule": "per-user", "key": {"user": "alice"}, "tier": "pro"})).await;
+    assert_eq!((a.status, limit_of(&a)), (200, "3"), "{}", a.body);
+    // Not a string: 400.
+    let a = ask("frank", Some(json!(5))).await;
+    assert_eq!(a.status, 400, "{}", a.body);
+    assert!(a.body["message"].as_str().is_some_and(|m| m.contains("\"tier\" must be a string")), "{}", a.body);
+}
+
+/// When the tier header is a key part, its value is the tier unless the
+/// check states one; stating another is a contradiction the proxy could
+/// never see.
+#[tokio::test]
+async fn a_keyed_tier_header_gives_the_tier_and_may_not_be_contradicted() {
+    let upstream = Upstream::start().await;
+    let rules = TIERED
+        .replace("key = [\"user\"]", "key = [\"user\", \"header:x-plan\"]")
+        .replace("\n[[rule.override]]\nkey = \"user=vip\"\nlimit = 9\n", "");
+    let t = start(&upstream, &rules).await;
+    let api = decision_addr(&t);
+    let a = check(api, json!({"rule": "by-plan", "key": {"user": "a", "header:x-plan": "pro"}})).await;
+    assert_eq!(limit_of(&a), "5", "{}", a.body);
+    let a = check(api, json!({"rule": "by-plan", "key": {"user": "a", "header:x-plan": "pro"}, "tier": "pro"})).await;
+    assert_eq!((limit_of(&a), &a.body["remaining"]), ("5", &json!(3)), "{}", a.body);
+    let a = check(api, json!({"rule": "by-plan", "key": {"user": "a", "header:x-plan": "pro"}, "tier": "free"})).await;
+    assert_eq!(a.status, 400, "{}", a.body);
+    assert!(a.body["message"].as_str().is_some_and(|m| m.contains("contradicts")), "{}", a.body);
+}
+
+/// A `claim:` tier (a check carries no token): the caller states it.
+#[tokio::test]
+async fn a_claim_tier_is_the_one_the_caller_states() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("jwt.secret"), "a-test-secret-of-32-bytes-length").expect("write secret");
+    std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
+    std::fs::write(dir.path().join("rules/r.toml"), TIERED.replace("header:x-plan", "claim:plan"))
+        .expect("write rules");
+    let config = config_with_decision(support::config(upstream.addr))
+        .replace("[client]\n", "[client]\njwt = { key_file = \"jwt.secret\", algorithms = [\"HS256\"] }\n");
+    let t = Tollgate::start_in(dir, &config).await;
+    let api = decision_addr(&t);
+    let a = check(api, json!({"rule": "by-plan", "key": {"user": "alice"}, "tier": "pro"})).await;
+    assert_eq!((a.status, limit_of(&a)), (200, "5"), "{}", a.body);
+    let a = check(api, json!({"rule": "by-plan", "key": {"user": "bob"}})).await;
+    assert_eq!((a.status, limit_of(&a)), (200, "1"), "{}", a.body);
+    let a = check(api, json!({"rule": "by-plan", "key": {"user": "vip"}, "tier": "free"})).await;
+    assert_eq!(limit_of(&a), "9", "{}", a.body);
+}

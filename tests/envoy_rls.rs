@@ -447,3 +447,162 @@ async fn a_keys_override_is_its_limit_here_too() {
     let r = rls.ok(alice()).await;
     assert_eq!(r["statuses"][0]["current_limit"]["requests_per_unit"], 3, "{r}");
 }
+
+/// A rule with tiers Envoy names in a descriptor entry (`tier = "plan"`),
+/// and a VIP whose override outranks any tier.
+const TIERED: &str = r#"
+[[rule]]
+name = "by-plan"
+key = ["user"]
+algorithm = "fixed_window"
+limit = 3
+window = "1h"
+tier = "header:x-plan"
+tiers = { free = 2, pro = 5, default = 1 }
+
+[[rule.override]]
+key = "user=vip"
+limit = 9
+
+[[envoy]]
+domain = "edge"
+match = { generic_key = "api" }
+key = { user = "user_id" }
+tier = "plan"
+rule = "by-plan"
+"#;
+
+#[tokio::test]
+async fn a_descriptor_entry_states_the_tier() {
+    let upstream = Upstream::start().await;
+    let (t, mut rls) = start(&upstream, TIERED).await;
+    let limit = |r: &Value| r["statuses"][0]["current_limit"]["requests_per_unit"].as_u64().expect("current_limit");
+    let r = rls.ok(one(&[("generic_key", "api"), ("user_id", "alice"), ("plan", "pro")])).await;
+    assert_eq!((limit(&r), remaining(&r["statuses"][0])), (5, 4), "{r}");
+    assert_eq!(header(&r, "x-ratelimit-limit"), Some("5"), "{r}");
+    let r = rls.ok(one(&[("plan", "free"), ("generic_key", "api"), ("user_id", "bob")])).await;
+    assert_eq!(limit(&r), 2, "{r}");
+    // An unknown tier, or no tier entry: `default`.
+    let r = rls.ok(one(&[("generic_key", "api"), ("user_id", "carol"), ("plan", "gold")])).await;
+    assert_eq!(limit(&r), 1, "{r}");
+    let r = rls.ok(one(&[("generic_key", "api"), ("user_id", "dave")])).await;
+    assert_eq!(limit(&r), 1, "{r}");
+    // The key's override outranks the tier.
+    let r = rls.ok(one(&[("generic_key", "api"), ("user_id", "vip"), ("plan", "pro")])).await;
+    assert_eq!(limit(&r), 9, "{r}");
+    // The proxy counts alice's pro tier on the same counter.
+    let resp = t.get("/").header("x-user-id", "alice").header("x-plan", "pro").send().await;
+    assert_eq!(resp.header("x-ratelimit-remaining"), Some("3"));
+    // An entry the mapping does not know: not covered.
+    let r = rls.ok(one(&[("generic_key", "api"), ("user_id", "erin"), ("tier", "pro")])).await;
+    assert_eq!(r["statuses"][0]["current_limit"], Value::Null, "{r}");
+}
+
+/// A descriptor with Envoy's `limit` override (`requests_per_unit` per
+/// `unit`).
+fn with_limit(entries: &[(&str, &str)], requests_per_unit: u32, unit: &str) -> Value {
+    let mut d = descriptor(entries);
+    d["limit"] = json!({"requests_per_unit": requests_per_unit, "unit": unit});
+    d
+}
+
+/// Envoy's per-descriptor `limit` replaces the rule's limit, on a counter
+/// of its own per override (limit and unit): the rule's own counter for
+/// the same key, and another override's, are not spent.
+#[tokio::test]
+async fn a_descriptors_limit_override_replaces_the_rules_limit() {
+    let upstream = Upstream::start().await;
+    let (_t, mut rls) = start(&upstream, RULES).await;
+    let entries = [("generic_key", "checkout"), ("user_id", "alice")];
+    let five = json!({"domain": "edge", "descriptors": [with_limit(&entries, 5, "MINUTE")]});
+    for left in [4, 3, 2, 1, 0] {
+        let r = rls.ok(five.clone()).await;
+        let s = &r["statuses"][0];
+        assert_eq!((code(s), remaining(s)), ("OK", left), "{r}");
+        assert_eq!(s["current_limit"], json!({"name": "per-user", "requests_per_unit": 5, "unit": "MINUTE"}), "{r}");
+        assert_eq!(header(&r, "x-ratelimit-limit"), Some("5"), "{r}");
+        assert_eq!(header(&r, "ratelimit-policy"), Some("\"per-user\";q=5;w=60"), "{r}");
+    }
+    let r = rls.ok(five.clone()).await;
+    assert_eq!((r["overall_code"].as_str(), code(&r["statuses"][0])), (Some("OVER_LIMIT"), "OVER_LIMIT"), "{r}");
+    // The rule's own limit for alice (3 a minute) is untouched...
+    let r = rls.ok(alice()).await;
+    assert_eq!((code(&r["statuses"][0]), remaining(&r["statuses"][0])), ("OK", 2), "{r}");
+    // ...and so is another override's counter: each counts on its own, so
+    // no override's state is read with another's arithmetic.
+    let one_a_second = json!({"domain": "edge", "descriptors": [with_limit(&entries, 1, "SECOND")]});
+    let r = rls.ok(one_a_second.clone()).await;
+    let s = &r["statuses"][0];
+    assert_eq!((code(s), remaining(s)), ("OK", 0), "{r}");
+    assert_eq!(s["current_limit"], json!({"name": "per-user", "requests_per_unit": 1, "unit": "SECOND"}), "{r}");
+    assert_eq!(code(&rls.ok(one_a_second).await["statuses"][0]), "OVER_LIMIT");
+    // The same override again finds its own counter still spent.
+    assert_eq!(code(&rls.ok(five).await["statuses"][0]), "OVER_LIMIT");
+}
+
+/// An override of 0 requests is over the limit without spending (Envoy's
+/// service refuses every hit of it); an override of unit UNKNOWN fails the
+/// whole call before anything is spent (Envoy's service cannot convert the
+/// unit and fails the call).
+#[tokio::test]
+async fn an_override_of_zero_is_over_and_an_unknown_unit_fails_the_call() {
+    let upstream = Upstream::start().await;
+    let (t, mut rls) = start(&upstream, RULES).await;
+    let entries = [("generic_key", "checkout"), ("user_id", "alice")];
+    let r = rls.ok(json!({"domain": "edge", "descriptors": [with_limit(&entries, 0, "HOUR")]})).await;
+    let s = &r["statuses"][0];
+    assert_eq!((r["overall_code"].as_str(), code(s)), (Some("OVER_LIMIT"), "OVER_LIMIT"), "{r}");
+    assert_eq!(s["current_limit"], json!({"name": "per-user", "requests_per_unit": 0, "unit": "HOUR"}), "{r}");
+    let unknown = json!({"domain": "edge", "descriptors": [
+        descriptor(&[("generic_key", "all")]),
+        with_limit(&entries, 10, "UNKNOWN"),
+    ]});
+    let (status, details) = rls.call(unknown).await.expect_err("an UNKNOWN unit fails the call");
+    assert_eq!(status, "INVALID_ARGUMENT", "{details}");
+    assert!(details.contains("descriptor 1"), "{details}");
+    // Nothing was spent: not alice's own counter, nor the global one.
+    let r = rls.ok(alice()).await;
+    assert_eq!(remaining(&r["statuses"][0]), 2, "{r}");
+    let m = t.metrics().await;
+    assert_eq!(decisions(&m, "global", "allowed"), 0.0);
+}
+
+/// A counter under an override longer than every rule's window is not
+/// forgotten when the rules' keys would be: the memory store's sweep
+/// (every 5 s) keeps it until it is fresh again.
+#[tokio::test]
+async fn an_overrides_counter_outlives_the_rules_idle_horizon() {
+    let upstream = Upstream::start().await;
+    let (t, mut rls) = start(&upstream, RULES).await;
+    let hourly = json!({"domain": "edge", "descriptors": [with_limit(&[("generic_key", "all")], 2, "HOUR")]});
+    for want in ["OK", "OK", "OVER_LIMIT"] {
+        assert_eq!(code(&rls.ok(hourly.clone()).await["statuses"][0]), want);
+    }
+    // Past every rule's idle horizon (per-user: 2 x 60 s), far from the
+    // hour; then a sweep runs.
+    t.advance(Duration::from_secs(300));
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let r = rls.ok(hourly).await;
+    assert_eq!(code(&r["statuses"][0]), "OVER_LIMIT", "{r}");
+}
+
+/// On a calendar rule an override of the rule's period applies its number
+/// to the calendar window; another unit fails the call.
+#[tokio::test]
+async fn a_calendar_rules_override_is_per_its_period() {
+    let upstream = Upstream::start().await;
+    let rules = "[[rule]]\nname = \"monthly\"\nkey = [\"user\"]\nlimit = 1000\ncalendar = \"month\"\n\n\
+                 [[envoy]]\ndomain = \"edge\"\nmatch = { generic_key = \"m\" }\nkey = { user = \"user_id\" }\nrule = \"monthly\"\n";
+    let (_t, mut rls) = start(&upstream, rules).await;
+    let entries = [("generic_key", "m"), ("user_id", "alice")];
+    let r = rls.ok(json!({"domain": "edge", "descriptors": [with_limit(&entries, 50, "MONTH")]})).await;
+    let s = &r["statuses"][0];
+    assert_eq!((code(s), remaining(s)), ("OK", 49), "{r}");
+    assert_eq!(s["current_limit"], json!({"name": "monthly", "requests_per_unit": 50, "unit": "MONTH"}), "{r}");
+    let (status, details) = rls
+        .call(json!({"domain": "edge", "descriptors": [with_limit(&entries, 5, "HOUR")]}))
+        .await
+        .expect_err("an hourly override of a monthly rule fails the call");
+    assert_eq!(status, "INVALID_ARGUMENT", "{details}");
+    assert!(details.contains("per MONTH"), "{details}");
+}

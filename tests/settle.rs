@@ -267,3 +267,53 @@ async fn a_settled_rule_is_never_leased() {
     })
     .await;
 }
+
+/// `/rules` and `tollgate explain` show where a rule's cost is settled
+/// from, what a request reserves meanwhile, and what the quota counts.
+#[tokio::test]
+async fn rules_and_explain_show_the_settled_cost_and_quota_unit() {
+    let up = Upstream::start().await;
+    let estimated = "[[rule]]\nname = \"estimated\"\nkey = [\"ip\"]\nlimit = 1000\nwindow = \"1h\"\n\
+                     cost_header = \"x-estimate\"\nmax_cost = 200\ncost_response_header = \"x-tokens-used\"\n";
+    let plain = "[[rule]]\nname = \"plain\"\nkey = [\"ip\"]\nlimit = 5\nwindow = \"1m\"\n";
+    let rules = format!("{}\n{estimated}\n{plain}", llm("token_bucket", "100s", ""));
+    let tg = Tollgate::start(&up, &rules).await;
+    let listed = tg.rules().await;
+    let rule = |name: &str| {
+        listed["rules"].as_array().and_then(|r| r.iter().find(|r| r["name"] == name)).cloned().expect("listed")
+    };
+    let llm_rule = rule("llm");
+    assert_eq!(llm_rule["cost_response_header"], "x-tokens-used", "{llm_rule}");
+    assert_eq!(llm_rule["cost"], 10, "{llm_rule}");
+    assert_eq!(llm_rule["quota_unit"], "tokens", "{llm_rule}");
+    let est = rule("estimated");
+    assert_eq!(est["cost_response_header"], "x-tokens-used", "{est}");
+    assert_eq!((&est["cost_header"], &est["max_cost"]), (&serde_json::json!("x-estimate"), &serde_json::json!(200)));
+    assert!(est.get("quota_unit").is_none(), "{est}");
+    // A rule that settles nothing stays as it was.
+    let plain = rule("plain");
+    for k in ["cost_response_header", "cost", "cost_header", "quota_unit"] {
+        assert!(plain.get(k).is_none(), "{plain}");
+    }
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
+    std::fs::write(dir.path().join("rules/a.toml"), &rules).expect("write rules");
+    std::fs::write(dir.path().join("tollgate.toml"), support::config(up.addr)).expect("write config");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["explain", "--path", "/", "--ip", "198.51.100.1", "--config"])
+        .arg(dir.path().join("tollgate.toml"))
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run tollgate");
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{report}{}", String::from_utf8_lossy(&out.stderr));
+    for line in [
+        "    cost settled from response header x-tokens-used (or trailer): reserves 10 until the response says",
+        "    quota unit: tokens",
+        "    cost settled from response header x-tokens-used (or trailer): reserves the x-estimate header's value (absent: 1, at most 200) until the response says",
+    ] {
+        assert!(report.lines().any(|l| l == line), "missing {line:?} in:\n{report}");
+    }
+    assert_eq!(report.matches("quota unit").count(), 1, "{report}");
+}

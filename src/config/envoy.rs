@@ -7,13 +7,15 @@
 //! domain = "edge"                          # RateLimitRequest.domain
 //! match = { generic_key = "checkout" }     # entries that must be there, with these values
 //! key = { user = "user_id" }               # each key part of the rule: the entry holding its value
+//! tier = "plan"                            # optional, for a rule with tiers: the entry naming the tier
 //! rule = "per-user"
 //! ```
 //!
 //! A descriptor is covered by an entry when the domain is the entry's and
-//! its entries are exactly those of `match` (with their values) and those
-//! named in `key` (any value), in any order. Entries are tried in file
-//! order; the first that covers a descriptor decides it.
+//! its entries are exactly those of `match` (with their values), those
+//! named in `key` (any value) and, if present, the `tier` entry, in any
+//! order. Entries are tried in file order; the first that covers a
+//! descriptor decides it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -35,23 +37,33 @@ pub struct EnvoyMapping {
     /// For each part of the rule's key list, in order: the part as written
     /// there, and the descriptor entry whose value it takes.
     pub parts: Vec<(String, String)>,
+    /// The descriptor entry whose value is the tier (a rule with `tiers`
+    /// only); a descriptor without it gets the `default` tier.
+    pub tier: Option<String>,
     pub source: PathBuf,
     pub line: usize,
 }
 
 impl EnvoyMapping {
     /// The values of the rule's key parts, named as in its key list (the
-    /// decision API's `key` object), when this entry covers a descriptor of
-    /// `domain` with `entries`; `None` when it does not.
+    /// decision API's `key` object), and the tier the descriptor states,
+    /// when this entry covers a descriptor of `domain` with `entries`;
+    /// `None` when it does not.
     pub fn key_of<'e>(
         &self,
         domain: &str,
         entries: impl Iterator<Item = (&'e str, &'e str)> + Clone,
-    ) -> Option<Map<String, Value>> {
-        if domain != self.domain || entries.clone().count() != self.fixed.len() + self.parts.len() {
+    ) -> Option<(Map<String, Value>, Option<&'e str>)> {
+        if domain != self.domain {
             return None;
         }
         let find = |key: &str| entries.clone().find(|(k, _)| *k == key).map(|(_, v)| v);
+        let tier = self.tier.as_deref().and_then(find);
+        // The tier entry is one more entry, unless a key part reads it too.
+        let tier_alone = tier.is_some() && !self.parts.iter().any(|(_, e)| Some(e) == self.tier.as_ref());
+        if entries.clone().count() != self.fixed.len() + self.parts.len() + usize::from(tier_alone) {
+            return None;
+        }
         if !self.fixed.iter().all(|(k, v)| find(k) == Some(v.as_str())) {
             return None;
         }
@@ -59,7 +71,7 @@ impl EnvoyMapping {
         for (part, entry) in &self.parts {
             key.insert(part.clone(), Value::String(find(entry)?.to_string()));
         }
-        Some(key)
+        Some((key, tier))
     }
 }
 
@@ -149,6 +161,16 @@ pub fn resolve(
                 }
             }
         }
+        let tier = e.tier.map(|t| (t.span(), t.into_inner()));
+        if let Some((span, entry)) = &tier {
+            if rule.tiers.is_none() {
+                error(span.clone(), format!("[[envoy]] tier names an entry, but rule {:?} has no tiers", rule.name));
+                ok = false;
+            } else if fixed.iter().any(|(k, _)| k == entry) {
+                error(span.clone(), format!("[[envoy]] descriptor entry {entry:?} is both in match and tier"));
+                ok = false;
+            }
+        }
         if ok && fixed.is_empty() && parts.is_empty() {
             // Rule keyed on nothing and no `match`: would cover only a
             // descriptor without entries, which Envoy never sends.
@@ -164,6 +186,7 @@ pub fn resolve(
                 rule: rule.name.clone(),
                 fixed,
                 parts,
+                tier: tier.map(|(_, t)| t),
                 source: file.to_path_buf(),
                 line,
             });
@@ -220,7 +243,7 @@ mod tests {
         );
         // Exactly these entries, in any order.
         let key = m.key_of("edge", [("tier", "gold"), ("user_id", "alice"), ("generic_key", "checkout")].into_iter());
-        assert_eq!(key.expect("covered").get("user").and_then(|v| v.as_str()), Some("alice"));
+        assert_eq!(key.expect("covered").0.get("user").and_then(|v| v.as_str()), Some("alice"));
         assert!(
             m.key_of("other", [("tier", "gold"), ("user_id", "a"), ("generic_key", "checkout")].into_iter()).is_none()
         );
@@ -231,6 +254,42 @@ mod tests {
                 .is_none()
         );
         assert!(m.key_of("edge", [("tier", "g"), ("tier", "g"), ("generic_key", "checkout")].into_iter()).is_none());
+    }
+
+    #[test]
+    fn a_tier_entry_is_optional_and_may_be_a_key_parts_entry() {
+        let tiered = "[[rule]]\nname = \"tiered\"\nkey = [\"user\", \"header:x-plan\"]\nlimit = 5\nwindow = \"1m\"\ntier = \"header:x-plan\"\ntiers = { pro = 50, default = 5 }\n\n";
+        let loaded = load(&[(
+            "r.toml",
+            &format!(
+                "{tiered}[[envoy]]\ndomain = \"edge\"\nmatch = {{ generic_key = \"a\" }}\nkey = {{ user = \"u\", \"header:x-plan\" = \"p\" }}\ntier = \"plan\"\nrule = \"tiered\"\n\n[[envoy]]\ndomain = \"edge\"\nmatch = {{ generic_key = \"b\" }}\nkey = {{ user = \"u\", \"header:x-plan\" = \"p\" }}\ntier = \"p\"\nrule = \"tiered\"\n"
+            ),
+        )])
+        .expect("valid");
+        let (alone, shared) = (&loaded.envoy[0], &loaded.envoy[1]);
+        let covered = |m: &super::EnvoyMapping, e: &[(&'static str, &'static str)]| {
+            m.key_of("edge", e.iter().copied()).map(|(_, tier)| tier)
+        };
+        assert_eq!(covered(alone, &[("generic_key", "a"), ("u", "x"), ("p", "y"), ("plan", "pro")]), Some(Some("pro")));
+        assert_eq!(covered(alone, &[("generic_key", "a"), ("u", "x"), ("p", "y")]), Some(None), "no tier: default");
+        assert_eq!(covered(alone, &[("generic_key", "a"), ("u", "x"), ("p", "y"), ("other", "pro")]), None);
+        assert_eq!(covered(shared, &[("generic_key", "b"), ("u", "x"), ("p", "pro")]), Some(Some("pro")));
+        assert_eq!(covered(shared, &[("generic_key", "b"), ("u", "x"), ("p", "pro"), ("plan", "pro")]), None);
+    }
+
+    #[test]
+    fn a_tier_entry_needs_a_rule_with_tiers_and_is_not_matched() {
+        assert_eq!(
+            errors("[[envoy]]\ndomain = \"edge\"\nmatch = { a = \"b\" }\ntier = \"plan\"\nrule = \"global\"\n"),
+            ["r.toml:16:8: [[envoy]] tier names an entry, but rule \"global\" has no tiers"]
+        );
+        let tiered = "[[rule]]\nname = \"tiered\"\nkey = []\nlimit = 5\nwindow = \"1m\"\ntier = \"header:x-plan\"\ntiers = { pro = 50, default = 5 }\n\n";
+        assert_eq!(
+            errors(&format!(
+                "{tiered}[[envoy]]\ndomain = \"edge\"\nmatch = {{ a = \"b\" }}\ntier = \"a\"\nrule = \"tiered\"\n"
+            )),
+            ["r.toml:24:8: [[envoy]] descriptor entry \"a\" is both in match and tier"]
+        );
     }
 
     #[test]
@@ -284,7 +343,7 @@ mod tests {
         );
         assert_eq!(
             errors("[[envoy]]\ndomain = \"edge\"\nmatch = { a = \"b\" }\nrule = \"global\"\nlimit = 3\n"),
-            ["r.toml:17:1: unknown field `limit`, expected one of `domain`, `rule`, `match`, `key`"]
+            ["r.toml:17:1: unknown field `limit`, expected one of `domain`, `rule`, `match`, `key`, `tier`"]
         );
         assert_eq!(
             errors(

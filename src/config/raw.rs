@@ -176,6 +176,7 @@ pub struct RawEnvoy {
     #[serde(rename = "match")]
     pub matcher: Option<Spanned<BTreeMap<String, String>>>,
     pub key: Option<Spanned<BTreeMap<String, String>>>,
+    pub tier: Option<Spanned<String>>,
 }
 
 /// `[[deny]]`: clients answered 403 before any counting.

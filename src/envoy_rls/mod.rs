@@ -9,7 +9,9 @@
 //! same bucket key as the proxy, the same store, metrics and `on_error`.
 //! Descriptors are decided one after the other, each spending its own
 //! counter whatever the others answer (as Envoy's own ratelimit service
-//! does). A descriptor no entry covers is `OK` with no limit.
+//! does). A descriptor no entry covers is `OK` with no limit. A covered
+//! descriptor's `limit` (Envoy's override) replaces the rule's limits, on a
+//! counter of its own per override ([`crate::decision::Ask::limit`]).
 //!
 //! The gRPC server is tonic's generated service run on hyper's HTTP/2
 //! server (the one the proxy uses), not tonic's transport: no second HTTP
@@ -25,6 +27,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+use crate::decision::Ask;
 use crate::headers::RuleReport;
 use crate::proxy::Proxy;
 use crate::rules::{Plan, Rule};
@@ -101,39 +104,78 @@ impl RateLimitService for Rls {
             return Err(tonic::Status::invalid_argument(format!("a descriptor has at most {MAX_ENTRIES} entries")));
         }
         let rules = self.proxy.rules.load();
+        // Each descriptor's rule, key values, tier and limit override, found
+        // before anything is spent: an override that cannot be applied
+        // fails the whole call, as it fails Envoy's own service.
+        let mut found = Vec::with_capacity(req.descriptors.len());
+        for (i, d) in req.descriptors.iter().enumerate() {
+            let unit = match &d.limit {
+                Some(o) => Some(unit_of(o.unit).ok_or_else(|| {
+                    tonic::Status::invalid_argument(format!(
+                        "descriptor {i}: the limit override's unit {} is none of SECOND to YEAR",
+                        o.unit
+                    ))
+                })?),
+                None => None,
+            };
+            let covered = rules.envoy.iter().find_map(|m| {
+                let (key, tier) =
+                    m.key_of(&req.domain, d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())))?;
+                Some((rules.rules.iter().find(|r| r.name() == m.rule)?, key, tier))
+            });
+            let Some((rule, key, tier)) = covered else {
+                found.push(None);
+                continue;
+            };
+            let limit = match (d.limit, unit) {
+                (Some(o), Some((secs, unit))) => {
+                    if let Some(c) = &rule.spec.calendar
+                        && per_period(1, c.period).1 != unit
+                    {
+                        return Err(tonic::Status::invalid_argument(format!(
+                            "descriptor {i}: rule {:?} counts per calendar {}: a limit override must be per {}",
+                            rule.name(),
+                            c.period.as_str(),
+                            per_period(1, c.period).1.as_str_name(),
+                        )));
+                    }
+                    Some(rule.envoy_plan(u64::from(o.requests_per_unit), secs))
+                }
+                _ => None,
+            };
+            found.push(Some((rule, key, tier, limit)));
+        }
         let mut over = false;
         let mut statuses = Vec::with_capacity(req.descriptors.len());
         let mut reports = Vec::new();
         let mut retry_after = 0;
-        for d in &req.descriptors {
-            let found = rules.envoy.iter().find_map(|m| {
-                let key = m.key_of(&req.domain, d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())))?;
-                Some((rules.rules.iter().find(|r| r.name() == m.rule)?, key))
-            });
-            let Some((rule, key)) = found else {
+        for (d, found) in req.descriptors.iter().zip(&found) {
+            let Some((rule, key, tier, limit)) = found else {
                 // As Envoy's own service answers a descriptor it has no
                 // limit for.
                 statuses.push(DescriptorStatus { code: Code::Ok as i32, ..Default::default() });
                 continue;
             };
+            let (rule, tier, limit) = (*rule, *tier, limit.as_ref());
             // 0 is proto3's "not set": one hit. A descriptor's own
             // hits_addend overrides the request's.
             let cost = d.hits_addend.unwrap_or(u64::from(req.hits_addend)).max(1);
-            if cost > crate::decision::max_cost(rule) {
-                // More than the rule ever admits at once: over the limit,
-                // without spending. Not an error, which Envoy's default
+            if cost > crate::decision::max_cost_under(rule, limit) {
+                // More than the rule ever admits at once (with an override
+                // of 0 requests, anything): over the limit, without
+                // spending. Not an error, which Envoy's default
                 // `failure_mode_deny = false` would let through.
                 if rule.enforced() {
                     over = true;
                 }
                 statuses.push(DescriptorStatus {
                     code: if rule.enforced() { Code::OverLimit } else { Code::Ok } as i32,
-                    current_limit: Some(current_limit(rule, &rule.plan)),
+                    current_limit: Some(current_limit(rule, limit.unwrap_or(&rule.plan))),
                     ..Default::default()
                 });
                 continue;
             }
-            let o = match crate::decision::decide(&self.proxy, rule, &key, cost).await {
+            let o = match crate::decision::decide(&self.proxy, rule, key, Ask { cost, tier, limit }).await {
                 Ok(o) => o,
                 Err(why) => {
                     // A value the rule cannot key on (empty, an `ip` that
@@ -222,13 +264,32 @@ fn current_limit(rule: &Rule, plan: &Plan) -> RateLimit {
     RateLimit { name: rule.name().to_string(), requests_per_unit, unit: unit as i32 }
 }
 
+/// The length in seconds of a limit override's unit (Envoy's `RateLimitUnit`,
+/// whose numbers are those of the response's `Unit`), and that unit; `None`
+/// for `UNKNOWN` or a number no unit has.
+fn unit_of(unit: i32) -> Option<(u64, Unit)> {
+    let unit = Unit::try_from(unit).ok()?;
+    let secs = match unit {
+        Unit::Unknown => return None,
+        Unit::Second => 1,
+        Unit::Minute => 60,
+        Unit::Hour => 3600,
+        Unit::Day => 86_400,
+        Unit::Week => 7 * 86_400,
+        Unit::Month => 30 * 86_400,
+        Unit::Year => 365 * 86_400,
+    };
+    Some((secs, unit))
+}
+
 fn per_period(limit: u64, period: crate::calendar::Period) -> (u32, Unit) {
     let unit = match period {
         crate::calendar::Period::Day => Unit::Day,
         crate::calendar::Period::Week => Unit::Week,
         crate::calendar::Period::Month => Unit::Month,
     };
-    (limit.clamp(1, u64::from(u32::MAX)) as u32, unit)
+    // 0 only for an override of 0 requests.
+    (limit.min(u64::from(u32::MAX)) as u32, unit)
 }
 
 fn per_unit(limit: u64, window: Duration) -> (u32, Unit) {
@@ -245,7 +306,10 @@ fn per_unit(limit: u64, window: Duration) -> (u32, Unit) {
     let (secs, unit) =
         UNITS.iter().copied().find(|(s, _)| u128::from(*s) * 1_000_000_000 >= window).unwrap_or(UNITS[6]);
     let n = u128::from(limit) * u128::from(secs) * 1_000_000_000 / window;
-    (n.clamp(1, u128::from(u32::MAX)) as u32, unit)
+    // At least 1 for a rate that rounds down to nothing; 0 only for an
+    // override of 0 requests.
+    let floor = u128::from(limit > 0);
+    (n.clamp(floor, u128::from(u32::MAX)) as u32, unit)
 }
 
 #[cfg(test)]
@@ -264,6 +328,20 @@ mod tests {
         assert_eq!(per_unit(2, s(3 * 86_400)), (4, Unit::Week));
         assert_eq!(per_unit(1, s(366 * 86_400)), (1, Unit::Year));
         assert_eq!(per_unit(1_000_000_000, Duration::from_millis(1)), (u32::MAX, Unit::Second));
+    }
+
+    #[test]
+    fn override_units_are_envoys_and_unknown_is_none() {
+        assert_eq!(unit_of(Unit::Second as i32), Some((1, Unit::Second)));
+        assert_eq!(unit_of(Unit::Week as i32), Some((7 * 86_400, Unit::Week)));
+        assert_eq!(unit_of(Unit::Month as i32), Some((30 * 86_400, Unit::Month)));
+        assert_eq!(unit_of(Unit::Year as i32), Some((365 * 86_400, Unit::Year)));
+        assert_eq!(unit_of(Unit::Unknown as i32), None);
+        assert_eq!(unit_of(8), None);
+        assert_eq!(unit_of(-1), None);
+        // Each unit is stated back as itself; 0 requests as 0.
+        assert_eq!(per_unit(7, Duration::from_secs(3600)), (7, Unit::Hour));
+        assert_eq!(per_unit(0, Duration::from_secs(60)), (0, Unit::Minute));
     }
 
     #[test]
