@@ -73,12 +73,25 @@ async fn lua(client: &Client, source: &str, key: &str, limits: &Limits, cost: u6
     let reply: Value = client.custom(cmd, args).await.expect("the script runs");
     let Value::Array(items) = reply else { panic!("a script answered {reply:?}") };
     let n: Vec<i64> = items.iter().map(|v| v.as_i64().expect("integers")).collect();
+    let n = whole(n);
     Decision {
         allowed: n[0] == 1,
         remaining: n[1] as u64,
         delay_us: (n[4] as u64).div_ceil(1_000),
         reset_us: (n[2] as u64).div_ceil(1_000),
     }
+}
+
+/// A check's answer with all eight values: a short one (its first value
+/// marked with 10) leaves out the last four, which are 0.
+fn whole(mut n: Vec<i64>) -> Vec<i64> {
+    if n[0] >= 10 {
+        assert_eq!(n.len(), 4, "a short answer: {n:?}");
+        n[0] -= 10;
+        n.resize(8, 0);
+    }
+    assert_eq!(n.len(), 8, "{n:?}");
+    n
 }
 
 fn algorithm() -> impl Strategy<Value = Algorithm> {
@@ -387,7 +400,7 @@ async fn lua_peek(client: &Client, source: &str, key: &str, limits: &Limits, now
     let cmd = CustomCommand::new_static("EVAL", ClusterHash::Random, false);
     let reply: Value = client.custom(cmd, args).await.expect("the script runs");
     let Value::Array(items) = reply else { panic!("a script answered {reply:?}") };
-    let n: Vec<i64> = items.iter().map(|v| v.as_i64().expect("integers")).collect();
+    let n = whole(items.iter().map(|v| v.as_i64().expect("integers")).collect());
     Decision { allowed: n[0] == 1, remaining: n[1] as u64, delay_us: 0, reset_us: (n[2] as u64).div_ceil(1_000) }
 }
 
@@ -417,7 +430,7 @@ async fn slot_call(
     let cmd = CustomCommand::new_static("EVAL", ClusterHash::Random, false);
     let reply: Value = client.custom(cmd, args).await.expect("the script runs");
     let Value::Array(items) = reply else { panic!("a script answered {reply:?}") };
-    let n: Vec<i64> = items.iter().map(|v| v.as_i64().expect("integers")).collect();
+    let n = whole(items.iter().map(|v| v.as_i64().expect("integers")).collect());
     (n[0] == 1, n[1] as u64)
 }
 

@@ -12,11 +12,15 @@
 --          spec "mode:limit:window_us:burst:cost[:origin_us]"; and its tail: "" or the
 --          extra value, followed for a lease by "|want:period_us:phase_us:
 --          settle_at:taken:unspent"
--- Returns  STRIDE integers per check, in order: {allowed, remaining,
+-- Returns  per check, in order, eight values {allowed, remaining,
 --          reset_after_ns, retry_after_ns, delay_ns, token, granted,
---          lease_ttl_ns}; allowed is -1 when the key is not on this node
---          (the caller asks its owner on its own; nothing was written) and
---          -2 when the check failed, the second value then being the error.
+--          lease_ttl_ns}, or, when the last four are 0 (no delay and no
+--          lease: most checks), four {10 + allowed, remaining,
+--          reset_after_ns, retry_after_ns}, since every value costs the
+--          server a conversion and a write; allowed is -1 when the key is not
+--          on this node (the caller asks its owner on its own; nothing was
+--          written) and -2 when the check failed, the second value then
+--          being the error (eight values).
 --
 -- Every value read and written costs the server more than the arithmetic
 -- of a check: hence few values per check, and a spec (the same for every
@@ -25,7 +29,6 @@
 -- A check that fails does not fail the others: `decide` runs under pcall.
 -- A key this node does not own fails on its first read, before any write
 -- of its check.
-local STRIDE = 8
 -- The specs parsed, kept from call to call by a function library: a rule
 -- sends the same spec in every call. Costs clients send make new specs, so
 -- the table starts again once it holds SPECS of them.
@@ -62,13 +65,19 @@ local function run(args)
   now = tonum(time[1]) * 1000000 + tonum(time[2])
   NOW = format('%d', now)
   local count = tonum(args[1])
+  -- The values of the previous check stay bound when the next one shares
+  -- them: the checks of one rule share a spec, and most have no tail.
+  local bound, leased, o = nil, true, 0
   for c = 0, count - 1 do
     local at = 2 + c * 3
     key = args[at]
-    local s = spec(args[at + 1])
-    mode, limit, window, capacity, cost, origin = s[1], s[2], s[3], s[4], s[5], s[6]
+    local text = args[at + 1]
+    local s = specs[text] or spec(text)
+    if s ~= bound then
+      mode, limit, window, capacity, cost, origin = s[1], s[2], s[3], s[4], s[5], s[6]
+      bound = s
+    end
     local tail = args[at + 2]
-    extra, want, period, phase, settle_at, taken, unspent = '', 0, 0, 0, 0, 0, 0
     if tail ~= '' then
       local leasing
       extra, leasing = match(tail, '^([^|]*)|?(.*)$')
@@ -76,13 +85,22 @@ local function run(args)
         local w, p, f, t, u, n = match(leasing, '^(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')
         want, period, phase = tonum(w) or 0, tonum(p) or 0, tonum(f) or 0
         settle_at, taken, unspent = tonum(t) or 0, tonum(u) or 0, tonum(n) or 0
+      else
+        want, period, phase, settle_at, taken, unspent = 0, 0, 0, 0, 0, 0
       end
+      leased = true
+    elseif leased then
+      extra, want, period, phase, settle_at, taken, unspent = '', 0, 0, 0, 0, 0, 0
+      leased = false
     end
     local ok, a, b, d, r, y, k, g, l = try(decide)
-    local o = c * STRIDE
-    if ok then
+    if ok and y == 0 and k == 0 and (g or 0) == 0 and (l or 0) == 0 then
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = a + 10, b, d, r
+      o = o + 4
+    elseif ok then
       out[o + 1], out[o + 2], out[o + 3], out[o + 4] = a, b, d, r
       out[o + 5], out[o + 6], out[o + 7], out[o + 8] = y, k, g or 0, l or 0
+      o = o + 8
     else
       local message = a
       if kind(a) == 'table' then message = a.err end
@@ -91,8 +109,9 @@ local function run(args)
       if find(message, 'non local key', 1, true) then code = -1 end
       out[o + 1], out[o + 2], out[o + 3], out[o + 4] = code, message, 0, 0
       out[o + 5], out[o + 6], out[o + 7], out[o + 8] = 0, 0, 0, 0
+      o = o + 8
     end
   end
-  out[count * STRIDE + 1] = nil
+  out[o + 1] = nil
   return out
 end

@@ -177,8 +177,12 @@ pub fn window_us(limits: &Limits) -> u64 {
 /// How many values a check takes after its key (see `batch.lua`).
 pub const ARGS: usize = 2;
 
-/// How many integers a script answers per check.
+/// How many values a script answers per check: all of them, or the first
+/// four when the others are 0 (see `batch.lua`).
 const STRIDE: usize = 8;
+const SHORT: usize = 4;
+/// What a short answer adds to its `allowed`.
+const SHORT_MARK: i64 = 10;
 
 /// What a call says about leases: the units it wants, and for a token
 /// bucket the escrow period and phase its slots end on, and a lease of this
@@ -266,22 +270,23 @@ pub enum Outcome {
     Failed(String),
 }
 
-/// Reads [`STRIDE`] values per check for `count` checks: `{allowed,
-/// remaining, reset_after_ns, retry_after_ns, delay_ns, token, granted,
-/// lease_ttl_ns}`, or a code of -1 (not here) or -2 (failed, then the
-/// error) in place of `allowed`.
+/// Reads the answers of `count` checks: [`STRIDE`] values each,
+/// `{allowed, remaining, reset_after_ns, retry_after_ns, delay_ns, token,
+/// granted, lease_ttl_ns}`, or [`SHORT`] when the rest are 0 (`allowed`
+/// then carries [`SHORT_MARK`]), or a code of -1 (not here) or -2 (failed,
+/// then the error) in place of `allowed`, with [`STRIDE`] values.
 pub fn parse_batch(value: Value, count: usize) -> Result<Vec<Outcome>, StoreError> {
     let bad = |v: &Value| StoreError::Protocol(format!("a rate-limit script answered {v:?}"));
     let Value::Array(items) = &value else { return Err(bad(&value)) };
-    if items.len() != count * STRIDE {
-        return Err(bad(&value));
-    }
-    items
-        .chunks_exact(STRIDE)
-        .map(|check| match check[0] {
-            Value::Integer(-1) => Ok(Outcome::NotHere),
-            Value::Integer(-2) => Ok(Outcome::Failed(check[1].as_string().unwrap_or_default())),
-            _ => {
+    let mut outcomes = Vec::with_capacity(count);
+    let mut rest = items.as_slice();
+    while !rest.is_empty() {
+        let (outcome, len) = match rest[0] {
+            Value::Integer(-1) => (Outcome::NotHere, STRIDE),
+            Value::Integer(-2) => (Outcome::Failed(rest.get(1).and_then(Value::as_string).unwrap_or_default()), STRIDE),
+            Value::Integer(first) => {
+                let len = if first >= SHORT_MARK { SHORT } else { STRIDE };
+                let Some(check) = rest.get(..len) else { return Err(bad(&value)) };
                 let mut n = [0i64; STRIDE];
                 for (slot, item) in n.iter_mut().zip(check) {
                     *slot = match item {
@@ -289,10 +294,23 @@ pub fn parse_batch(value: Value, count: usize) -> Result<Vec<Outcome>, StoreErro
                         _ => return Err(bad(&value)),
                     };
                 }
-                Ok(Outcome::Decided(reply(n)))
+                if len == SHORT {
+                    n[0] -= SHORT_MARK;
+                }
+                (Outcome::Decided(reply(n)), len)
             }
-        })
-        .collect()
+            _ => return Err(bad(&value)),
+        };
+        if rest.len() < len || outcomes.len() == count {
+            return Err(bad(&value));
+        }
+        outcomes.push(outcome);
+        rest = &rest[len..];
+    }
+    if outcomes.len() != count {
+        return Err(bad(&value));
+    }
+    Ok(outcomes)
 }
 
 fn reply(n: [i64; STRIDE]) -> Reply {
@@ -351,11 +369,13 @@ mod tests {
         let ints = |n: &[i64]| n.iter().copied().map(Value::Integer).collect::<Vec<_>>();
         let mut items = ints(&[1, 4, 2_000, 0, 7, 99, 0, 0]);
         items.extend(ints(&[1, 4, 2_000, 0, 0, 99, 10, 5_000]));
+        // Short: rejected, the rest 0.
+        items.extend(ints(&[10, 0, 3_000, 1_000]));
         items.extend(ints(&[-1, 0, 0, 0, 0, 0, 0, 0]));
         items.push(Value::Integer(-2));
         items.push(Value::String("WRONGTYPE Operation against a key".into()));
         items.extend(ints(&[0, 0, 0, 0, 0, 0]));
-        let outcomes = parse_batch(Value::Array(items.clone()), 4).expect("parses");
+        let outcomes = parse_batch(Value::Array(items.clone()), 5).expect("parses");
         let Outcome::Decided(r) = &outcomes[0] else { panic!("{outcomes:?}") };
         assert_eq!(
             r.verdict,
@@ -364,13 +384,32 @@ mod tests {
         assert_eq!((r.token, r.granted, r.lease_ttl), (99, 0, 0));
         let Outcome::Decided(r) = &outcomes[1] else { panic!("{outcomes:?}") };
         assert_eq!((r.granted, r.lease_ttl), (10, 5_000));
-        assert!(matches!(outcomes[2], Outcome::NotHere));
-        assert!(matches!(&outcomes[3], Outcome::Failed(e) if e.starts_with("WRONGTYPE")));
-        // A count that does not match, a value that is not an integer, not
-        // an array.
-        assert!(parse_batch(Value::Array(items.clone()), 3).is_err());
+        let Outcome::Decided(r) = &outcomes[2] else { panic!("{outcomes:?}") };
+        assert_eq!(
+            (r.verdict, r.token, r.granted, r.lease_ttl),
+            (
+                Verdict {
+                    allowed: false,
+                    remaining: 0,
+                    reset_after: 3_000,
+                    retry_after: 1_000,
+                    delay: 0,
+                    fallback: false
+                },
+                0,
+                0,
+                0
+            )
+        );
+        assert!(matches!(outcomes[3], Outcome::NotHere));
+        assert!(matches!(&outcomes[4], Outcome::Failed(e) if e.starts_with("WRONGTYPE")));
+        // A count that does not match, a short answer cut off, a value that
+        // is not an integer, not an array.
+        assert!(parse_batch(Value::Array(items.clone()), 4).is_err());
+        assert!(parse_batch(Value::Array(items.clone()), 6).is_err());
+        assert!(parse_batch(Value::Array(ints(&[11, 4, 2_000])), 1).is_err());
         items[9] = Value::String("x".into());
-        assert!(parse_batch(Value::Array(items), 4).is_err());
+        assert!(parse_batch(Value::Array(items), 5).is_err());
         assert!(parse_batch(Value::String("OK".into()), 1).is_err());
     }
 
