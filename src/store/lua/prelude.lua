@@ -30,7 +30,7 @@
 -- script binds them in every call). Named apart from the globals they
 -- hold, so that binding them can read those.
 local max, min, floor, ceil, abs, fmod
-local format, match, gmatch, find
+local format, match, gmatch, find, byte, unpack
 local call, tonum, try, kind, tostr
 
 -- The server's clock at the start of the call, in µs and as stored in keys.

@@ -177,6 +177,9 @@ pub fn window_us(limits: &Limits) -> u64 {
 /// How many values a check takes after its key (see `batch.lua`).
 pub const ARGS: usize = 2;
 
+/// A lease's tail: '|' and six little-endian doubles.
+const LEASE_TAIL: usize = 1 + 6 * 8;
+
 /// How many values a script answers per check: all of them, or the first
 /// four when the others are 0 (see `batch.lua`).
 const STRIDE: usize = 8;
@@ -223,23 +226,26 @@ pub fn args(mode: ScriptMode, limits: &Limits, cost: u64, extra: &str, lease: Le
         // Writing to a String cannot fail.
         let _ = write!(spec, ":{}", limits.origin / 1_000);
     }
-    let mut tail = String::with_capacity(extra.len());
-    tail.push_str(extra);
-    if lease != LeaseArgs::default() {
+    // A lease goes with checks that have no extra value (consumes of the
+    // leasable algorithms, a bucket's give-back); were one to come with
+    // both, the script would read the whole tail as the extra value and
+    // grant no lease.
+    let tail = if lease != LeaseArgs::default() && extra.is_empty() {
         let settle = lease.settle.unwrap_or(Settle { slot: 0, taken: 0, unspent: 0 });
-        // Writing to a String cannot fail.
-        let _ = write!(
-            tail,
-            "|{}:{}:{}:{}:{}:{}",
-            lease.want,
-            lease.period_us,
-            lease.phase_us,
-            settle.slot.max(0),
-            settle.taken,
-            settle.unspent
-        );
-    }
-    [Value::String(spec.into()), Value::String(tail.into())]
+        let values =
+            [lease.want, lease.period_us, lease.phase_us, settle.slot.max(0) as u64, settle.taken, settle.unspent];
+        let mut tail = Vec::with_capacity(LEASE_TAIL);
+        tail.push(b'|');
+        for v in values {
+            // Whole numbers below 2^53 (units of at most `MAX_LIMIT`,
+            // microseconds since the epoch) are exact in a double.
+            tail.extend_from_slice(&(v as f64).to_le_bytes());
+        }
+        Value::Bytes(tail.into())
+    } else {
+        Value::String(extra.into())
+    };
+    [Value::String(spec.into()), tail]
 }
 
 /// A script's answer: the verdict, the token a refund must quote (the
@@ -411,6 +417,29 @@ mod tests {
         items[9] = Value::String("x".into());
         assert!(parse_batch(Value::Array(items), 5).is_err());
         assert!(parse_batch(Value::String("OK".into()), 1).is_err());
+    }
+
+    #[test]
+    fn a_lease_travels_as_six_doubles_after_a_bar() {
+        let limits =
+            Limits { algorithm: Algorithm::TokenBucket, limit: 100, window: NANOS_PER_SEC, burst: 100, origin: 0 };
+        let lease = LeaseArgs {
+            want: 8,
+            period_us: 5_000_000,
+            phase_us: 1_234_567,
+            settle: Some(Settle { slot: 1_795_551_536_012_345, taken: 10, unspent: 3 }),
+        };
+        let [spec, tail] = args(ScriptMode::Consume, &limits, 1, "", lease);
+        assert_eq!(spec.as_str().as_deref(), Some("1:100:1000000:100:1"));
+        let Value::Bytes(tail) = tail else { panic!("{tail:?}") };
+        assert_eq!(tail.len(), LEASE_TAIL);
+        assert_eq!(tail[0], b'|');
+        let values: Vec<u64> =
+            tail[1..].chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")) as u64).collect();
+        assert_eq!(values, [8, 5_000_000, 1_234_567, 1_795_551_536_012_345, 10, 3]);
+        // No lease: the extra value alone, as text.
+        let [_, tail] = args(ScriptMode::Refund, &limits, 1, "1700000000000000", LeaseArgs::default());
+        assert_eq!(tail.as_str().as_deref(), Some("1700000000000000"));
     }
 
     #[test]
