@@ -213,6 +213,21 @@ pub fn max_cost_under(rule: &Rule, limit: Option<&Plan>) -> u64 {
     }
 }
 
+/// Whether `rule`'s `exempt` names the client the key parts in `key`
+/// describe: the rule never applies to it, whatever it asks (Envoy's
+/// `ShouldRateLimit` asks this before refusing a cost past what the rule
+/// admits at once). `false` for key parts that do not parse ([`decide`]
+/// refuses those).
+pub fn exempts(proxy: &Proxy, rule: &Rule, key: &Map<String, Value>) -> bool {
+    if rule.spec.exempt.is_empty() {
+        return false;
+    }
+    KeyValues::parse(proxy, rule, key).is_ok_and(|given| {
+        let facts = given.facts();
+        rule.spec.exempt.contains(facts.client_ip, facts.user, facts.api_key)
+    })
+}
+
 /// One decision, whoever asked (`/v1/check` or Envoy's `ShouldRateLimit`).
 pub struct Outcome<'r> {
     pub allowed: bool,

@@ -242,6 +242,28 @@ async fn hits_addend_is_the_cost() {
     assert_eq!(decisions(&m, "per-user", "allowed"), 4.0);
 }
 
+/// An exempt client is never limited by the rule, whatever it asks: as the
+/// proxy, where the rule does not apply to it at all.
+#[tokio::test]
+async fn an_exempt_client_is_ok_even_past_what_the_rule_admits_at_once() {
+    let upstream = Upstream::start().await;
+    let rules = RULES.replace("limit = 3\n", "limit = 3\nexempt = { users = [\"monitor\"] }\n");
+    let (t, mut rls) = start(&upstream, &rules).await;
+    for hits in [1, 3, 4, 1_000] {
+        let mut ask = one(&[("generic_key", "checkout"), ("user_id", "monitor")]);
+        ask["hits_addend"] = json!(hits);
+        let r = rls.ok(ask).await;
+        assert_eq!(r["overall_code"], "OK", "{hits} hits: {r}");
+    }
+    // Nothing was counted for it.
+    let m = t.metrics().await;
+    assert_eq!(decisions(&m, "per-user", "limited"), 0.0);
+    // Others are still limited.
+    let mut huge = one(&[("generic_key", "checkout"), ("user_id", "erin")]);
+    huge["hits_addend"] = json!(4);
+    assert_eq!(rls.ok(huge).await["overall_code"], "OVER_LIMIT");
+}
+
 #[tokio::test]
 async fn descriptors_no_entry_maps_are_ok_without_a_limit() {
     let upstream = Upstream::start().await;

@@ -160,7 +160,8 @@ impl RateLimitService for Rls {
             // 0 is proto3's "not set": one hit. A descriptor's own
             // hits_addend overrides the request's.
             let cost = d.hits_addend.unwrap_or(u64::from(req.hits_addend)).max(1);
-            if cost > crate::decision::max_cost_under(rule, limit) {
+            if cost > crate::decision::max_cost_under(rule, limit) && !crate::decision::exempts(&self.proxy, rule, key)
+            {
                 // More than the rule ever admits at once (with an override
                 // of 0 requests, anything): over the limit, without
                 // spending. Not an error, which Envoy's default
