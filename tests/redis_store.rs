@@ -239,19 +239,21 @@ async fn a_server_without_functions_runs_the_checks_as_scripts() {
 async fn every_key_expires_once_it_is_equivalent_to_a_fresh_one() {
     let up = Upstream::start().await;
     let algorithms = ["token_bucket", "leaky_bucket", "fixed_window", "sliding_window_log", "sliding_window_counter"];
-    let rules: String = algorithms.iter().map(|a| rule(&format!("ttl-{a}"), a, 10, "10s", 10)).collect();
+    // Windows long enough that a slow test run still finds every key (a
+    // bucket's key of 1 s could be gone before it is read).
+    let rules: String = algorithms.iter().map(|a| rule(&format!("ttl-{a}"), a, 10, "100s", 10)).collect();
     let tg = tollgate(&up, "t-ttl:", &rules).await;
     assert_eq!(status(&tg, "192.0.2.9").await, 200);
     for (alg, suffix, most_ms) in [
-        // One token of ten refills in 1 s.
-        ("token_bucket", "tb", 1_002),
-        ("leaky_bucket", "lb", 1_002),
+        // One token of ten refills in 10 s.
+        ("token_bucket", "tb", 10_002),
+        ("leaky_bucket", "lb", 10_002),
         // Until the window ends.
-        ("fixed_window", "fw", 10_000),
+        ("fixed_window", "fw", 100_000),
         // Until the request leaves the window.
-        ("sliding_window_log", "swlw", 10_000),
+        ("sliding_window_log", "swlw", 100_000),
         // Until both windows holding it have slid out.
-        ("sliding_window_counter", "swc", 20_000),
+        ("sliding_window_counter", "swc", 200_000),
     ] {
         let key = format!("t-ttl:{{ttl-{alg}|ip=192.0.2.9}}:{suffix}");
         let ttl: i64 = server().cli(&["PTTL", &key]).trim().parse().unwrap_or(-3);

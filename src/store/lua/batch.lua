@@ -79,7 +79,7 @@ local function run(args)
     local s = specs[text] or spec(text)
     if s ~= bound then
       mode, limit, window, capacity, cost, origin = s[1], s[2], s[3], s[4], s[5], s[6]
-      bound = s
+      bound, parsed_spec = s, s
     end
     local tail = args[at + 2]
     if tail ~= '' then

@@ -72,7 +72,35 @@ local function save(t, new_level, escrow, drain)
   call('SET', key, stamp .. ':' .. level .. slots, 'PX', ttl_ms)
 end
 
+-- What a fresh bucket admitting `cost` with no lease comes to, from the
+-- spec alone: the general path below with level, escrow and slots all
+-- zero. Kept in the parsed spec as {value after the stamp, TTL (ms, as
+-- text), remaining, drain_ns}, or false when such a request would not be
+-- admitted (or costs nothing).
+local function fresh_answer()
+  if not (cost > tol and cost <= capacity + tol) then return false end
+  local drain = drain_ns(cost)
+  return {':' .. format('%d', cost), format('%d', ceil(drain / 1000 / 1000) + 1),
+          floor(max(capacity - cost + tol, 0)), drain}
+end
+
 local function decide()
+  local state = call('GET', key)
+  if not state and mode == 1 and period == 0 and not SHAPING then
+    -- A fresh bucket admitting a request with no lease asked: the common
+    -- case by far for keys far below their limit, whose bucket is full
+    -- again (its key gone) before their next request.
+    local fresh = parsed_spec.fresh
+    if fresh == nil then
+      rate, tol = limit / window, slack(capacity)
+      fresh = fresh_answer()
+      parsed_spec.fresh = fresh
+    end
+    if fresh then
+      call('SET', key, NOW .. fresh[1], 'PX', fresh[2])
+      return 1, fresh[3], fresh[4], 0, 0, 0, 0, 0
+    end
+  end
   rate, tol = limit / window, slack(capacity)
   local stored_t, stored = now, 0
   if #ends > 0 then
@@ -82,16 +110,6 @@ local function decide()
   if #live_ends > 0 then
     clear(live_ends)
     clear(live_units)
-  end
-  local state = call('GET', key)
-  if not state and mode == 1 and period == 0 and not SHAPING and cost > tol and cost <= capacity + tol then
-    -- A fresh bucket admitting a request with no lease asked: what the
-    -- general path below comes to with level, escrow and slots all zero.
-    -- The common case by far for keys far below their limit, whose bucket
-    -- is full again (its key gone) before their next request.
-    local drain = drain_ns(cost)
-    call('SET', key, NOW .. ':' .. format('%d', cost), 'PX', ceil(drain / 1000 / 1000) + 1)
-    return 1, floor(max(capacity - cost + tol, 0)), drain, 0, 0, 0, 0, 0
   end
   if state then
     local t, l, rest = match(state, '^(%d+):([^:]+)(.*)$')

@@ -37,6 +37,9 @@ local call, tonum, try, kind, tostr
 local now, NOW
 
 local key, mode, limit, window, capacity, cost, extra
+-- The parsed spec these values come from (batch.lua), kept from call to
+-- call: an algorithm may keep there what it derives from the spec alone.
+local parsed_spec
 -- Where fixed windows are aligned (µs): 0, the epoch, except for a calendar
 -- window, whose start the proxy computed (`Limits::origin`).
 local origin = 0
