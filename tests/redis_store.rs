@@ -130,7 +130,7 @@ async fn a_request_one_rule_rejects_gives_back_what_the_others_counted() {
     let up = Upstream::start().await;
     let rules = format!(
         "{}\n{}",
-        rule("refund-wide", "fixed_window", 100, "1m", 100),
+        rule("refund-wide", "fixed_window", 100, "1h", 100),
         "[[rule]]\nname = \"refund-narrow\"\nkey = [\"ip\", \"path\"]\nalgorithm = \"token_bucket\"\nlimit = 2\nwindow = \"1m\"\n"
     );
     let tg = tollgate(&up, "t-refund:", &rules).await;
@@ -151,7 +151,7 @@ async fn a_request_one_rule_rejects_gives_back_what_the_others_counted() {
 #[tokio::test]
 async fn the_over_limit_cache_answers_a_flood_without_asking_redis() {
     let up = Upstream::start().await;
-    let tg = tollgate(&up, "t-cache:", &rule("cache", "fixed_window", 2, "1m", 2)).await;
+    let tg = tollgate(&up, "t-cache:", &rule("cache", "fixed_window", 2, "1h", 2)).await;
     let calls_before = evalsha_calls();
     let statuses = support::statuses(30, || tg.get("/").from_ip("192.0.2.7")).await;
     assert_eq!(statuses, support::expect_statuses(2, 200, 28, 429));
@@ -162,13 +162,13 @@ async fn the_over_limit_cache_answers_a_flood_without_asking_redis() {
     assert!(calls >= 3, "{calls}");
     let limited = tg.get("/").from_ip("192.0.2.7").send().await;
     assert_eq!(limited.status, 429);
-    assert!(limited.header("retry-after").is_some_and(|s| s.parse::<u64>().is_ok_and(|s| (1..=60).contains(&s))));
+    assert!(limited.header("retry-after").is_some_and(|s| s.parse::<u64>().is_ok_and(|s| (1..=3_600).contains(&s))));
 }
 
 #[tokio::test]
 async fn once_the_last_unit_is_admitted_a_concurrent_flood_sends_one_probe_to_redis() {
     let up = Upstream::start().await;
-    let tg = tollgate(&up, "t-probe:", &rule("probe", "fixed_window", 3, "1m", 3)).await;
+    let tg = tollgate(&up, "t-probe:", &rule("probe", "fixed_window", 3, "1h", 3)).await;
     let statuses = support::statuses(3, || tg.get("/").from_ip("192.0.2.8")).await;
     assert_eq!(statuses, [200, 200, 200]);
     // The third admission left nothing: of 100 requests at once, one asks
@@ -264,7 +264,7 @@ async fn every_key_expires_once_it_is_equivalent_to_a_fresh_one() {
 #[tokio::test]
 async fn explain_shows_the_shared_count_without_consuming() {
     let up = Upstream::start().await;
-    let tg = tollgate(&up, "t-explain:", &rule("explain", "fixed_window", 5, "1m", 5)).await;
+    let tg = tollgate(&up, "t-explain:", &rule("explain", "fixed_window", 5, "1h", 5)).await;
     for _ in 0..2 {
         assert_eq!(status(&tg, "192.0.2.10").await, 200);
     }
@@ -338,7 +338,7 @@ async fn the_master_is_found_through_sentinel() {
     let sentinel = tokio::task::spawn_blocking(RedisSentinel::start).await.expect("sentinel");
     let up = Upstream::start().await;
     let config = tollgate_config(up.addr, &sentinel.url(), "on_error = \"deny\"");
-    let tg = Tollgate::with(&config, &[("rules.toml", &rule("sentinel", "fixed_window", 2, "1m", 2))]).await;
+    let tg = Tollgate::with(&config, &[("rules.toml", &rule("sentinel", "fixed_window", 2, "1h", 2))]).await;
     assert_eq!(tg.admin("/readyz").await.status, 200);
     let statuses = support::statuses(3, || tg.get("/").from_ip("192.0.2.11")).await;
     assert_eq!(statuses, [200, 200, 429]);
@@ -367,7 +367,7 @@ async fn a_costly_request_is_one_log_entry_and_the_limit_still_holds() {
 async fn api_keys_never_appear_in_redis_key_names() {
     let up = Upstream::start().await;
     let rules =
-        "[[rule]]\nname = \"per-key\"\nkey = [\"api_key\"]\nalgorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1m\"\n";
+        "[[rule]]\nname = \"per-key\"\nkey = [\"api_key\"]\nalgorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1h\"\n";
     let tg = tollgate(&up, "t-secret:", rules).await;
     let secret = "sk-live-2b8e4d6f0a";
     let statuses = support::statuses(3, || tg.get("/").header("x-api-key", secret)).await;
