@@ -140,8 +140,16 @@ local function decide()
       live_ends[#live_ends + 1], live_units[#live_units + 1] = ends[i], units[i]
     end
   end
-  level = max(level - max(now - t, 0) * rate, 0)
-  t = max(now, t)
+  -- As max(level - max(now - t, 0) * rate, 0) and t = max(now, t), with
+  -- comparisons (what math.max does: the first unless a later one is
+  -- greater) instead of library calls, which cost more on every check.
+  if now > t then
+    local drained = level - (now - t) * rate
+    if drained > 0 then level = drained else level = 0 end
+    t = now
+  elseif level < 0 then
+    level = 0
+  end
 
   -- A holder settles its lease: the slot gives up what it granted, and the
   -- units spent join the level now (later than they were spent, so they
@@ -150,8 +158,11 @@ local function decide()
   if settle_at > 0 and mode ~= 0 then
     for i = 1, #live_ends do
       if live_ends[i] == settle_at then
-        live_units[i] = max(live_units[i] - taken, 0)
-        level = level + max(taken - unspent, 0)
+        local left, spent = live_units[i] - taken, taken - unspent
+        if left < 0 then left = 0 end
+        if spent < 0 then spent = 0 end
+        live_units[i] = left
+        level = level + spent
       end
     end
   end
@@ -212,7 +223,8 @@ local function decide()
     local new_level = level + cost
     local drain = drain_ns(new_level + escrow)
     if mode == 1 then save(t, new_level, escrow, drain) end
-    local remaining = floor(max(capacity - new_level - escrow + tol, 0))
+    local remaining = capacity - new_level - escrow + tol
+    if remaining > 0 then remaining = floor(remaining) else remaining = 0 end
     local delay = 0
     if SHAPING then delay = drain_ns(level) end
     return 1, remaining, drain, 0, delay, token, granted, ttl
