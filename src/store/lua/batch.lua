@@ -69,17 +69,18 @@ local function run(args)
   now = tonum(time[1]) * 1000000 + tonum(time[2])
   NOW = format('%d', now)
   local count = tonum(args[1])
-  -- The values of the previous check stay bound when the next one shares
-  -- them: the checks of one rule share a spec, and most have no tail.
-  local bound, leased, o = nil, true, 0
+  -- The values of the previous check (of this call or, in a library, of
+  -- the last one) stay bound when the next one shares them: the checks of
+  -- one rule share a spec, and most have no tail.
+  local leased, o = true, 0
   for c = 0, count - 1 do
     local at = 2 + c * 3
     key = args[at]
     local text = args[at + 1]
     local s = specs[text] or spec(text)
-    if s ~= bound then
+    if s ~= parsed_spec then
       mode, limit, window, capacity, cost, origin = s[1], s[2], s[3], s[4], s[5], s[6]
-      bound, parsed_spec = s, s
+      parsed_spec = s
     end
     local tail = args[at + 2]
     if tail ~= '' then
