@@ -295,7 +295,7 @@ const EPSILON: f64 = 1e-9;
 /// different ~1e-7), and a fixed slack would let them decide which whole
 /// number a level rounds to. A relative one cannot admit a whole unit more.
 /// `src/store/lua/prelude.lua` has the same function.
-fn slack(capacity: f64) -> f64 {
+pub(crate) fn slack(capacity: f64) -> f64 {
     (capacity * 1e-12).max(EPSILON)
 }
 
@@ -532,7 +532,7 @@ pub fn evaluate_log(log: &mut Log, now: Nanos, limits: &Limits, cost: u64, commi
 /// Rounds a duration up to whole nanoseconds, except that rounding noise
 /// just above a whole number (`0.58 / 1e-8 == 58000000.0000000075`) does not
 /// add a nanosecond: the exact answer is that whole number.
-fn ns_ceil(x: f64) -> Nanos {
+pub(crate) fn ns_ceil(x: f64) -> Nanos {
     let whole = x.round();
     let x = if (x - whole).abs() <= (x.abs() * 1e-14).max(1e-6) { whole } else { x };
     if x <= 0.0 {

@@ -23,7 +23,9 @@
 --          server a conversion and a write; allowed is -1 when the key is not
 --          on this node (the caller asks its owner on its own; nothing was
 --          written) and -2 when the check failed, the second value then
---          being the error (eight values).
+--          being the error (eight values); or the single value 20 when
+--          `decide` answered FRESH (see prelude.lua): the check was
+--          admitted on a fresh key, and its answer follows from its spec.
 --
 -- Every value read and written costs the server more than the arithmetic
 -- of a check: hence few values per check, and a spec (the same for every
@@ -60,6 +62,7 @@ local function run(args)
     format, match, gmatch, find, byte = string.format, string.match, string.gmatch, string.find, string.byte
     unpack = struct.unpack
     call, tonum, try, kind, tostr = redis.call, tonumber, pcall, type, tostring
+    nx_get = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
   end
   -- The clock line: tests/lua_matches_limiter.rs swaps the TIME call below
   -- for a time of its choosing, to drive these scripts and src/limiter.rs
@@ -98,7 +101,10 @@ local function run(args)
       leased = false
     end
     local ok, a, b, d, r, y, k, g, l = try(decide)
-    if ok and y == 0 and k == 0 and (g or 0) == 0 and (l or 0) == 0 then
+    if a == FRESH then
+      out[o + 1] = 20
+      o = o + 1
+    elseif ok and y == 0 and k == 0 and (g or 0) == 0 and (l or 0) == 0 then
       out[o + 1], out[o + 2], out[o + 3], out[o + 4] = a + 10, b, d, r
       o = o + 4
     elseif ok then

@@ -15,6 +15,8 @@
 --          granted, lease_ttl_ns: a lease (see prelude.lua) is held in the
 --          escrow slot ending `token` µs, valid for lease_ttl_ns. The leaky
 --          bucket never leases, since its delay is decided request by request.
+--          A fresh bucket's admitted consume with no lease answers FRESH
+--          alone (see prelude.lua).
 --
 -- Escrow: leased units do not sit on the level, which refills; they sit in
 -- a slot that does not drain until it ends, so a lease stays valid for its
@@ -72,35 +74,45 @@ local function save(t, new_level, escrow, drain)
   call('SET', key, stamp .. ':' .. level .. slots, 'PX', ttl_ms)
 end
 
--- What a fresh bucket admitting `cost` with no lease comes to, from the
+-- What a fresh bucket admitting `cost` with no lease writes, from the
 -- spec alone: the general path below with level, escrow and slots all
 -- zero. Kept in the parsed spec as {value after the stamp, TTL (ms, as
--- text), remaining, drain_ns}, or false when such a request would not be
--- admitted (or costs nothing).
+-- text)}, or false when such a request would not be admitted (or costs
+-- nothing). Its answer is not sent: the caller derives the same one
+-- (`fresh_bucket` in scripts.rs).
 local function fresh_answer()
   if not (cost > tol and cost <= capacity + tol) then return false end
-  local drain = drain_ns(cost)
-  return {':' .. format('%d', cost), format('%d', ceil(drain / 1000 / 1000) + 1),
-          floor(max(capacity - cost + tol, 0)), drain}
+  return {':' .. format('%d', cost), format('%d', ceil(drain_ns(cost) / 1000 / 1000) + 1)}
 end
 
 local function decide()
-  local state = call('GET', key)
-  if not state and mode == 1 and period == 0 and not SHAPING then
+  local state
+  if mode == 1 and period == 0 and not SHAPING then
     -- A fresh bucket admitting a request with no lease asked: the common
     -- case by far for keys far below their limit, whose bucket is full
-    -- again (its key gone) before their next request.
+    -- again (its key gone) before their next request. Its answer follows
+    -- from the spec, so the caller derives it (FRESH).
     local fresh = parsed_spec.fresh
     if fresh == nil then
       rate, tol = limit / window, slack(capacity)
       fresh = fresh_answer()
       parsed_spec.fresh = fresh
     end
-    if fresh then
-      call('SET', key, NOW .. fresh[1], 'PX', fresh[2])
-      return 1, fresh[3], fresh[4], 0, 0, 0, 0, 0
+    if fresh and nx_get then
+      -- Written only if there is no key (NX), and otherwise what the key
+      -- holds read back (GET), with nothing written: one command where a
+      -- fresh key took a GET and a SET.
+      state = call('SET', key, NOW .. fresh[1], 'NX', 'PX', fresh[2], 'GET')
+      if not state then return FRESH end
+    elseif fresh then
+      state = call('GET', key)
+      if not state then
+        call('SET', key, NOW .. fresh[1], 'PX', fresh[2])
+        return FRESH
+      end
     end
   end
+  if state == nil then state = call('GET', key) end
   rate, tol = limit / window, slack(capacity)
   local stored_t, stored = now, 0
   if #ends > 0 then

@@ -32,6 +32,13 @@
 local max, min, floor, ceil, abs, fmod
 local format, match, gmatch, find, byte, unpack
 local call, tonum, try, kind, tostr
+-- Whether SET takes NX and GET together (Redis 7 and later).
+local nx_get
+
+-- What `decide` answers first for a check it admitted on a fresh key
+-- whose answer follows from the spec alone, which the caller then derives
+-- itself: one value to send instead of four (see batch.lua).
+local FRESH = 2
 
 -- The server's clock at the start of the call, in µs and as stored in keys.
 local now, NOW

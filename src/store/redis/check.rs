@@ -81,7 +81,8 @@ impl Shared {
             let calls = asked.iter().zip(&wants).map(|(&i, &lease)| {
                 let c = &checks[i];
                 let args = scripts::args(script_mode, &c.limits, c.cost, &ids[i], lease);
-                self.submit(c.limits.algorithm, keys[i].clone(), args, deadline)
+                let answer = self.submit(c.limits.algorithm, keys[i].clone(), args, deadline);
+                async move { answer.await.map(|reply| reply.complete(&c.limits, c.cost)) }
             });
             // Queued together (see `batch`): they go out in the next calls
             // to their nodes, with other requests' checks, so all rules

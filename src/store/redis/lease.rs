@@ -543,6 +543,7 @@ mod tests {
             token,
             granted,
             lease_ttl,
+            fresh: false,
         }
     }
 

@@ -186,6 +186,10 @@ const STRIDE: usize = 8;
 const SHORT: usize = 4;
 /// What a short answer adds to its `allowed`.
 const SHORT_MARK: i64 = 10;
+/// A whole answer of one value: the script admitted a consume on a fresh
+/// token bucket with no lease, whose answer follows from the check alone
+/// ([`fresh_bucket`]), so the server did not send it.
+const FRESH_MARK: i64 = 20;
 
 /// What a call says about leases: the units it wants, and for a token
 /// bucket the escrow period and phase its slots end on, and a lease of this
@@ -261,6 +265,39 @@ pub struct Reply {
     /// How long those units stay valid, in nanoseconds (0: until given
     /// back or, for a window, until the window ends).
     pub lease_ttl: u64,
+    /// Admitted on a fresh token bucket, the verdict's numbers left for
+    /// [`Reply::complete`] to derive.
+    pub fresh: bool,
+}
+
+impl Reply {
+    /// The whole reply of a check on `limits` and `cost`: a fresh bucket's
+    /// numbers filled in.
+    pub fn complete(self, limits: &Limits, cost: u64) -> Reply {
+        if !self.fresh {
+            return self;
+        }
+        Reply { verdict: fresh_bucket(limits, cost), fresh: false, ..self }
+    }
+}
+
+/// What a token bucket with no key (full) answers a consume of `cost`
+/// admitted with no lease: `fresh_answer` in bucket.lua, with the same
+/// arithmetic on the same values (those `args` puts in the spec), so that
+/// it is the answer the script would have sent.
+pub fn fresh_bucket(limits: &Limits, cost: u64) -> Verdict {
+    let limits = limits.bounded();
+    let capacity = limits.burst as f64;
+    let rate = limits.limit as f64 / window_us(&limits) as f64;
+    let tol = crate::limiter::slack(capacity);
+    let cost = cost as f64;
+    let remaining = capacity - cost + tol;
+    Verdict {
+        allowed: true,
+        remaining: if remaining > 0.0 { remaining.floor() as u64 } else { 0 },
+        reset_after: crate::limiter::ns_ceil((cost - tol) / rate * 1000.0),
+        ..Verdict::default()
+    }
 }
 
 /// What a script answered for one check of a call.
@@ -290,6 +327,10 @@ pub fn parse_batch(value: Value, count: usize) -> Result<Vec<Outcome>, StoreErro
         let (outcome, len) = match rest[0] {
             Value::Integer(-1) => (Outcome::NotHere, STRIDE),
             Value::Integer(-2) => (Outcome::Failed(rest.get(1).and_then(Value::as_string).unwrap_or_default()), STRIDE),
+            Value::Integer(FRESH_MARK) => {
+                let verdict = Verdict { allowed: true, ..Verdict::default() };
+                (Outcome::Decided(Reply { verdict, token: 0, granted: 0, lease_ttl: 0, fresh: true }), 1)
+            }
             Value::Integer(first) => {
                 let len = if first >= SHORT_MARK { SHORT } else { STRIDE };
                 let Some(check) = rest.get(..len) else { return Err(bad(&value)) };
@@ -333,6 +374,7 @@ fn reply(n: [i64; STRIDE]) -> Reply {
         token: n[5],
         granted: ns(n[6]),
         lease_ttl: ns(n[7]),
+        fresh: false,
     }
 }
 
@@ -417,6 +459,60 @@ mod tests {
         items[9] = Value::String("x".into());
         assert!(parse_batch(Value::Array(items), 5).is_err());
         assert!(parse_batch(Value::String("OK".into()), 1).is_err());
+    }
+
+    #[test]
+    fn a_fresh_bucket_answer_is_one_value_completed_from_the_check() {
+        let limits =
+            Limits { algorithm: Algorithm::TokenBucket, limit: 100, window: NANOS_PER_SEC, burst: 100, origin: 0 };
+        let items = vec![
+            Value::Integer(20),
+            Value::Integer(10),
+            Value::Integer(0),
+            Value::Integer(3_000),
+            Value::Integer(1_000),
+        ];
+        let outcomes = parse_batch(Value::Array(items), 2).expect("parses");
+        let Outcome::Decided(r) = &outcomes[0] else { panic!("{outcomes:?}") };
+        assert!(r.fresh && r.verdict.allowed);
+        let r = r.complete(&limits, 3);
+        assert!(!r.fresh);
+        assert_eq!(
+            r.verdict,
+            Verdict {
+                allowed: true,
+                remaining: 97,
+                reset_after: 30_000_000,
+                retry_after: 0,
+                delay: 0,
+                fallback: false
+            }
+        );
+        let Outcome::Decided(r) = &outcomes[1] else { panic!("{outcomes:?}") };
+        assert_eq!(r.complete(&limits, 3).verdict.reset_after, 3_000);
+    }
+
+    /// What the proxy derives for a fresh bucket is what the limiter (and
+    /// so the script's general path, see tests/lua_matches_limiter.rs)
+    /// answers for a full bucket, rounding included.
+    #[test]
+    fn a_fresh_bucket_answers_as_the_limiter_does() {
+        use crate::limiter::{Cell, evaluate};
+        let cases: [(u64, u64, u64, u64); 7] = [
+            (100, 1_000_000, 100, 1),
+            (100, 1_000_000, 100, 100),
+            (7, 60_000_000, 3, 2),
+            (3, 1_000_000, 10, 1),
+            (1_000_000, 1_000, 5_000_000, 4_999_999),
+            (5_000_000_000, 3_600_000_000, 5_000_000_000, 1),
+            (1, 86_400_000_000, 1, 1),
+        ];
+        for (limit, window_us, burst, cost) in cases {
+            let limits =
+                Limits { algorithm: Algorithm::TokenBucket, limit, window: window_us * 1_000, burst, origin: 0 };
+            let (expected, _) = evaluate(Cell::default(), 1_700_000_000_000_000_000, &limits, cost);
+            assert_eq!(fresh_bucket(&limits, cost), expected, "{limits:?} cost {cost}");
+        }
     }
 
     #[test]
