@@ -33,7 +33,11 @@ fn script(algorithm: Algorithm) -> String {
     let clock = "redis.call('TIME')";
     let source = script_source(algorithm);
     assert_eq!(source.matches(clock).count(), 1, "the script reads the clock once");
-    source.replace(clock, "{ARGV[#ARGV - 1], ARGV[#ARGV]}")
+    // The two values of the clock follow the checks' values, which the
+    // script counts from the length of ARGV.
+    let count = "local count = (#args - 1) / 3";
+    assert_eq!(source.matches(count).count(), 1, "the script counts the checks once");
+    source.replace(clock, "{ARGV[#ARGV - 1], ARGV[#ARGV]}").replace(count, "local count = (#args - 3) / 3")
 }
 
 /// `source` as it runs on a server older than Redis 7, whose `SET` does

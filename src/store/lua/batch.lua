@@ -8,7 +8,8 @@
 --          owns it. The other checks' keys travel in ARGV; in a cluster they
 --          are on the same node as far as the caller knows, not in the same
 --          slot, which the script's `allow-cross-slot-keys` flag permits.
--- ARGV[1]  the number of checks, then three values per check: its key; its
+-- ARGV[1]  the number of checks (which the script reads from the length of
+--          ARGV instead), then three values per check: its key; its
 --          spec "mode:limit:window_us:burst:cost[:origin_us]"; and its tail:
 --          "", the extra value, or for a lease (which has no extra value)
 --          "|" and want, period_us, phase_us, settle_at, taken and unspent
@@ -59,7 +60,7 @@ end
 local function run(args)
   if not call then
     max, min, floor, ceil, abs, fmod = math.max, math.min, math.floor, math.ceil, math.abs, math.fmod
-    format, match, gmatch, find, byte = string.format, string.match, string.gmatch, string.find, string.byte
+    format, match, gmatch, find, byte, sub = string.format, string.match, string.gmatch, string.find, string.byte, string.sub
     unpack = struct.unpack
     call, tonum, try, kind, tostr = redis.call, tonumber, pcall, type, tostring
     nx_get = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
@@ -69,9 +70,15 @@ local function run(args)
   -- through the same instants. Production scripts always read the server,
   -- once per call: every check of a batch is decided at the same instant.
   local time = redis.call('TIME')
-  now = tonum(time[1]) * 1000000 + tonum(time[2])
-  NOW = format('%d', now)
-  local count = tonum(args[1])
+  -- The stamp as text first (seconds, then microseconds padded to six
+  -- digits), then as a number: one conversion instead of two and a format.
+  local us = time[2]
+  if #us < 6 then us = sub('00000', #us) .. us end
+  NOW = time[1] .. us
+  now = tonum(NOW)
+  -- Three values per check after the count: the table's length says as
+  -- much as the count, without converting it.
+  local count = (#args - 1) / 3
   -- The values of the previous check (of this call or, in a library, of
   -- the last one) stay bound when the next one shares them: the checks of
   -- one rule share a spec, and most have no tail.
