@@ -45,21 +45,27 @@ pub fn cli(port: u16, args: &[&str]) -> String {
 }
 
 /// Where the next search for free ports starts: spread by process id so
-/// that test binaries running at once rarely probe the same ports.
+/// that test binaries running at once rarely probe the same ports (40
+/// apart: a test process run by cargo-nextest, one per test, with a
+/// cluster takes a dozen), below 22700 so that no node's port is another's
+/// bus port (10000 above) and no bus port is in the kernel's range of
+/// ephemeral ports (32768 and up), where the connections of tests running
+/// at once would take them; a server that still meets another's port is
+/// caught by `start_with`.
 static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
 
 /// `n` consecutive free ports `p..p+n` whose bus ports `p+10000..` are free
-/// too, all below 55535.
+/// too, all below 32700.
 pub fn free_ports(n: u16) -> Vec<u16> {
     let _ = NEXT_PORT.compare_exchange(
         0,
-        20_000 + (std::process::id() % 2_000) as u16 * 10,
+        20_000 + (std::process::id() % 65) as u16 * 40,
         Ordering::SeqCst,
         Ordering::SeqCst,
     );
     loop {
         let base = NEXT_PORT.fetch_add(n + 1, Ordering::SeqCst);
-        if base + n >= 45_000 {
+        if base + n >= 22_700 {
             NEXT_PORT.store(20_000, Ordering::SeqCst);
             continue;
         }
@@ -160,13 +166,30 @@ impl Processes {
                 args.push(a.to_string());
             }
         }
-        self.spawn(port, Command::new("redis-server").args(&args));
-        wait_until(&format!("redis on port {port} answers PING"), || cli(port, &["PING"]).trim() == "PONG");
+        let pid = self.spawn(port, Command::new("redis-server").args(&args));
+        // Answered by this node, not by another test's that took the port
+        // first (this one then exits, and the test would wait on a server
+        // that goes away with the other test).
+        let me = format!("process_id:{pid}");
+        wait_until(&format!("redis on port {port} answers"), || {
+            if let Some(status) = self.exited(port) {
+                let log = std::fs::read_to_string(self.node_dir(port).join("redis.log")).unwrap_or_default();
+                panic!("redis-server on port {port} exited ({status}): {}", log.lines().last().unwrap_or(""));
+            }
+            cli(port, &["INFO", "server"]).lines().any(|l| l.trim() == me)
+        });
+    }
+
+    /// How the node on `port` ended, if it has.
+    fn exited(&self, port: u16) -> Option<std::process::ExitStatus> {
+        let mut children = self.children.lock().unwrap_or_else(|p| p.into_inner());
+        let (_, child) = children.iter_mut().find(|(p, _)| *p == port)?;
+        child.as_mut()?.try_wait().ok().flatten()
     }
 
     /// Starts `cmd` (a redis-server or sentinel) as the process of `port`,
     /// recording its pid for clean-up.
-    fn spawn(&self, port: u16, cmd: &mut Command) {
+    fn spawn(&self, port: u16, cmd: &mut Command) -> u32 {
         let child =
             cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap_or_else(|e| {
                 panic!("cannot start redis-server (is it installed? scripts/test installs it): {e}")
@@ -175,10 +198,12 @@ impl Processes {
             let _ = writeln!(f, "{}", child.id());
         }
         let mut children = self.children.lock().unwrap_or_else(|p| p.into_inner());
+        let pid = child.id();
         match children.iter_mut().find(|(p, _)| *p == port) {
             Some(slot) => slot.1 = Some(child),
             None => children.push((port, Some(child))),
         }
+        pid
     }
 
     /// Starts a Sentinel on `port` monitoring the master on `master` as
