@@ -60,7 +60,7 @@ end
 local function run(args)
   if not call then
     max, min, floor, ceil, abs, fmod = math.max, math.min, math.floor, math.ceil, math.abs, math.fmod
-    format, match, gmatch, find, byte, sub = string.format, string.match, string.gmatch, string.find, string.byte, string.sub
+    format, match, find, byte, sub = string.format, string.match, string.find, string.byte, string.sub
     unpack = struct.unpack
     call, tonum, try, kind, tostr = redis.call, tonumber, pcall, type, tostring
     nx_get = (redis.REDIS_VERSION_NUM or 0) >= 0x070000

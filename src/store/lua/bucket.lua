@@ -124,13 +124,14 @@ local function decide()
     clear(live_units)
   end
   if state then
-    local t, l, rest = match(state, '^(%d+):([^:]+)(.*)$')
+    -- Level and up to two escrow slots in one match (an iterator over the
+    -- slots costs a closure and a call per slot).
+    local t, l, e1, u1, e2, u2 = match(state, '^(%d+):([^:]+):?(%d*):?(%d*):?(%d*):?(%d*)')
     if t then
       stored_t, stored = tonum(t), tonum(l)
-      if rest ~= '' then
-        for e, u in gmatch(rest, ':(%d+):(%d+)') do
-          ends[#ends + 1], units[#units + 1] = tonum(e), tonum(u)
-        end
+      if u1 ~= '' then
+        ends[1], units[1] = tonum(e1), tonum(u1)
+        if u2 ~= '' then ends[2], units[2] = tonum(e2), tonum(u2) end
       end
     end
   end
