@@ -113,7 +113,14 @@ impl Echo {
 impl Upstream {
     /// Starts an echo upstream on 127.0.0.1:0.
     pub async fn start() -> Upstream {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind upstream");
+        // A backlog for the crowds the tests send (1,300 requests at once
+        // through three proxies, each opening connections of its own):
+        // tokio's default of 1024 overflowed, the kernel dropped a SYN, its
+        // retry came a second later, and the proxy's connect timeout (1 s)
+        // answered 504.
+        let socket = tokio::net::TcpSocket::new_v4().expect("upstream socket");
+        socket.bind("127.0.0.1:0".parse().expect("address")).expect("bind upstream");
+        let listener = socket.listen(4096).expect("listen");
         let addr = listener.local_addr().expect("upstream address");
         let state = Arc::new(UpstreamState {
             connections: AtomicUsize::new(0),
