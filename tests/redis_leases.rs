@@ -339,11 +339,14 @@ async fn the_escrow_of_an_instance_that_died_holding_a_lease_comes_back_when_its
     // Gone without giving it back (the task is aborted: no drain).
     drop(dead);
 
-    let key = format!("{prefix}{{crash|ip={ip}}}:tb");
-    let state = server().cli(&["GET", &key]);
-    let slots: Vec<&str> = state.trim().split(':').collect();
-    assert_eq!(slots.len(), 4, "level and one escrow slot: {state:?}");
-    assert_eq!(slots[3], "100", "the lease sits in escrow: {state:?}");
+    // The state is doubles (bucket.lua): stamp and level, then each
+    // escrow slot's end and units.
+    let key = format!("{prefix}{{crash|ip={ip}}}:tb2");
+    let bytes = server().cli(&["STRLEN", &key]);
+    assert_eq!(bytes.trim(), "32", "level and one escrow slot: {bytes:?} bytes");
+    let read = "return tostring(struct.unpack('<d', redis.call('GET', KEYS[1]), 25))";
+    let units = server().cli(&["EVAL", read, "1", &key]);
+    assert_eq!(units.trim(), "100", "the lease sits in escrow: {units:?}");
     // Between one and two lifetimes after the grant (under 600 ms) the slot
     // ends and its units count as spent then; the level they join drains
     // in a second from there. A slot that never ended would keep the 100

@@ -246,8 +246,8 @@ async fn every_key_expires_once_it_is_equivalent_to_a_fresh_one() {
     assert_eq!(status(&tg, "192.0.2.9").await, 200);
     for (alg, suffix, most_ms) in [
         // One token of ten refills in 10 s.
-        ("token_bucket", "tb", 10_002),
-        ("leaky_bucket", "lb", 10_002),
+        ("token_bucket", "tb2", 10_002),
+        ("leaky_bucket", "lb2", 10_002),
         // Until the window ends.
         ("fixed_window", "fw", 100_000),
         // Until the request leaves the window.
@@ -310,7 +310,7 @@ async fn per_key_memory_stays_small() {
         }
     }
     for (alg, suffix) in
-        [("token_bucket", "tb"), ("leaky_bucket", "lb"), ("fixed_window", "fw"), ("sliding_window_counter", "swc")]
+        [("token_bucket", "tb2"), ("leaky_bucket", "lb2"), ("fixed_window", "fw"), ("sliding_window_counter", "swc")]
     {
         let key = format!("tollgate:{{mem-{alg}|ip={ip}}}:{suffix}");
         let bytes = usage(&key);

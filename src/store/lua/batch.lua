@@ -61,7 +61,7 @@ local function run(args)
   if not call then
     max, min, floor, ceil, abs, fmod = math.max, math.min, math.floor, math.ceil, math.abs, math.fmod
     format, match, find, byte, sub = string.format, string.match, string.find, string.byte, string.sub
-    unpack = struct.unpack
+    unpack, pack = struct.unpack, struct.pack
     call, tonum, try, kind, tostr = redis.call, tonumber, pcall, type, tostring
     nx_get = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
   end

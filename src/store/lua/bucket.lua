@@ -7,8 +7,13 @@
 -- the two scripts distinct SHA1s.
 -- The same arithmetic as `bucket` in src/limiter.rs, on the server's clock.
 --
--- key      the bucket, a string "<updated_us>:<level>" followed by up to two
---          escrow slots ":<ends_us>:<units>" (see below)
+-- key      the bucket: little-endian doubles, the time it was updated (µs)
+--          and its level, then up to two escrow slots, each its end (µs)
+--          and its units (see below): 16, 32 or 48 bytes. Decimal text cost
+--          the server more to parse and to format than the rest of a check
+--          (a 16-digit stamp is strtod's slow path, a level `%.17g`); every
+--          value is a whole number of µs below 2^53 or a level, exact in a
+--          double either way.
 -- values   those of prelude.lua; `extra` is unused, and a lease comes with
 --          its escrow period and phase and may settle an earlier one
 -- Returns  allowed, remaining, reset_after_ns, retry_after_ns, delay_ns, token,
@@ -41,6 +46,10 @@ local function drain_ns(tokens)
   return ns_ceil((tokens - tol) / rate * 1000)
 end
 
+-- The call's clock as stored: packed once per call, by its first check
+-- that writes.
+local stamp_at, STAMP = nil, ''
+
 -- Escrow slots, reused from check to check: ends (µs) and units as stored,
 -- then those still live, in order of their ends.
 local ends, units, live_ends, live_units = {}, {}, {}, {}
@@ -54,7 +63,7 @@ local function save(t, new_level, escrow, drain)
   local slots, last = '', now
   for i = 1, #live_ends do
     if live_units[i] > 0 then
-      slots = slots .. format(':%d:%d', live_ends[i], live_units[i])
+      slots = slots .. pack('<dd', live_ends[i], live_units[i])
       last = live_ends[i]
     end
   end
@@ -65,24 +74,18 @@ local function save(t, new_level, escrow, drain)
   -- The key lives until the bucket is full again, escrow included: an idle
   -- key vanishes.
   local ttl_ms = ceil((drain / 1000 + (last - now)) / 1000) + 1
-  local stamp = NOW
-  if t ~= now then stamp = format('%d', t) end
-  -- A whole level (a fresh bucket's first request) as an integer: floating
-  -- point formatting costs twice as much.
-  local level = new_level
-  if level == floor(level) then level = format('%d', level) else level = format('%.17g', level) end
-  call('SET', key, stamp .. ':' .. level .. slots, 'PX', ttl_ms)
+  call('SET', key, pack('<dd', t, new_level) .. slots, 'PX', format('%d', ttl_ms))
 end
 
 -- What a fresh bucket admitting `cost` with no lease writes, from the
 -- spec alone: the general path below with level, escrow and slots all
--- zero. Kept in the parsed spec as {value after the stamp, TTL (ms, as
--- text)}, or false when such a request would not be admitted (or costs
+-- zero. Kept in the parsed spec as {value after the stamp (the level),
+-- TTL (ms, as text)}, or false when such a request would not be admitted (or costs
 -- nothing). Its answer is not sent: the caller derives the same one
 -- (`fresh_bucket` in scripts.rs).
 local function fresh_answer()
   if not (cost > tol and cost <= capacity + tol) then return false end
-  return {':' .. format('%d', cost), format('%d', ceil(drain_ns(cost) / 1000 / 1000) + 1)}
+  return {pack('<d', cost), format('%d', ceil(drain_ns(cost) / 1000 / 1000) + 1)}
 end
 
 local function decide()
@@ -98,16 +101,17 @@ local function decide()
       fresh = fresh_answer()
       parsed_spec.fresh = fresh
     end
+    if fresh and stamp_at ~= now then stamp_at, STAMP = now, pack('<d', now) end
     if fresh and nx_get then
       -- Written only if there is no key (NX), and otherwise what the key
       -- holds read back (GET), with nothing written: one command where a
       -- fresh key took a GET and a SET.
-      state = call('SET', key, NOW .. fresh[1], 'NX', 'PX', fresh[2], 'GET')
+      state = call('SET', key, STAMP .. fresh[1], 'NX', 'PX', fresh[2], 'GET')
       if not state then return FRESH end
     elseif fresh then
       state = call('GET', key)
       if not state then
-        call('SET', key, NOW .. fresh[1], 'PX', fresh[2])
+        call('SET', key, STAMP .. fresh[1], 'PX', fresh[2])
         return FRESH
       end
     end
@@ -124,15 +128,12 @@ local function decide()
     clear(live_units)
   end
   if state then
-    -- Level and up to two escrow slots in one match (an iterator over the
-    -- slots costs a closure and a call per slot).
-    local t, l, e1, u1, e2, u2 = match(state, '^(%d+):([^:]+):?(%d*):?(%d*):?(%d*):?(%d*)')
-    if t then
-      stored_t, stored = tonum(t), tonum(l)
-      if u1 ~= '' then
-        ends[1], units[1] = tonum(e1), tonum(u1)
-        if u2 ~= '' then ends[2], units[2] = tonum(e2), tonum(u2) end
-      end
+    -- Under 16 bytes is no bucket's state: unpack's error fails the check.
+    local n = #state
+    stored_t, stored = unpack('<dd', state)
+    if n >= 32 then
+      ends[1], units[1] = unpack('<dd', state, 17)
+      if n >= 48 then ends[2], units[2] = unpack('<dd', state, 33) end
     end
   end
   if #ends == 2 and ends[1] > ends[2] then

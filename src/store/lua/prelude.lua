@@ -30,7 +30,7 @@
 -- script binds them in every call). Named apart from the globals they
 -- hold, so that binding them can read those.
 local max, min, floor, ceil, abs, fmod
-local format, match, find, byte, sub, unpack
+local format, match, find, byte, sub, unpack, pack
 local call, tonum, try, kind, tostr
 -- Whether SET takes NX and GET together (Redis 7 and later).
 local nx_get

@@ -4,8 +4,9 @@
 //! buckets share `bucket.lua`, as they share `bucket` in `src/limiter.rs`;
 //! every script starts with `prelude.lua` and ends with `batch.lua`), each
 //! deciding a batch of keys atomically on the server with the server's
-//! clock. All five take the same values per check and answer the same
-//! eight integers per check, so the Rust side treats them alike.
+//! clock. All five take the same values per check and answer in the same
+//! forms (eight integers, four when the last four are zero, or one for a
+//! fresh bucket: see `batch.lua`), so the Rust side treats them alike.
 
 use std::sync::atomic::AtomicBool;
 
@@ -138,11 +139,13 @@ impl Scripts {
 /// (`WRONGTYPE`) or misreading another algorithm's state. The log's suffix
 /// is `swlw` since its entries carry their cost (one entry per request):
 /// the `swl` logs of earlier versions held one entry per unit and are left
-/// to expire.
+/// to expire. The buckets' are `tb2` and `lb2` since their state is stored
+/// as doubles (`bucket.lua`): the text of earlier versions' `tb` and `lb`
+/// keys is never misread, and is left to expire.
 pub fn suffix(algorithm: Algorithm) -> &'static str {
     match algorithm {
-        Algorithm::TokenBucket => "tb",
-        Algorithm::LeakyBucket => "lb",
+        Algorithm::TokenBucket => "tb2",
+        Algorithm::LeakyBucket => "lb2",
         Algorithm::FixedWindow => "fw",
         Algorithm::SlidingWindowCounter => "swc",
         Algorithm::SlidingWindowLog => "swlw",
