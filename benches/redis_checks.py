@@ -108,7 +108,7 @@ class Redis:
         sys.exit("redis_checks.py: redis-server did not start")
 
     def cli(self, *args):
-        r = subprocess.run(["redis-cli", "-p", str(self.port), *args], capture_output=True, text=True)
+        r = subprocess.run(["redis-cli", "-p", str(self.port), *args], capture_output=True, text=True, errors="replace")
         return r.stdout.strip()
 
     def cpu(self):
@@ -198,10 +198,14 @@ def leased(redis, n, keys=1000, rounds=3):
                 args += [key, SPEC, b"|" + struct.pack("<dddddd", 10, 60_000_000, 0, *settle)]
             reply, i = conn.call(*args), 0
             for key in batch:
-                width = 1 if reply[i] == 20 else 4 if reply[i] >= 10 else 8
-                if width == 8 and reply[i + 6] > 0:
-                    slots[key] = reply[i + 5]
-                i += width
+                # A grant answers eight doubles in one string (batch.lua).
+                if isinstance(reply[i], bytes):
+                    values = struct.unpack("<8d", reply[i])
+                    if values[6] > 0:
+                        slots[key] = int(values[5])
+                    i += 1
+                else:
+                    i += 1 if reply[i] == 20 else 4 if reply[i] >= 10 else 8
 
     one_round()  # the first leases
     one_round()  # and a settle of each, as in every round measured

@@ -21,7 +21,7 @@ use proptest::prelude::*;
 
 use support::redis::RedisServer;
 use tollgate::limiter::{Algorithm, Cell, Limits, Log, evaluate, evaluate_log, settle};
-use tollgate::store::redis::{fresh_bucket, script_source};
+use tollgate::store::redis::{Outcome, Reply, parse_batch, script_source};
 
 /// 2023-11-14T22:13:20Z in microseconds: a realistic epoch time.
 const T0_US: u64 = 1_700_000_000_000_000;
@@ -83,38 +83,21 @@ async fn lua(client: &Client, source: &str, key: &str, limits: &Limits, cost: u6
     ];
     let cmd = CustomCommand::new_static("EVAL", ClusterHash::Random, false);
     let reply: Value = client.custom(cmd, args).await.expect("the script runs");
-    let Value::Array(items) = reply else { panic!("a script answered {reply:?}") };
-    let n: Vec<i64> = items.iter().map(|v| v.as_i64().expect("integers")).collect();
-    if n == [20] {
-        // Admitted on a fresh bucket: the proxy derives the answer from the
-        // check (`fresh_bucket`), and that is what the client sees.
-        let v = fresh_bucket(limits, cost);
-        return Decision {
-            allowed: true,
-            remaining: v.remaining,
-            delay_us: 0,
-            reset_us: v.reset_after.div_ceil(1_000),
-        };
-    }
-    let n = whole(n);
+    let v = answer(reply).complete(limits, cost).verdict;
     Decision {
-        allowed: n[0] == 1,
-        remaining: n[1] as u64,
-        delay_us: (n[4] as u64).div_ceil(1_000),
-        reset_us: (n[2] as u64).div_ceil(1_000),
+        allowed: v.allowed,
+        remaining: v.remaining,
+        delay_us: v.delay.div_ceil(1_000),
+        reset_us: v.reset_after.div_ceil(1_000),
     }
 }
 
-/// A check's answer with all eight values: a short one (its first value
-/// marked with 10) leaves out the last four, which are 0.
-fn whole(mut n: Vec<i64>) -> Vec<i64> {
-    if n[0] >= 10 {
-        assert_eq!(n.len(), 4, "a short answer: {n:?}");
-        n[0] -= 10;
-        n.resize(8, 0);
+/// A call's one answer, read as the proxy reads it (`parse_batch`).
+fn answer(reply: Value) -> Reply {
+    match parse_batch(reply, 1).expect("one answer").remove(0) {
+        Outcome::Decided(reply) => reply,
+        other => panic!("the check was not decided: {other:?}"),
     }
-    assert_eq!(n.len(), 8, "{n:?}");
-    n
 }
 
 fn algorithm() -> impl Strategy<Value = Algorithm> {
@@ -424,9 +407,8 @@ async fn lua_peek(client: &Client, source: &str, key: &str, limits: &Limits, now
     ];
     let cmd = CustomCommand::new_static("EVAL", ClusterHash::Random, false);
     let reply: Value = client.custom(cmd, args).await.expect("the script runs");
-    let Value::Array(items) = reply else { panic!("a script answered {reply:?}") };
-    let n = whole(items.iter().map(|v| v.as_i64().expect("integers")).collect());
-    Decision { allowed: n[0] == 1, remaining: n[1] as u64, delay_us: 0, reset_us: (n[2] as u64).div_ceil(1_000) }
+    let v = answer(reply).verdict;
+    Decision { allowed: v.allowed, remaining: v.remaining, delay_us: 0, reset_us: v.reset_after.div_ceil(1_000) }
 }
 
 /// One call of the concurrency script in `mode` (0 peek, 1 take, 2 give
@@ -454,9 +436,8 @@ async fn slot_call(
     ];
     let cmd = CustomCommand::new_static("EVAL", ClusterHash::Random, false);
     let reply: Value = client.custom(cmd, args).await.expect("the script runs");
-    let Value::Array(items) = reply else { panic!("a script answered {reply:?}") };
-    let n = whole(items.iter().map(|v| v.as_i64().expect("integers")).collect());
-    (n[0] == 1, n[1] as u64)
+    let v = answer(reply).verdict;
+    (v.allowed, v.remaining)
 }
 
 /// The concurrency script counts as `src/limiter.rs` does while slots are

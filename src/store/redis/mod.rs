@@ -108,7 +108,7 @@ use check::RequestIds;
 use connection::{START_WAIT, log_errors, redact};
 pub use connection::{tls_client_identity, tls_roots};
 use scripts::Scripts;
-pub use scripts::{fresh_bucket, redis_key, source as script_source, suffix};
+pub use scripts::{Outcome, Reply, fresh_bucket, parse_batch, redis_key, source as script_source, suffix};
 pub use slots::Slots;
 
 /// How long shutdown waits for an unreachable Redis to take back the

@@ -318,9 +318,11 @@ pub enum Outcome {
 
 /// Reads the answers of `count` checks: [`STRIDE`] values each,
 /// `{allowed, remaining, reset_after_ns, retry_after_ns, delay_ns, token,
-/// granted, lease_ttl_ns}`, or [`SHORT`] when the rest are 0 (`allowed`
-/// then carries [`SHORT_MARK`]), or a code of -1 (not here) or -2 (failed,
-/// then the error) in place of `allowed`, with [`STRIDE`] values.
+/// granted, lease_ttl_ns}`, as one string of that many little-endian
+/// doubles, or [`SHORT`] integers when the rest are 0 (`allowed` then
+/// carries [`SHORT_MARK`]), or a code of -1 (not here) or -2 (failed, then
+/// the error) in place of `allowed`, with [`STRIDE`] values, or the single
+/// value [`FRESH_MARK`].
 pub fn parse_batch(value: Value, count: usize) -> Result<Vec<Outcome>, StoreError> {
     let bad = |v: &Value| StoreError::Protocol(format!("a rate-limit script answered {v:?}"));
     let Value::Array(items) = &value else { return Err(bad(&value)) };
@@ -333,6 +335,10 @@ pub fn parse_batch(value: Value, count: usize) -> Result<Vec<Outcome>, StoreErro
             Value::Integer(FRESH_MARK) => {
                 let verdict = Verdict { allowed: true, ..Verdict::default() };
                 (Outcome::Decided(Reply { verdict, token: 0, granted: 0, lease_ttl: 0, fresh: true }), 1)
+            }
+            Value::Bytes(ref packed) => (Outcome::Decided(reply(doubles(packed).ok_or_else(|| bad(&value))?)), 1),
+            Value::String(ref packed) => {
+                (Outcome::Decided(reply(doubles(packed.as_bytes()).ok_or_else(|| bad(&value))?)), 1)
             }
             Value::Integer(first) => {
                 let len = if first >= SHORT_MARK { SHORT } else { STRIDE };
@@ -361,6 +367,21 @@ pub fn parse_batch(value: Value, count: usize) -> Result<Vec<Outcome>, StoreErro
         return Err(bad(&value));
     }
     Ok(outcomes)
+}
+
+/// A whole answer packed as [`STRIDE`] little-endian doubles, each
+/// truncated to an integer as Redis truncates a number a script answers.
+fn doubles(packed: &[u8]) -> Option<[i64; STRIDE]> {
+    let (chunks, rest) = packed.as_chunks::<8>();
+    if chunks.len() != STRIDE || !rest.is_empty() {
+        return None;
+    }
+    let mut n = [0i64; STRIDE];
+    for (slot, chunk) in n.iter_mut().zip(chunks) {
+        // `as` saturates, and maps NaN to 0: never a panic.
+        *slot = f64::from_le_bytes(*chunk) as i64;
+    }
+    Some(n)
 }
 
 fn reply(n: [i64; STRIDE]) -> Reply {
@@ -418,8 +439,9 @@ mod tests {
     #[test]
     fn replies_parse_per_check_and_malformed_ones_are_errors() {
         let ints = |n: &[i64]| n.iter().copied().map(Value::Integer).collect::<Vec<_>>();
-        let mut items = ints(&[1, 4, 2_000, 0, 7, 99, 0, 0]);
-        items.extend(ints(&[1, 4, 2_000, 0, 0, 99, 10, 5_000]));
+        let packed = |n: [f64; STRIDE]| Value::Bytes(n.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>().into());
+        let mut items = vec![packed([1.0, 4.0, 2_000.0, 0.0, 7.0, 99.0, 0.0, 0.0])];
+        items.push(packed([1.0, 4.0, 2_000.0, 0.0, 0.0, 99.0, 10.0, 5_000.0]));
         // Short: rejected, the rest 0.
         items.extend(ints(&[10, 0, 3_000, 1_000]));
         items.extend(ints(&[-1, 0, 0, 0, 0, 0, 0, 0]));
@@ -454,12 +476,14 @@ mod tests {
         );
         assert!(matches!(outcomes[3], Outcome::NotHere));
         assert!(matches!(&outcomes[4], Outcome::Failed(e) if e.starts_with("WRONGTYPE")));
-        // A count that does not match, a short answer cut off, a value that
-        // is not an integer, not an array.
+        // A count that does not match, a short answer cut off, a packed one
+        // of the wrong length, a value that is not an integer, not an array.
         assert!(parse_batch(Value::Array(items.clone()), 4).is_err());
         assert!(parse_batch(Value::Array(items.clone()), 6).is_err());
         assert!(parse_batch(Value::Array(ints(&[11, 4, 2_000])), 1).is_err());
-        items[9] = Value::String("x".into());
+        assert!(parse_batch(Value::Array(vec![Value::Bytes(vec![0; 63].into())]), 1).is_err());
+        assert!(parse_batch(Value::Array(vec![Value::String("x".into())]), 1).is_err());
+        items[3] = Value::String("x".into());
         assert!(parse_batch(Value::Array(items), 5).is_err());
         assert!(parse_batch(Value::String("OK".into()), 1).is_err());
     }
