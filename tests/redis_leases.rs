@@ -363,6 +363,30 @@ async fn the_escrow_of_an_instance_that_died_holding_a_lease_comes_back_when_its
     );
 }
 
+/// Instances whose `lease_lifetime`s differ (a config rolled out to some
+/// of them) grant into escrow slots that end in either order: the key must
+/// live until the last of them ends, or the escrow of the longer lease
+/// vanishes with the key while its holder is still spending it.
+#[tokio::test]
+async fn a_bucket_lives_until_its_last_escrow_slot_ends_whatever_order_they_were_granted_in() {
+    let up = Upstream::start().await;
+    let prefix = "t-lease-order:";
+    // 100 per second into a bucket of 400: a lease of 25% is 100 units.
+    let rules = "[[rule]]\nname = \"order\"\nkey = [\"ip\"]\nalgorithm = \"token_bucket\"\nlimit = 100\n\
+                 window = \"1s\"\nburst = 400\n";
+    let ip = "192.0.2.32";
+    let key = format!("{prefix}{{order|ip={ip}}}:tb2");
+    let long = tollgate(&up, prefix, "lease_idle = \"1h\"\nlease_percent = 25\nlease_lifetime = \"30s\"", rules).await;
+    assert_eq!(long.get("/").from_ip(ip).send().await.status, 200, "takes a lease ending 30 to 60 s from now");
+    let short =
+        tollgate(&up, prefix, "lease_idle = \"1h\"\nlease_percent = 25\nlease_lifetime = \"300ms\"", rules).await;
+    assert_eq!(short.get("/").from_ip(ip).send().await.status, 200, "takes a lease ending within 600 ms");
+    let bytes = server().cli(&["STRLEN", &key]);
+    assert_eq!(bytes.trim(), "48", "level and two escrow slots: {bytes:?} bytes");
+    let ttl: i64 = server().cli(&["PTTL", &key]).trim().parse().unwrap_or(-3);
+    assert!(ttl > 29_000, "the key lives {ttl} ms, less than the 30 s lease it escrows");
+}
+
 #[tokio::test]
 async fn a_key_far_below_its_limit_is_leased_what_it_uses() {
     let up = Upstream::start().await;

@@ -42,6 +42,8 @@
 -- Of the check being decided: the level drained per microsecond, and the
 -- slack of its capacity.
 local rate, tol
+-- The parsed spec `rate` and `tol` were derived from.
+local rate_spec
 local function drain_ns(tokens)
   return ns_ceil((tokens - tol) / rate * 1000)
 end
@@ -50,31 +52,36 @@ end
 -- that writes.
 local stamp_at, STAMP = nil, ''
 
--- Escrow slots, reused from check to check: ends (µs) and units as stored,
--- then those still live, in order of their ends.
-local ends, units, live_ends, live_units = {}, {}, {}, {}
-local function clear(t)
-  for i = #t, 1, -1 do t[i] = nil end
-end
+-- The live escrow slots of the check being decided, in order of their
+-- ends: `nlive` of them (0 to 2), the first ending `ea` holding `ua` units,
+-- the second `eb` and `ub`. Plain values rather than tables: a table costs
+-- the server a lookup or a store per use.
+local nlive, ea, ua, eb, ub = 0, 0, 0, 0, 0
 
--- Stores the level at `t` and the live slots holding units; `escrow` is
--- their total and `drain` the nanoseconds until level and escrow are gone.
-local function save(t, new_level, escrow, drain)
-  local slots, last = '', now
-  for i = 1, #live_ends do
-    if live_units[i] > 0 then
-      slots = slots .. pack('<dd', live_ends[i], live_units[i])
-      last = live_ends[i]
-    end
-  end
-  if new_level <= tol and slots == '' then
+-- Stores the level at `t` and the live slots holding units; `drain` is the
+-- nanoseconds until level and escrow are gone.
+local function save(t, new_level, drain)
+  local a, b = nlive >= 1 and ua > 0, nlive == 2 and ub > 0
+  if new_level <= tol and not a and not b then
     call('DEL', key)
     return
   end
-  -- The key lives until the bucket is full again, escrow included: an idle
-  -- key vanishes.
+  -- The key lives until the bucket is full again and the last slot holding
+  -- units has ended: an idle key vanishes, escrow never before its slot.
+  local last = now
+  if b then last = eb elseif a then last = ea end
   local ttl_ms = ceil((drain / 1000 + (last - now)) / 1000) + 1
-  call('SET', key, pack('<dd', t, new_level) .. slots, 'PX', format('%d', ttl_ms))
+  local value
+  if a and b then
+    value = pack('<dddddd', t, new_level, ea, ua, eb, ub)
+  elseif a then
+    value = pack('<dddd', t, new_level, ea, ua)
+  elseif b then
+    value = pack('<dddd', t, new_level, eb, ub)
+  else
+    value = pack('<dd', t, new_level)
+  end
+  call('SET', key, value, 'PX', format('%d', ttl_ms))
 end
 
 -- What a fresh bucket admitting `cost` with no lease writes, from the
@@ -97,7 +104,7 @@ local function decide()
     -- from the spec, so the caller derives it (FRESH).
     local fresh = parsed_spec.fresh
     if fresh == nil then
-      rate, tol = limit / window, slack(capacity)
+      rate, tol, rate_spec = limit / window, slack(capacity), parsed_spec
       fresh = fresh_answer()
       parsed_spec.fresh = fresh
     end
@@ -117,46 +124,58 @@ local function decide()
     end
   end
   if state == nil then state = call('GET', key) end
-  rate, tol = limit / window, slack(capacity)
-  local stored_t, stored = now, 0
-  if #ends > 0 then
-    clear(ends)
-    clear(units)
+  if rate_spec ~= parsed_spec then
+    rate, tol, rate_spec = limit / window, slack(capacity), parsed_spec
   end
-  if #live_ends > 0 then
-    clear(live_ends)
-    clear(live_units)
-  end
+  -- Keep the later timestamp so that a clock stepping back (a failover to a
+  -- node whose clock is behind) never drains the level twice.
+  local t, level = now, 0
+  nlive = 0
   if state then
     -- Under 16 bytes is no bucket's state: unpack's error fails the check.
     local n = #state
-    stored_t, stored = unpack('<dd', state)
+    t, level = unpack('<dd', state)
     if n >= 32 then
-      ends[1], units[1] = unpack('<dd', state, 17)
-      if n >= 48 then ends[2], units[2] = unpack('<dd', state, 33) end
+      local e1, u1, e2, u2 = unpack('<dd', state, 17)
+      if n >= 48 then
+        e2, u2 = unpack('<dd', state, 33)
+        if e1 > e2 then e1, e2, u1, u2 = e2, e1, u2, u1 end
+      else
+        e2 = nil
+      end
+      -- Slots that have ended join the level at their end, as if all
+      -- their units were spent then, and drain from there. (Comparisons
+      -- instead of max: each library call costs more than the arithmetic.)
+      if e1 <= now then
+        if e1 > t then
+          level = level - (e1 - t) * rate
+          if level < 0 then level = 0 end
+          t = e1
+        elseif level < 0 then
+          level = 0
+        end
+        level = level + u1
+      else
+        nlive, ea, ua = 1, e1, u1
+      end
+      if e2 and e2 <= now then
+        -- (The later of the two: the first has ended too.)
+        if e2 > t then
+          level = level - (e2 - t) * rate
+          if level < 0 then level = 0 end
+          t = e2
+        elseif level < 0 then
+          level = 0
+        end
+        level = level + u2
+      elseif e2 and nlive == 1 then
+        nlive, eb, ub = 2, e2, u2
+      elseif e2 then
+        nlive, ea, ua = 1, e2, u2
+      end
     end
   end
-  if #ends == 2 and ends[1] > ends[2] then
-    ends[1], ends[2], units[1], units[2] = ends[2], ends[1], units[2], units[1]
-  end
-
-  -- Keep the later timestamp so that a clock stepping back (a failover to a
-  -- node whose clock is behind) never drains the level twice.
-  local t = stored_t
-  local level = stored
-  -- Slots that have ended join the level at their end, as if all their
-  -- units were spent then, and drain from there.
-  for i = 1, #ends do
-    if ends[i] <= now then
-      level = max(level - max(ends[i] - t, 0) * rate, 0) + units[i]
-      t = max(t, ends[i])
-    else
-      live_ends[#live_ends + 1], live_units[#live_units + 1] = ends[i], units[i]
-    end
-  end
-  -- As max(level - max(now - t, 0) * rate, 0) and t = max(now, t), with
-  -- comparisons (what math.max does: the first unless a later one is
-  -- greater) instead of library calls, which cost more on every check.
+  -- As max(level - max(now - t, 0) * rate, 0) and t = max(now, t).
   if now > t then
     local drained = level - (now - t) * rate
     if drained > 0 then level = drained else level = 0 end
@@ -169,20 +188,23 @@ local function decide()
   -- units spent join the level now (later than they were spent, so they
   -- weigh at least as much as they should). A slot that has ended already
   -- counted them all.
-  if settle_at > 0 and mode ~= 0 then
-    for i = 1, #live_ends do
-      if live_ends[i] == settle_at then
-        local left, spent = live_units[i] - taken, taken - unspent
-        if left < 0 then left = 0 end
-        if spent < 0 then spent = 0 end
-        live_units[i] = left
-        level = level + spent
-      end
+  if settle_at > 0 and mode ~= 0 and nlive > 0 then
+    local spent = taken - unspent
+    if spent < 0 then spent = 0 end
+    if ea == settle_at then
+      ua = ua - taken
+      if ua < 0 then ua = 0 end
+      level = level + spent
+    elseif nlive == 2 and eb == settle_at then
+      ub = ub - taken
+      if ub < 0 then ub = 0 end
+      level = level + spent
     end
   end
 
   local escrow = 0
-  for i = 1, #live_units do escrow = escrow + live_units[i] end
+  if nlive >= 1 then escrow = ua end
+  if nlive == 2 then escrow = escrow + ub end
 
   if mode == 4 then
     -- Settle (`cost_response_header`): the real cost minus the reserved
@@ -195,7 +217,7 @@ local function decide()
     else
       new_level = level + cost
     end
-    if state or new_level > tol then save(t, new_level, escrow, drain_ns(new_level + escrow)) end
+    if state or new_level > tol then save(t, new_level, drain_ns(new_level + escrow)) end
     return 1, 0, 0, 0, 0, 0
   end
 
@@ -203,7 +225,7 @@ local function decide()
     -- Refund: give back what an earlier call of this request took.
     if state then
       local new_level = max(level - cost, 0)
-      save(t, new_level, escrow, drain_ns(new_level + escrow))
+      save(t, new_level, drain_ns(new_level + escrow))
     end
     return 1, 0, 0, 0, 0, 0
   end
@@ -215,28 +237,34 @@ local function decide()
     if granted > 0 then
       -- The slot ending between one and two periods from now.
       token = floor((now - phase) / period + 2) * period + phase
-      local at = 0
-      for i = 1, #live_ends do
-        if live_ends[i] == token then at = i end
-      end
-      if at == 0 and #live_ends < 2 then
-        at = #live_ends + 1
-        live_ends[at], live_units[at] = token, 0
-      elseif at == 0 then
+      if nlive >= 1 and ea == token then
+        ua = ua + granted
+      elseif nlive == 2 and eb == token then
+        ub = ub + granted
+      elseif nlive == 0 then
+        nlive, ea, ua = 1, token, granted
+      elseif nlive == 1 then
+        -- Kept in order of their ends: holders whose periods differ grant
+        -- into slots that end in either order.
+        if token < ea then
+          nlive, ea, ua, eb, ub = 2, token, granted, ea, ua
+        else
+          nlive, eb, ub = 2, token, granted
+        end
+      else
         -- Holders that disagree on the period: join the slot that ends
         -- last, which then lasts as long as both (longer only holds more
         -- back).
-        at = 2
-        live_ends[2] = max(live_ends[2], token)
-        token = live_ends[2]
+        if token > eb then eb = token end
+        token = eb
+        ub = ub + granted
       end
-      live_units[at] = live_units[at] + granted
       escrow = escrow + granted
       ttl = (token - now) * 1000
     end
     local new_level = level + cost
     local drain = drain_ns(new_level + escrow)
-    if mode == 1 then save(t, new_level, escrow, drain) end
+    if mode == 1 then save(t, new_level, drain) end
     local remaining = capacity - new_level - escrow + tol
     if remaining > 0 then remaining = floor(remaining) else remaining = 0 end
     local delay = 0
@@ -247,6 +275,6 @@ local function decide()
   -- if its holders settle what they did not spend.
   local retry = max(drain_ns(used + cost - capacity), 1)
   local drain = drain_ns(used)
-  if mode == 1 and settle_at > 0 then save(t, level, escrow, drain) end
+  if mode == 1 and settle_at > 0 then save(t, level, drain) end
   return 0, 0, drain, retry, 0, 0
 end
