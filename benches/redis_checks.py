@@ -144,7 +144,7 @@ def call_args(call, algorithm, n):
     """`call` (["FCALL", name] or ["EVALSHA", sha]) of n checks, each on
     its own random client's key."""
     suffix = ALGORITHMS[algorithm][2]
-    args = [*call, "1", f"tollgate:{{bench|c0=__rand_int__}}:{suffix}", str(n)]
+    args = [*call, "1", f"tollgate:{{bench|c0=__rand_int__}}:{suffix}"]
     for i in range(n):
         tail = "id__rand_int__" if algorithm == "sliding_window_log" else ""
         args += [f"tollgate:{{bench|c{i}=__rand_int__}}:{suffix}", SPEC, tail]
@@ -190,7 +190,7 @@ def leased(redis, n, keys=1000, rounds=3):
     def one_round():
         for first in range(0, keys, n):
             batch = [f"tollgate:{{bench|user=u{k}}}:tb2" for k in range(first, min(first + n, keys))]
-            args = ["FCALL", name, "1", batch[0], str(len(batch))]
+            args = ["FCALL", name, "1", batch[0]]
             for key in batch:
                 # want, period, phase, then the lease to settle: its slot,
                 # the 10 units taken and 3 of them unspent.
@@ -261,7 +261,7 @@ def main():
                     # An hour-long window, so that the key is still there
                     # to be measured.
                     key = f"tollgate:{{bench|ip=203.0.113.7}}:{ALGORITHMS[algorithm][2]}"
-                    native.cli(*call, "1", key, "1", key, "1:100:3600000000:100:1", "id1")
+                    native.cli(*call, "1", key, key, "1:100:3600000000:100:1", "id1")
                     size = native.cli("MEMORY", "USAGE", key)
                     line = f"REDISCHECK algorithm={algorithm} batch={n} us_per_check={us:.2f}"
                     if traced:

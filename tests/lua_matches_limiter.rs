@@ -35,9 +35,9 @@ fn script(algorithm: Algorithm) -> String {
     assert_eq!(source.matches(clock).count(), 1, "the script reads the clock once");
     // The two values of the clock follow the checks' values, which the
     // script counts from the length of ARGV.
-    let count = "local count = (#args - 1) / 3";
+    let count = "local count = #args / 3";
     assert_eq!(source.matches(count).count(), 1, "the script counts the checks once");
-    source.replace(clock, "{ARGV[#ARGV - 1], ARGV[#ARGV]}").replace(count, "local count = (#args - 3) / 3")
+    source.replace(clock, "{ARGV[#ARGV - 1], ARGV[#ARGV]}").replace(count, "local count = (#args - 2) / 3")
 }
 
 /// `source` as it runs on a server older than Redis 7, whose `SET` does
@@ -64,7 +64,6 @@ async fn lua(client: &Client, source: &str, key: &str, limits: &Limits, cost: u6
         source.into(),
         1i64.into(),
         key.into(),
-        1i64.into(), // one check
         key.into(),
         // As `scripts::args` sends them (consume; within what a check
         // counts exactly), and the request id with no lease.
@@ -211,7 +210,6 @@ async fn lua_settle(
         source.into(),
         1i64.into(),
         key.into(),
-        1i64.into(),
         key.into(),
         format!(
             "4:{}:{}:{}:{units}{}",
@@ -398,7 +396,6 @@ async fn lua_peek(client: &Client, source: &str, key: &str, limits: &Limits, now
         source.into(),
         1i64.into(),
         key.into(),
-        1i64.into(),
         key.into(),
         format!("0:{}:{}:{}:1:{}", limits.limit, limits.window / 1_000, limits.burst, limits.origin / 1_000).into(),
         "".into(),
@@ -427,7 +424,6 @@ async fn slot_call(
         source.into(),
         1i64.into(),
         key.into(),
-        1i64.into(),
         key.into(),
         format!("{mode}:{limit}:{ttl_us}:{limit}:1").into(),
         id.into(),

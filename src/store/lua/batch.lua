@@ -8,8 +8,7 @@
 --          owns it. The other checks' keys travel in ARGV; in a cluster they
 --          are on the same node as far as the caller knows, not in the same
 --          slot, which the script's `allow-cross-slot-keys` flag permits.
--- ARGV[1]  the number of checks (which the script reads from the length of
---          ARGV instead), then three values per check: its key; its
+-- ARGV     three values per check: its key; its
 --          spec "mode:limit:window_us:burst:cost[:origin_us]"; and its tail:
 --          "", the extra value, or for a lease (which has no extra value)
 --          "|" and want, period_us, phase_us, settle_at, taken and unspent
@@ -78,15 +77,14 @@ local function run(args)
   if #us < 6 then us = sub('00000', #us) .. us end
   NOW = time[1] .. us
   now = tonum(NOW)
-  -- Three values per check after the count: the table's length says as
-  -- much as the count, without converting it.
-  local count = (#args - 1) / 3
+  -- Three values per check.
+  local count = #args / 3
   -- The values of the previous check (of this call or, in a library, of
   -- the last one) stay bound when the next one shares them: the checks of
   -- one rule share a spec, and most have no tail.
   local leased, o = true, 0
   for c = 0, count - 1 do
-    local at = 2 + c * 3
+    local at = 1 + c * 3
     key = args[at]
     local text = args[at + 1]
     local s = specs[text] or spec(text)

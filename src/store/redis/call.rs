@@ -98,7 +98,7 @@ async fn load(client: &Client, script: &Script, jobs: &[Job<'_>], deadline: Inst
     Ok(())
 }
 
-/// Sends `FCALL function 1 <first key> <count> <key args...>...` (or
+/// Sends `FCALL function 1 <first key> <key args...>...` (or
 /// `EVALSHA sha ...`, `EVAL source ...`) to the node owning the first key's
 /// slot, bounded by `deadline`.
 async fn eval(
@@ -112,11 +112,10 @@ async fn eval(
     let slot = fred::util::redis_keyslot(first.as_bytes());
     let first: &str = first;
     let argv = || {
-        let mut argv: Vec<Value> = Vec::with_capacity(4 + jobs.len() * (1 + scripts::ARGS));
+        let mut argv: Vec<Value> = Vec::with_capacity(3 + jobs.len() * (1 + scripts::ARGS));
         argv.push(Value::String(script.into()));
         argv.push(Value::Integer(1));
         argv.push(Value::String(jobs[0].0.clone()));
-        argv.push(Value::Integer(jobs.len() as i64));
         for (key, args) in jobs {
             argv.push(Value::String((*key).clone()));
             argv.extend(args.iter().cloned());
