@@ -5,8 +5,9 @@
 //! every script starts with `prelude.lua` and ends with `batch.lua`), each
 //! deciding a batch of keys atomically on the server with the server's
 //! clock. All five take the same values per check and answer in the same
-//! forms (eight integers, four when the last four are zero, or one for a
-//! fresh bucket: see `batch.lua`), so the Rust side treats them alike.
+//! forms (eight values packed as doubles, four integers when the last
+//! four are zero, or one for a fresh bucket: see `batch.lua`), so the Rust
+//! side treats them alike.
 
 use std::sync::atomic::AtomicBool;
 
