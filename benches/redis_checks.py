@@ -53,7 +53,7 @@ LUA = os.path.join(ROOT, "src", "store", "lua")
 ALGORITHMS = {
     "token_bucket": ("local SHAPING = false\n", "bucket.lua", "tb2"),
     "leaky_bucket": ("local SHAPING = true\n", "bucket.lua", "lb2"),
-    "fixed_window": ("", "fixed_window.lua", "fw"),
+    "fixed_window": ("", "fixed_window.lua", "fw2"),
     "sliding_window_counter": ("", "sliding_window_counter.lua", "swc"),
     "sliding_window_log": ("", "sliding_window_log.lua", "swlw"),
 }

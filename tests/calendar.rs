@@ -165,14 +165,14 @@ async fn two_instances_share_a_monthly_quota_in_redis_cluster() {
     let days: u64 = w.rsplit("w=").next().and_then(|s| s.parse().ok()).expect("w");
     assert!((28 * 86400 - 3600..=31 * 86400 + 3600).contains(&days), "{w}");
     // The counter lives until the month ends, and no longer.
-    let key = "tollgate:{monthly-shared|ip=198.51.100.11}:fw";
+    let key = "tollgate:{monthly-shared|ip=198.51.100.11}:fw2";
     let port = cluster().master_of(key).expect("the key's master");
     let ttl_ms: u64 = cluster().cli(port, &["PTTL", key]).trim().parse().expect("pttl");
     let ttl = ttl_ms.div_ceil(1000);
     assert!((expected.saturating_sub(3)..=expected).contains(&ttl), "ttl {ttl}, boundary in {expected} s");
     // Counted in the window that started on the first of this month in
-    // Berlin (the stored value is "<window start in µs>:<count>").
-    let stored = cluster().cli(port, &["GET", key]);
+    // Berlin (`window` reads the stored value as "<window start in µs>:<count>").
+    let stored = cluster().cli(port, &support::redis::window(key));
     let start_us: u64 = stored.trim().split(':').next().and_then(|s| s.parse().ok()).expect("window start");
     assert_eq!(start_us, this_month_in_berlin(now) / 1_000, "{stored}");
 }
@@ -278,9 +278,9 @@ async fn leases_never_admit_past_a_monthly_limit() {
     }
     assert!(granted >= 2.0 && hits >= 100.0, "{granted} leases granted, {hits} requests served from them");
     // And Redis counted no more than the limit in the month's window.
-    let key = "tollgate:{monthly-leased|ip=198.51.100.77}:fw";
+    let key = "tollgate:{monthly-leased|ip=198.51.100.77}:fw2";
     let port = cluster().master_of(key).expect("the key's master");
-    let stored = cluster().cli(port, &["GET", key]);
+    let stored = cluster().cli(port, &support::redis::window(key));
     let count: usize = stored.trim().rsplit(':').next().and_then(|s| s.parse().ok()).expect("count");
     assert!(count <= LIMIT, "Redis counted {count}: {stored}");
     eprintln!("{admitted} admitted, Redis counted {count}, {granted} leases, {hits} lease hits: {by_status:?}");

@@ -148,8 +148,8 @@ async fn a_request_matching_rules_on_different_nodes_is_decided_without_crossslo
     // what they counted for it, on their own nodes.
     assert_eq!(b.get("/").from_ip(&ip).send().await.status, 429);
     let count_a = |c: &RedisCluster| {
-        let key = format!("tollgate:{{multi-a|ip={ip}}}:fw");
-        c.master_of(&key).map(|p| c.cli(p, &["GET", &key])).unwrap_or_default()
+        let key = format!("tollgate:{{multi-a|ip={ip}}}:fw2");
+        c.master_of(&key).map(|p| c.cli(p, &support::redis::window(&key))).unwrap_or_default()
     };
     support::eventually("multi-a refunded", || async { count_a(cluster()).trim().ends_with(":3") }).await;
     let log_key = format!("tollgate:{{multi-b|ip={ip}}}:swlw");

@@ -86,8 +86,8 @@ async fn concurrent_instances_stay_within_the_limit_and_idle_leases_come_back() 
     let c = tollgate(&up, prefix, "lease_percent = 0", &rules).await;
     let held_back = 1_000 - admitted;
     eventually("the idle leases are given back", || async {
-        let key = format!("{prefix}{{shared|ip=192.0.2.11}}:fw");
-        let value = server().cli(&["GET", &key]);
+        let key = format!("{prefix}{{shared|ip=192.0.2.11}}:fw2");
+        let value = server().cli(&support::redis::window(&key));
         value.trim().ends_with(&format!(":{admitted}"))
     })
     .await;
@@ -104,7 +104,8 @@ async fn units_taken_from_a_lease_for_a_request_another_rule_rejects_are_given_b
     let tg = tollgate(&up, prefix, "lease_idle = \"1h\"", &rules).await;
     let statuses = support::statuses(6, || tg.get("/").from_ip("192.0.2.13")).await;
     assert_eq!(statuses, support::expect_statuses(2, 200, 4, 429));
-    let big = || server().cli(&["GET", &format!("{prefix}{{big|ip=192.0.2.13}}:fw")]).trim().to_string();
+    let big =
+        || server().cli(&support::redis::window(&format!("{prefix}{{big|ip=192.0.2.13}}:fw2"))).trim().to_string();
     // One call for the big rule: the first request and its lease of 10.
     // The second and third took from the lease, and the third gave its
     // unit back when the small rule rejected it.
@@ -119,9 +120,9 @@ async fn leases_are_given_back_at_shutdown_and_can_be_turned_off() {
     let up = Upstream::start().await;
     let prefix = "t-lease-stop:";
     let rules = rule("stop", "fixed_window", 1_000);
-    let key = format!("{prefix}{{stop|ip=192.0.2.12}}:fw");
+    let key = format!("{prefix}{{stop|ip=192.0.2.12}}:fw2");
     let count_in_redis = || {
-        let value = server().cli(&["GET", &key]);
+        let value = server().cli(&support::redis::window(&key));
         value.trim().rsplit(':').next().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0)
     };
 
@@ -214,7 +215,7 @@ async fn leases_idle_or_drained_at_shutdown_while_redis_is_down_are_given_back_w
         tollgate_config(up.addr, &redis.url(), &store)
     };
     let count_of = |ip: &str| {
-        let value = redis.cli(&["GET", &format!("tollgate:{{back|ip={ip}}}:fw")]);
+        let value = redis.cli(&support::redis::window(&format!("tollgate:{{back|ip={ip}}}:fw2")));
         value.trim().rsplit(':').next().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0)
     };
 
@@ -300,8 +301,12 @@ async fn an_idle_window_lease_whose_give_back_timed_out_is_dropped_and_counted()
     let paused = std::time::Instant::now();
     assert_eq!(redis.cli(&["CLIENT", "PAUSE", "900", "WRITE"]).trim(), "OK");
     tokio::time::sleep(std::time::Duration::from_millis(1_700).saturating_sub(paused.elapsed())).await;
-    let key = "tollgate:{idle-once|ip=192.0.2.23}:fw";
-    assert!(redis.cli(&["GET", key]).trim().ends_with(":2"), "given back once: {}", redis.cli(&["GET", key]));
+    let key = "tollgate:{idle-once|ip=192.0.2.23}:fw2";
+    assert!(
+        redis.cli(&support::redis::window(key)).trim().ends_with(":2"),
+        "given back once: {}",
+        redis.cli(&support::redis::window(key))
+    );
     let dropped = metric(&holder.metrics().await, "tollgate_lease_give_backs_dropped_total", &[]);
     assert_eq!(dropped, Some(1.0), "the timed-out give-back is counted, not queued");
 }

@@ -88,8 +88,8 @@ async fn redis_down_from_the_start(policy: &str) {
     let errors = store_errors(&tg).await;
     assert_eq!(statuses(&tg, "203.0.113.2", 3).await, [200, 200, 429], "counted in redis");
     assert_eq!(store_errors(&tg).await, errors, "no store error once redis answers");
-    let key = format!("t-outage-{policy}:{{outage|ip=203.0.113.2}}:fw");
-    assert!(server.cli(&["GET", &key]).trim().ends_with(":2"), "the count is in redis");
+    let key = format!("t-outage-{policy}:{{outage|ip=203.0.113.2}}:fw2");
+    assert!(server.cli(&support::redis::window(&key)).trim().ends_with(":2"), "the count is in redis");
 }
 
 async fn redis_going_away_and_coming_back(policy: &str) {
@@ -115,8 +115,8 @@ async fn redis_going_away_and_coming_back(policy: &str) {
     assert_eq!(ready(&tg).await, 200);
     eventually("back to the store", || async { gauge(&tg, "tollgate_store_degraded", &[]).await == 0.0 }).await;
     assert_eq!(statuses(&tg, "203.0.113.5", 3).await, [200, 200, 429]);
-    let key = format!("t-outage-{policy}:{{outage|ip=203.0.113.5}}:fw");
-    assert!(server.cli(&["GET", &key]).trim().ends_with(":2"), "the count is in redis");
+    let key = format!("t-outage-{policy}:{{outage|ip=203.0.113.5}}:fw2");
+    assert!(server.cli(&support::redis::window(&key)).trim().ends_with(":2"), "the count is in redis");
 }
 
 #[tokio::test]

@@ -49,9 +49,9 @@ async fn a_failed_rule_does_not_discard_the_verdicts_of_the_rules_that_answered(
         .filter(|ip| cluster.master_of(&format!("{{strict|ip={ip}}}")).is_some_and(|m| m != victim));
     let (rejected_ip, admitted_ip) = (ips.next().expect("an address"), ips.next().expect("another"));
     let strict_count = |ip: &str| {
-        let key = format!("tollgate:{{strict|ip={ip}}}:fw");
+        let key = format!("tollgate:{{strict|ip={ip}}}:fw2");
         let port = cluster.master_of(&key).expect("strict's master");
-        cluster.cli(port, &["GET", &key]).trim().rsplit(':').next().unwrap_or("").to_string()
+        cluster.cli(port, &support::redis::window(&key)).trim().rsplit(':').next().unwrap_or("").to_string()
     };
 
     for _ in 0..2 {

@@ -144,8 +144,9 @@ async fn a_request_one_rule_rejects_gives_back_what_the_others_counted() {
     assert_eq!(statuses, [200, 200, 429, 429, 429, 429]);
     // The wide rule counted the two admitted requests only: the four
     // rejected ones were refunded (in the background, right after).
-    let key = "t-refund:{refund-wide|ip=192.0.2.6}:fw";
-    eventually("the refunds land", || async { server().cli(&["GET", key]).trim().ends_with(":2") }).await;
+    let key = "t-refund:{refund-wide|ip=192.0.2.6}:fw2";
+    eventually("the refunds land", || async { server().cli(&support::redis::window(key)).trim().ends_with(":2") })
+        .await;
 }
 
 #[tokio::test]
@@ -249,7 +250,7 @@ async fn every_key_expires_once_it_is_equivalent_to_a_fresh_one() {
         ("token_bucket", "tb2", 10_002),
         ("leaky_bucket", "lb2", 10_002),
         // Until the window ends.
-        ("fixed_window", "fw", 100_000),
+        ("fixed_window", "fw2", 100_000),
         // Until the request leaves the window.
         ("sliding_window_log", "swlw", 100_000),
         // Until both windows holding it have slid out.
@@ -310,7 +311,7 @@ async fn per_key_memory_stays_small() {
         }
     }
     for (alg, suffix) in
-        [("token_bucket", "tb2"), ("leaky_bucket", "lb2"), ("fixed_window", "fw"), ("sliding_window_counter", "swc")]
+        [("token_bucket", "tb2"), ("leaky_bucket", "lb2"), ("fixed_window", "fw2"), ("sliding_window_counter", "swc")]
     {
         let key = format!("tollgate:{{mem-{alg}|ip={ip}}}:{suffix}");
         let bytes = usage(&key);
@@ -342,8 +343,11 @@ async fn the_master_is_found_through_sentinel() {
     assert_eq!(tg.admin("/readyz").await.status, 200);
     let statuses = support::statuses(3, || tg.get("/").from_ip("192.0.2.11")).await;
     assert_eq!(statuses, [200, 200, 429]);
-    let key = "tollgate:{sentinel|ip=192.0.2.11}:fw";
-    assert!(support::redis::cli(sentinel.master, &["GET", key]).trim().ends_with(":2"), "counted on the master");
+    let key = "tollgate:{sentinel|ip=192.0.2.11}:fw2";
+    assert!(
+        support::redis::cli(sentinel.master, &support::redis::window(key)).trim().ends_with(":2"),
+        "counted on the master"
+    );
 }
 
 #[tokio::test]

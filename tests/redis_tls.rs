@@ -29,7 +29,7 @@ async fn a_tls_store_is_used_when_its_ca_is_trusted_and_refused_otherwise() {
     assert_eq!(tg.admin("/readyz").await.status, 200);
     let statuses = support::statuses(4, || tg.get("/").from_ip("192.0.2.20")).await;
     assert_eq!(statuses, support::expect_statuses(3, 200, 1, 429));
-    let value = server.cli(&["GET", "tollgate:{tls|ip=192.0.2.20}:fw"]);
+    let value = server.cli(&support::redis::window("tollgate:{tls|ip=192.0.2.20}:fw2"));
     assert!(value.trim().ends_with(":3"), "counted in Redis over TLS: {value:?}");
 
     // The system's roots do not include the test CA: refused, so the store

@@ -25,6 +25,15 @@ const READY_WITHIN: Duration = Duration::from_secs(30);
 
 /// Whether `redis-server` and `redis-cli` are on the PATH (`scripts/test`
 /// installs them).
+/// The arguments of a `redis-cli` call that reads a fixed window's state,
+/// stored as two doubles (`fixed_window.lua`), as the text
+/// `"<window start µs>:<count>"`, or "" when there is no key.
+pub fn window(key: &str) -> [&str; 4] {
+    const READ: &str = "local s = redis.call('GET', KEYS[1]) if not s then return '' end \
+                        return string.format('%d:%d', struct.unpack('<dd', s))";
+    ["EVAL", READ, "1", key]
+}
+
 pub fn available() -> bool {
     let runs = |bin: &str| Command::new(bin).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status();
     matches!(runs("redis-server"), Ok(s) if s.success()) && matches!(runs("redis-cli"), Ok(s) if s.success())

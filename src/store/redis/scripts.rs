@@ -140,14 +140,15 @@ impl Scripts {
 /// (`WRONGTYPE`) or misreading another algorithm's state. The log's suffix
 /// is `swlw` since its entries carry their cost (one entry per request):
 /// the `swl` logs of earlier versions held one entry per unit and are left
-/// to expire. The buckets' are `tb2` and `lb2` since their state is stored
-/// as doubles (`bucket.lua`): the text of earlier versions' `tb` and `lb`
+/// to expire. The buckets' are `tb2` and `lb2`, and the fixed window's
+/// `fw2`, since their state is stored as doubles (`bucket.lua`,
+/// `fixed_window.lua`): the text of earlier versions' `tb`, `lb` and `fw`
 /// keys is never misread, and is left to expire.
 pub fn suffix(algorithm: Algorithm) -> &'static str {
     match algorithm {
         Algorithm::TokenBucket => "tb2",
         Algorithm::LeakyBucket => "lb2",
-        Algorithm::FixedWindow => "fw",
+        Algorithm::FixedWindow => "fw2",
         Algorithm::SlidingWindowCounter => "swc",
         Algorithm::SlidingWindowLog => "swlw",
         Algorithm::Concurrency => "cc",
@@ -411,7 +412,7 @@ mod tests {
     #[test]
     fn the_hash_tag_wraps_exactly_the_rule_and_key() {
         let key = redis_key("tollgate:", "login-by-ip|ip=203.0.113.7", Algorithm::FixedWindow);
-        assert_eq!(key, "tollgate:{login-by-ip|ip=203.0.113.7}:fw");
+        assert_eq!(key, "tollgate:{login-by-ip|ip=203.0.113.7}:fw2");
         // Every algorithm's key of one bucket lands in the same slot, and the
         // prefix does not move it.
         let slot = fred::util::redis_keyslot(key.as_bytes());
