@@ -54,7 +54,7 @@ ALGORITHMS = {
     "token_bucket": ("local SHAPING = false\n", "bucket.lua", "tb2"),
     "leaky_bucket": ("local SHAPING = true\n", "bucket.lua", "lb2"),
     "fixed_window": ("", "fixed_window.lua", "fw2"),
-    "sliding_window_counter": ("", "sliding_window_counter.lua", "swc"),
+    "sliding_window_counter": ("", "sliding_window_counter.lua", "swc2"),
     "sliding_window_log": ("", "sliding_window_log.lua", "swlw"),
 }
 SPEC = "1:100:1000000:100:1"  # consume, 100 per 1 s, burst 100, cost 1

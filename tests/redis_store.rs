@@ -254,7 +254,7 @@ async fn every_key_expires_once_it_is_equivalent_to_a_fresh_one() {
         // Until the request leaves the window.
         ("sliding_window_log", "swlw", 100_000),
         // Until both windows holding it have slid out.
-        ("sliding_window_counter", "swc", 200_000),
+        ("sliding_window_counter", "swc2", 200_000),
     ] {
         let key = format!("t-ttl:{{ttl-{alg}|ip=192.0.2.9}}:{suffix}");
         let ttl: i64 = server().cli(&["PTTL", &key]).trim().parse().unwrap_or(-3);
@@ -311,7 +311,7 @@ async fn per_key_memory_stays_small() {
         }
     }
     for (alg, suffix) in
-        [("token_bucket", "tb2"), ("leaky_bucket", "lb2"), ("fixed_window", "fw2"), ("sliding_window_counter", "swc")]
+        [("token_bucket", "tb2"), ("leaky_bucket", "lb2"), ("fixed_window", "fw2"), ("sliding_window_counter", "swc2")]
     {
         let key = format!("tollgate:{{mem-{alg}|ip={ip}}}:{suffix}");
         let bytes = usage(&key);

@@ -2,7 +2,10 @@
 -- window's, weighted by how much of it the sliding window still covers.
 -- The same arithmetic as `sliding_counter` in src/limiter.rs, on the server's clock.
 --
--- key      the counters, a string "<current window start_us>:<previous count>:<current count>"
+-- key      the counters: three little-endian doubles, the current window's
+--          start (µs), the previous window's count and the current one's
+--          (decimal text cost the server more to parse and format than the
+--          rest of a check, see bucket.lua)
 -- values   those of prelude.lua; for a refund, `extra` is the window start
 --          the consume returned as its token
 -- Returns  allowed, remaining, reset_after_ns, retry_after_ns, delay_ns, token,
@@ -15,9 +18,9 @@
 -- prelude.lua, which Rust prepends.
 
 local function save(start, prev, curr, px)
-  local value = format('%d:%d:%d', start, prev, curr)
+  local value = pack('<ddd', start, prev, curr)
   if px then
-    call('SET', key, value, 'PX', px)
+    call('SET', key, value, 'PX', format('%d', px))
   else
     call('SET', key, value, 'KEEPTTL')
   end
@@ -27,10 +30,8 @@ local function decide()
   local stored_start, stored_prev, stored_curr = -1, 0, 0
   local state = call('GET', key)
   if state then
-    local s, p, c = match(state, '^(%d+):(%d+):(%d+)$')
-    if s then
-      stored_start, stored_prev, stored_curr = tonum(s), tonum(p), tonum(c)
-    end
+    -- Under 24 bytes is no counter's state: unpack's error fails the check.
+    stored_start, stored_prev, stored_curr = unpack('<ddd', state)
   end
 
   if mode == 4 then

@@ -140,16 +140,17 @@ impl Scripts {
 /// (`WRONGTYPE`) or misreading another algorithm's state. The log's suffix
 /// is `swlw` since its entries carry their cost (one entry per request):
 /// the `swl` logs of earlier versions held one entry per unit and are left
-/// to expire. The buckets' are `tb2` and `lb2`, and the fixed window's
-/// `fw2`, since their state is stored as doubles (`bucket.lua`,
-/// `fixed_window.lua`): the text of earlier versions' `tb`, `lb` and `fw`
-/// keys is never misread, and is left to expire.
+/// to expire. The buckets' are `tb2` and `lb2`, and the windows' `fw2`
+/// and `swc2`, since their state is stored as doubles (`bucket.lua`,
+/// `fixed_window.lua`, `sliding_window_counter.lua`): the text of earlier
+/// versions' `tb`, `lb`, `fw` and `swc` keys is never misread, and is left
+/// to expire.
 pub fn suffix(algorithm: Algorithm) -> &'static str {
     match algorithm {
         Algorithm::TokenBucket => "tb2",
         Algorithm::LeakyBucket => "lb2",
         Algorithm::FixedWindow => "fw2",
-        Algorithm::SlidingWindowCounter => "swc",
+        Algorithm::SlidingWindowCounter => "swc2",
         Algorithm::SlidingWindowLog => "swlw",
         Algorithm::Concurrency => "cc",
     }
