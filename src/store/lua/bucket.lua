@@ -133,15 +133,17 @@ local function decide()
   nlive = 0
   if state then
     -- Under 16 bytes is no bucket's state: unpack's error fails the check.
+    -- One unpack for as many values as the state holds.
     local n = #state
-    t, level = unpack('<dd', state)
-    if n >= 32 then
-      local e1, u1, e2, u2 = unpack('<dd', state, 17)
+    if n < 32 then
+      t, level = unpack('<dd', state)
+    else
+      local e1, u1, e2, u2
       if n >= 48 then
-        e2, u2 = unpack('<dd', state, 33)
+        t, level, e1, u1, e2, u2 = unpack('<dddddd', state)
         if e1 > e2 then e1, e2, u1, u2 = e2, e1, u2, u1 end
       else
-        e2 = nil
+        t, level, e1, u1 = unpack('<dddd', state)
       end
       -- Slots that have ended join the level at their end, as if all
       -- their units were spent then, and drain from there. (Comparisons
