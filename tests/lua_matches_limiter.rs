@@ -48,6 +48,19 @@ fn before_redis_7(source: &str) -> String {
     source.replace(check, "false")
 }
 
+/// A server of its own, a runtime to drive calls from a synchronous test,
+/// and a client connected to the server (kept alive with it).
+fn connected() -> (RedisServer, tokio::runtime::Runtime, Client) {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let client = runtime.block_on(async {
+        let client = Builder::from_config(Config::from_url(&server.url()).expect("url")).build().expect("client");
+        client.init().await.expect("connects");
+        client
+    });
+    (server, runtime, client)
+}
+
 /// What both sides answer, compared.
 #[derive(Debug, PartialEq, Eq)]
 struct Decision {
@@ -111,13 +124,7 @@ fn algorithm() -> impl Strategy<Value = Algorithm> {
 
 #[test]
 fn the_lua_scripts_and_the_limiter_agree() {
-    let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    let client = runtime.block_on(async {
-        let client = Builder::from_config(Config::from_url(&server.url()).expect("url")).build().expect("client");
-        client.init().await.expect("connects");
-        client
-    });
+    let (_server, runtime, client) = connected();
     let cases = std::sync::atomic::AtomicU64::new(0);
     // Fixed seeds: the same cases on every run, so that CI is
     // repeatable; LML_SEED=<n> explores another seed instead. Seeds 8 and 33
@@ -232,13 +239,7 @@ async fn lua_settle(
 /// charges into debt alike, and the decisions that follow must agree.
 #[test]
 fn settling_agrees_between_the_lua_scripts_and_the_limiter() {
-    let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    let client = runtime.block_on(async {
-        let client = Builder::from_config(Config::from_url(&server.url()).expect("url")).build().expect("client");
-        client.init().await.expect("connects");
-        client
-    });
+    let (_server, runtime, client) = connected();
     let cases = std::sync::atomic::AtomicU64::new(0);
     let config = ProptestConfig {
         cases: 256,
@@ -312,13 +313,7 @@ struct Held {
 /// the last escrow slot holding units has ended.
 #[test]
 fn escrowed_leases_never_admit_past_the_bucket() {
-    let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    let client = runtime.block_on(async {
-        let client = Builder::from_config(Config::from_url(&server.url()).expect("url")).build().expect("client");
-        client.init().await.expect("connects");
-        client
-    });
+    let (_server, runtime, client) = connected();
     let source = script(Algorithm::TokenBucket);
     let cases = std::sync::atomic::AtomicU64::new(0);
     let config = ProptestConfig {
@@ -438,13 +433,7 @@ fn escrowed_leases_never_admit_past_the_bucket() {
 /// then under the next window's origin and length.
 #[test]
 fn the_fixed_window_script_and_the_limiter_agree_on_calendar_windows() {
-    let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    let client = runtime.block_on(async {
-        let client = Builder::from_config(Config::from_url(&server.url()).expect("url")).build().expect("client");
-        client.init().await.expect("connects");
-        client
-    });
+    let (_server, runtime, client) = connected();
     let source = script(Algorithm::FixedWindow);
     const HOUR_US: u64 = 3_600_000_000;
     // A 23-hour day whose start is no multiple of 23 hours since the epoch.
@@ -582,13 +571,7 @@ async fn slot_call(
 /// bound), by the script's clock.
 #[test]
 fn the_concurrency_script_expires_slots_nobody_renews() {
-    let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    let client = runtime.block_on(async {
-        let client = Builder::from_config(Config::from_url(&server.url()).expect("url")).build().expect("client");
-        client.init().await.expect("connects");
-        client
-    });
+    let (_server, runtime, client) = connected();
     let source = script(Algorithm::Concurrency);
     const TTL: u64 = 2_000_000;
     let at = |mode: u8, id: &str, offset_us: u64| {

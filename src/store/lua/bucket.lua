@@ -58,6 +58,21 @@ local stamp_at, STAMP = nil, ''
 -- the server a lookup or a store per use.
 local nlive, ea, ua, eb, ub = 0, 0, 0, 0, 0
 
+-- A slot that ended at `ends` joins the level at `t` with its `units`,
+-- as if all were spent then: the level drains until `ends`, then takes
+-- them. (Comparisons instead of max: each library call costs more than the
+-- arithmetic.)
+local function join(level, t, ends, units)
+  if ends > t then
+    level = level - (ends - t) * rate
+    if level < 0 then level = 0 end
+    t = ends
+  elseif level < 0 then
+    level = 0
+  end
+  return level + units, t
+end
+
 -- Stores the level at `t` and the live slots holding units; `drain` is the
 -- nanoseconds until level and escrow are gone.
 local function save(t, new_level, drain)
@@ -145,31 +160,15 @@ local function decide()
       else
         t, level, e1, u1 = unpack('<dddd', state)
       end
-      -- Slots that have ended join the level at their end, as if all
-      -- their units were spent then, and drain from there. (Comparisons
-      -- instead of max: each library call costs more than the arithmetic.)
+      -- Slots that have ended join the level at their end (the later
+      -- one only after the first has ended too).
       if e1 <= now then
-        if e1 > t then
-          level = level - (e1 - t) * rate
-          if level < 0 then level = 0 end
-          t = e1
-        elseif level < 0 then
-          level = 0
-        end
-        level = level + u1
+        level, t = join(level, t, e1, u1)
       else
         nlive, ea, ua = 1, e1, u1
       end
       if e2 and e2 <= now then
-        -- (The later of the two: the first has ended too.)
-        if e2 > t then
-          level = level - (e2 - t) * rate
-          if level < 0 then level = 0 end
-          t = e2
-        elseif level < 0 then
-          level = 0
-        end
-        level = level + u2
+        level, t = join(level, t, e2, u2)
       elseif e2 and nlive == 1 then
         nlive, eb, ub = 2, e2, u2
       elseif e2 then
