@@ -330,8 +330,9 @@ fn escrowed_leases_never_admit_past_the_bucket() {
         // Each instance's escrow period (µs), and its phase.
         periods in prop::collection::vec(prop_oneof![Just(300_000u64), Just(1_000_000), Just(4_000_000)], 3),
         phase in 0u64..300_000,
-        // Which instance, the microseconds before its request, its cost.
-        steps in prop::collection::vec((0usize..3, 0u64..400_000, 1u64..3), 1..80),
+        // Which instance, the microseconds before its request, its cost,
+        // and whether it renews its lease ahead first.
+        steps in prop::collection::vec((0usize..3, 0u64..400_000, 1u64..3, prop::bool::weighted(0.3)), 1..80),
     )| {
         let case = cases.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let key = format!("escrow:{case}");
@@ -340,8 +341,43 @@ fn escrowed_leases_never_admit_past_the_bucket() {
         let mut held: [Option<Held>; 3] = [None; 3];
         let mut admitted: Vec<(u64, u64)> = Vec::new();
         let mut now_us = T0_US;
-        for (i, &(at, gap, cost)) in steps.iter().enumerate() {
+        let call = |cost: u64, tail: Vec<u8>, now_us: u64| {
+            let args: Vec<Value> = vec![
+                source.as_str().into(),
+                1i64.into(),
+                key.as_str().into(),
+                key.as_str().into(),
+                format!("{spec}:{cost}").into(),
+                Value::Bytes(tail.into()),
+                ((now_us / 1_000_000) as i64).into(),
+                ((now_us % 1_000_000) as i64).into(),
+            ];
+            let cmd = CustomCommand::new_static("EVAL", ClusterHash::Random, false);
+            let reply: Value = runtime.block_on(client.custom(cmd, args)).expect("the script runs");
+            answer(reply)
+        };
+        for (i, &(at, gap, cost, renew)) in steps.iter().enumerate() {
             now_us += gap;
+            if renew && let Some(h) = held[at].filter(|h| now_us < h.slot) {
+                // As a renewal ahead (`Leases::take`): the lease is settled
+                // with its unspent units carried (a negative slot) into the
+                // slot of a new grant, and the holder goes on spending them.
+                let mut tail = vec![b'|'];
+                let unspent = h.units.min(h.taken);
+                for v in [want as f64, periods[at] as f64, phase as f64, -(h.slot as f64), h.taken as f64, unspent as f64] {
+                    tail.extend_from_slice(&v.to_le_bytes());
+                }
+                let reply = call(0, tail, now_us);
+                held[at] = None;
+                if reply.token != 0 {
+                    let slot = now_us + reply.lease_ttl / 1_000;
+                    prop_assert_eq!(slot, reply.token as u64, "step {}: the renewed lease lasts until its slot ends", i);
+                    let units = unspent + reply.granted;
+                    held[at] = Some(Held { units, taken: units, slot });
+                } else {
+                    prop_assert_eq!(unspent + reply.granted, 0, "step {}: units carried or granted name their slot", i);
+                }
+            }
             if let Some(h) = held[at].as_mut()
                 && h.units >= cost
                 && now_us < h.slot
@@ -359,19 +395,7 @@ fn escrowed_leases_never_admit_past_the_bucket() {
             for v in [want, periods[at], phase, slot, taken, unspent] {
                 tail.extend_from_slice(&(v as f64).to_le_bytes());
             }
-            let args: Vec<Value> = vec![
-                source.as_str().into(),
-                1i64.into(),
-                key.as_str().into(),
-                key.as_str().into(),
-                format!("{spec}:{cost}").into(),
-                Value::Bytes(tail.into()),
-                ((now_us / 1_000_000) as i64).into(),
-                ((now_us % 1_000_000) as i64).into(),
-            ];
-            let cmd = CustomCommand::new_static("EVAL", ClusterHash::Random, false);
-            let reply: Value = runtime.block_on(client.custom(cmd, args)).expect("the script runs");
-            let reply = answer(reply);
+            let reply = call(cost, tail, now_us);
             if reply.verdict.allowed {
                 admitted.push((now_us, cost));
             }

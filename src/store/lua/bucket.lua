@@ -110,6 +110,34 @@ local function fresh_answer()
   return {pack('<d', cost), format('%d', ceil(drain_ns(cost) / 1000 / 1000) + 1)}
 end
 
+-- Puts `units` into the live slot ending at `token` (the slot ending
+-- between one and two periods from now), or opens it; returns the end of
+-- the slot they went to.
+local function escrow_in(token, units)
+  if nlive >= 1 and ea == token then
+    ua = ua + units
+  elseif nlive == 2 and eb == token then
+    ub = ub + units
+  elseif nlive == 0 then
+    nlive, ea, ua = 1, token, units
+  elseif nlive == 1 then
+    -- Kept in order of their ends: holders whose periods differ grant
+    -- into slots that end in either order.
+    if token < ea then
+      nlive, ea, ua, eb, ub = 2, token, units, ea, ua
+    else
+      nlive, eb, ub = 2, token, units
+    end
+  else
+    -- Holders that disagree on the period: join the slot that ends last,
+    -- which then lasts as long as both (longer only holds more back).
+    if token > eb then eb = token end
+    token = eb
+    ub = ub + units
+  end
+  return token
+end
+
 local function decide()
   local state
   if mode == 1 and period == 0 and not SHAPING then
@@ -188,7 +216,14 @@ local function decide()
   -- A holder settles its lease: the slot gives up what it granted, and the
   -- units spent join the level now (later than they were spent, so they
   -- weigh at least as much as they should). A slot that has ended already
-  -- counted them all.
+  -- counted them all. A negative `settle_at` renews ahead: the holder goes
+  -- on spending the units it calls unspent, which are carried into the
+  -- slot of this call's grant (below), so every unit stays counted at full
+  -- weight until it is settled as spent.
+  local carry = 0
+  if settle_at < 0 then
+    settle_at, carry = -settle_at, unspent
+  end
   if settle_at > 0 and mode ~= 0 and nlive > 0 then
     local spent = taken - unspent
     if spent < 0 then spent = 0 end
@@ -201,6 +236,14 @@ local function decide()
       if ub < 0 then ub = 0 end
       level = level + spent
     end
+  end
+
+  -- The slot a grant goes to, and the carried units put there (whether or
+  -- not the settled slot was found: carried units count, never fewer).
+  local token = 0
+  if period > 0 and mode ~= 0 then
+    token = floor((now - phase) / period + 2) * period + phase
+    if carry > 0 then token = escrow_in(token, carry) end
   end
 
   local escrow = 0
@@ -233,35 +276,16 @@ local function decide()
 
   local used = level + escrow
   if used + cost <= capacity + tol then
-    local granted, token, ttl = 0, 0, 0
+    local granted, ttl = 0, 0
     if not SHAPING and period > 0 then granted = lease(floor(capacity - used - cost + tol)) end
     if granted > 0 then
-      -- The slot ending between one and two periods from now.
-      token = floor((now - phase) / period + 2) * period + phase
-      if nlive >= 1 and ea == token then
-        ua = ua + granted
-      elseif nlive == 2 and eb == token then
-        ub = ub + granted
-      elseif nlive == 0 then
-        nlive, ea, ua = 1, token, granted
-      elseif nlive == 1 then
-        -- Kept in order of their ends: holders whose periods differ grant
-        -- into slots that end in either order.
-        if token < ea then
-          nlive, ea, ua, eb, ub = 2, token, granted, ea, ua
-        else
-          nlive, eb, ub = 2, token, granted
-        end
-      else
-        -- Holders that disagree on the period: join the slot that ends
-        -- last, which then lasts as long as both (longer only holds more
-        -- back).
-        if token > eb then eb = token end
-        token = eb
-        ub = ub + granted
-      end
+      token = escrow_in(token, granted)
       escrow = escrow + granted
+    end
+    if granted > 0 or carry > 0 then
       ttl = (token - now) * 1000
+    else
+      token = 0
     end
     local new_level = level + cost
     local drain = drain_ns(new_level + escrow)
@@ -277,5 +301,9 @@ local function decide()
   local retry = max(drain_ns(used + cost - capacity), 1)
   local drain = drain_ns(used)
   if mode == 1 and settle_at > 0 then save(t, level, drain) end
+  if carry > 0 then
+    -- Nothing granted, but the carried units' slot is the holder's now.
+    return 0, 0, drain, retry, 0, token, 0, (token - now) * 1000
+  end
   return 0, 0, drain, retry, 0, 0
 end

@@ -18,7 +18,9 @@
 -- want     units the caller would like to take ahead of need (0 for none),
 --          and for token-bucket leases the escrow `period` and `phase`
 --          (µs) and a lease to settle: `settle_at` (its slot end, 0 for
---          none), the units `taken` and the units of those `unspent`
+--          none, negated when the holder renews ahead and carries its
+--          unspent units over: see bucket.lua), the units `taken` and the
+--          units of those `unspent`
 --
 -- Time is read from the server (TIME), never passed in: every proxy
 -- instance agrees on it whatever its own clock says. Microseconds since the

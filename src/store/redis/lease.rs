@@ -224,7 +224,12 @@ impl Unused {
 
     /// The settle a token bucket's give-back sends.
     pub fn settle(&self) -> Option<Settle> {
-        self.is_bucket().then_some(Settle { slot: self.token, taken: self.taken, unspent: self.units.min(self.taken) })
+        self.is_bucket().then_some(Settle {
+            slot: self.token,
+            taken: self.taken,
+            unspent: self.units.min(self.taken),
+            carry: false,
+        })
     }
 }
 
@@ -378,7 +383,7 @@ impl Leases {
             // with these units counted as spent (never twice, never short).
             let settle = if lease.is_bucket() && lease.taken > 0 && !lease.expired(now) {
                 let unspent = lease.units.min(lease.taken);
-                Some(Settle { slot: lease.token, taken: lease.taken, unspent })
+                Some(Settle { slot: lease.token, taken: lease.taken, unspent, carry: false })
             } else {
                 None
             };
@@ -762,7 +767,7 @@ mod tests {
         let back = leases.expire(t0 + Duration::from_secs(5));
         assert_eq!(back.len(), 1);
         assert_eq!(back[0].key, "k");
-        assert_eq!(back[0].settle(), Some(Settle { slot: 77, taken: 10, unspent: 8 }));
+        assert_eq!(back[0].settle(), Some(Settle { slot: 77, taken: 10, unspent: 8, carry: false }));
         assert_eq!(leases.len(), 0);
     }
 
@@ -813,7 +818,7 @@ mod tests {
         // Before it ends, the call that asks again settles it: 10 taken, 6
         // of them unspent, and nothing is spendable here until the reply.
         let asked = leases.want("k", &BUCKET, 7, t0 + ms(10), TIMEOUT);
-        assert_eq!(asked.settle, Some(Settle { slot: 5_000, taken: 10, unspent: 6 }));
+        assert_eq!(asked.settle, Some(Settle { slot: 5_000, taken: 10, unspent: 6, carry: false }));
         assert!(leases.take("k", &BUCKET, 1, t0 + ms(10)).is_none());
         assert!(leases.drain(t0 + ms(10)).is_empty(), "settled: nothing more to give back");
 
@@ -850,7 +855,7 @@ mod tests {
         // The call in flight during the drain comes back with its grant.
         let late = leases.granted("k", &BUCKET, &reply(10, 980, 9, NANOS_PER_SEC), t0, t0).expect("handed back");
         assert_eq!(late.key, "k");
-        assert_eq!(late.settle(), Some(Settle { slot: 9, taken: 10, unspent: 10 }));
+        assert_eq!(late.settle(), Some(Settle { slot: 9, taken: 10, unspent: 10, carry: false }));
         assert!(leases.take("k", &BUCKET, 1, t0).is_none());
         assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT).want, 0, "closing: no new lease");
     }

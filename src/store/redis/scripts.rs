@@ -210,12 +210,15 @@ pub struct LeaseArgs {
 
 /// A token-bucket lease handed back: the escrow slot it was granted in
 /// (the reply's token), the units granted there, and how many of them
-/// were not spent.
+/// were not spent. `carry`: the holder renews ahead and goes on spending
+/// the unspent units, which move to the slot of the call's grant (sent as
+/// a negative slot).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settle {
     pub slot: i64,
     pub taken: u64,
     pub unspent: u64,
+    pub carry: bool,
 }
 
 /// The values of one check after its key: its spec
@@ -241,15 +244,22 @@ pub fn args(mode: ScriptMode, limits: &Limits, cost: u64, extra: &str, lease: Le
     // both, the script would read the whole tail as the extra value and
     // grant no lease.
     let tail = if lease != LeaseArgs::default() && extra.is_empty() {
-        let settle = lease.settle.unwrap_or(Settle { slot: 0, taken: 0, unspent: 0 });
-        let values =
-            [lease.want, lease.period_us, lease.phase_us, settle.slot.max(0) as u64, settle.taken, settle.unspent];
+        let settle = lease.settle.unwrap_or(Settle { slot: 0, taken: 0, unspent: 0, carry: false });
+        let slot = settle.slot.max(0) as f64;
+        let values = [
+            lease.want as f64,
+            lease.period_us as f64,
+            lease.phase_us as f64,
+            if settle.carry { -slot } else { slot },
+            settle.taken as f64,
+            settle.unspent as f64,
+        ];
         let mut tail = Vec::with_capacity(LEASE_TAIL);
         tail.push(b'|');
         for v in values {
             // Whole numbers below 2^53 (units of at most `MAX_LIMIT`,
             // microseconds since the epoch) are exact in a double.
-            tail.extend_from_slice(&(v as f64).to_le_bytes());
+            tail.extend_from_slice(&v.to_le_bytes());
         }
         Value::Bytes(tail.into())
     } else {
@@ -553,7 +563,7 @@ mod tests {
             want: 8,
             period_us: 5_000_000,
             phase_us: 1_234_567,
-            settle: Some(Settle { slot: 1_795_551_536_012_345, taken: 10, unspent: 3 }),
+            settle: Some(Settle { slot: 1_795_551_536_012_345, taken: 10, unspent: 3, carry: false }),
         };
         let [spec, tail] = args(ScriptMode::Consume, &limits, 1, "", lease);
         assert_eq!(spec.as_str().as_deref(), Some("1:100:1000000:100:1"));
