@@ -30,6 +30,7 @@ pub struct Metrics {
     pub local_cache_hits_total: IntCounter,
     pub lease_hits_total: IntCounter,
     pub leases_granted_total: IntCounter,
+    pub lease_renewals_total: IntCounter,
     pub lease_give_backs_dropped_total: IntCounter,
     pub concurrency_slots_held: IntGauge,
     pub concurrency_slots_lost_total: IntCounter,
@@ -186,6 +187,14 @@ impl Metrics {
                 &registry,
                 IntCounter::new("tollgate_leases_granted_total", "Leases of quota the store granted to this instance.")
                     .expect("valid metric definition"),
+            ),
+            lease_renewals_total: reg(
+                &registry,
+                IntCounter::new(
+                    "tollgate_lease_renewals_total",
+                    "Leases renewed ahead: calls no request waited for, sent as a lease ran low.",
+                )
+                .expect("valid metric definition"),
             ),
             lease_give_backs_dropped_total: reg(
                 &registry,

@@ -220,18 +220,18 @@ local function decide()
   -- on spending the units it calls unspent, which are carried into the
   -- slot of this call's grant (below), so every unit stays counted at full
   -- weight until it is settled as spent.
-  local carry = 0
-  if settle_at < 0 then
-    settle_at, carry = -settle_at, unspent
+  local settled, carry = settle_at, 0
+  if settled < 0 then
+    settled, carry = -settled, unspent
   end
-  if settle_at > 0 and mode ~= 0 and nlive > 0 then
+  if settled > 0 and mode ~= 0 and nlive > 0 then
     local spent = taken - unspent
     if spent < 0 then spent = 0 end
-    if ea == settle_at then
+    if ea == settled then
       ua = ua - taken
       if ua < 0 then ua = 0 end
       level = level + spent
-    elseif nlive == 2 and eb == settle_at then
+    elseif nlive == 2 and eb == settled then
       ub = ub - taken
       if ub < 0 then ub = 0 end
       level = level + spent
@@ -300,7 +300,7 @@ local function decide()
   -- if its holders settle what they did not spend.
   local retry = max(drain_ns(used + cost - capacity), 1)
   local drain = drain_ns(used)
-  if mode == 1 and settle_at > 0 then save(t, level, drain) end
+  if mode == 1 and settled > 0 then save(t, level, drain) end
   if carry > 0 then
     -- Nothing granted, but the carried units' slot is the holder's now.
     return 0, 0, drain, retry, 0, token, 0, (token - now) * 1000

@@ -59,8 +59,15 @@ local want, period, phase, settle_at, taken, unspent = 0, 0, 0, 0, 0, 0
 -- stay valid (0: until given back). A lease is granted only on an admitted
 -- consume that leaves at least as much again for everyone else, so leases
 -- stop well before the limit and the last units are decided one by one.
+-- A renewal ahead tops up what the caller still holds (`unspent`: a
+-- bucket's carried units, a window's units, whose tail settles nothing):
+-- granted only where a whole lease of that size would be, so renewing
+-- ahead leases no nearer the limit than asking when spent.
 local function lease(room)
-  if mode ~= 1 or want <= 0 or room < 2 * want then return 0 end
+  if mode ~= 1 or want <= 0 then return 0 end
+  local held = 0
+  if settle_at < 0 or (period == 0 and settle_at == 0) then held = unspent end
+  if room < 2 * (want + held) then return 0 end
   return want
 end
 

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::call::Failure;
+use super::lease::Ahead;
 use super::scripts::{self, LeaseArgs, Reply, ScriptMode, redis_key};
 use super::{Shared, Slots, cache};
 use crate::config::OnError;
@@ -40,11 +41,23 @@ impl Shared {
         // Checks that leased quota held here can answer (see `lease`).
         let mut local: Vec<Option<Verdict>> = vec![None; checks.len()];
         if consume && self.leases.enabled() {
+            let mut ahead = Vec::new();
             for ((slot, c), key) in local.iter_mut().zip(checks).zip(&keys) {
                 if c.settles {
                     continue;
                 }
-                *slot = self.leases.take(key, &c.limits, c.cost, started);
+                *slot = self.leases.take(key, &c.limits, c.cost, started, self.timeout).map(|taken| {
+                    ahead.extend(taken.ahead);
+                    taken.verdict
+                });
+            }
+            if !ahead.is_empty() && !self.health.is_degraded() {
+                self.renew_ahead(ahead, started);
+            } else {
+                // Not sent: the next take may try again.
+                for a in &ahead {
+                    self.leases.failed(&a.key);
+                }
             }
             if local.iter().all(Option::is_some) {
                 self.metrics.lease_hits_total.inc();
@@ -185,6 +198,45 @@ impl Shared {
         }
         let slots = if consume { self.hold(checks, &keys, ids, &asked, &results, local_slots, now) } else { None };
         (answers, slots)
+    }
+
+    /// Sends the renewals ahead that spending leases made due (see
+    /// `lease`), in the background: no request waits for them, and each
+    /// goes with the next call to its node.
+    fn renew_ahead(self: &Arc<Self>, ahead: Vec<Ahead>, sent: Instant) {
+        let shared = self.clone();
+        let deadline = sent + self.timeout;
+        let answers: Vec<_> = ahead
+            .iter()
+            .map(|a| {
+                let args = scripts::args(ScriptMode::Consume, &a.limits, 0, "", a.args);
+                shared.submit_lazy(a.limits.algorithm, a.key.clone(), args, deadline)
+            })
+            .collect();
+        self.metrics.lease_renewals_total.inc_by(ahead.len() as u64);
+        tokio::spawn(async move {
+            let results = futures::future::join_all(answers).await;
+            let now = Instant::now();
+            let mut back = Vec::new();
+            for (a, result) in ahead.iter().zip(results) {
+                match result {
+                    Ok(reply) => {
+                        let reply = reply.complete(&a.limits, 0);
+                        if reply.granted > 0 {
+                            shared.metrics.leases_granted_total.inc();
+                        }
+                        back.extend(shared.leases.renewed(a, &reply, sent, now));
+                    }
+                    Err(_) => {
+                        shared.metrics.store_errors_total.with_label_values(&["redis"]).inc();
+                        shared.leases.renew_failed(a);
+                    }
+                }
+            }
+            if !back.is_empty() {
+                shared.give_back_to_redis(back);
+            }
+        });
     }
 
     /// The concurrency slots an admitted request took in Redis, now held

@@ -184,6 +184,32 @@ impl Lease {
     }
 }
 
+/// A lease spent down to [`AHEAD`]'s share of its size is renewed ahead:
+/// the next requests need not wait for a round trip, and the renewal,
+/// which no request waits for, goes in whatever call to its node leaves
+/// next (see `batch`).
+const AHEAD: u64 = 8;
+
+/// What [`Leases::take`] spent, and the renewal it made due.
+pub(super) struct Taken {
+    pub verdict: Verdict,
+    pub ahead: Option<Ahead>,
+}
+
+/// A renewal ahead: a consume of nothing that tops the lease up to its
+/// size, settling a token bucket's lease with its unspent units carried
+/// into the new grant's slot (`bucket.lua`), which the holder goes on
+/// spending meanwhile.
+#[derive(Debug)]
+pub(super) struct Ahead {
+    pub key: String,
+    pub limits: Limits,
+    pub args: LeaseArgs,
+    /// The lease's slot (a window's start) when it was sent: the lease
+    /// renewed, unless it has ended or been replaced since.
+    token: i64,
+}
+
 /// What a sweep does with a key's entry.
 enum Fate {
     Keep,
@@ -315,8 +341,11 @@ impl Leases {
         (self.period_us, u64::try_from(phase).unwrap_or(0))
     }
 
-    /// Spends `cost` units of a valid lease on `key`, if one holds enough.
-    pub fn take(&self, key: &str, limits: &Limits, cost: u64, now: Instant) -> Option<Verdict> {
+    /// Spends `cost` units of a valid lease on `key`, if one holds enough;
+    /// with them, the renewal ahead to send when that leaves the lease low
+    /// (see [`Ahead`]). The caller reports the renewal's outcome to
+    /// [`renewed`](Self::renewed) or [`renew_failed`](Self::renew_failed).
+    pub fn take(&self, key: &str, limits: &Limits, cost: u64, now: Instant, timeout: Duration) -> Option<Taken> {
         let mut shard = self.shard(key);
         let lease = shard.get_mut(key)?;
         self.roll(lease, now);
@@ -327,14 +356,117 @@ impl Leases {
         lease.units -= cost;
         lease.last_used = now;
         lease.used = true;
-        Some(Verdict {
+        let verdict = Verdict {
             allowed: true,
             remaining: lease.remaining.saturating_add(lease.units),
             reset_after: nanos(lease.reset_at.saturating_duration_since(now)),
             retry_after: 0,
             delay: 0,
             fallback: false,
+        };
+        let ahead = self.ahead(lease, key, limits, now, timeout);
+        Some(Taken { verdict, ahead })
+    }
+
+    /// The renewal `lease` is due once a take leaves it at an eighth of
+    /// its size or less: a top-up to its size (granted only where a whole
+    /// lease of that size would be: `lease` in prelude.lua), with a token bucket's
+    /// lease settled and its units carried into the new slot. None while a
+    /// lease request is in flight, after the drain, for a key no longer
+    /// worth a lease, or for a bucket lease whose settle is not known
+    /// (after a failed call: it ends with its slot, and the request that
+    /// finds it spent asks again).
+    fn ahead(&self, lease: &mut Lease, key: &str, limits: &Limits, now: Instant, timeout: Duration) -> Option<Ahead> {
+        if self.closing.load(Ordering::Relaxed) || lease.asking_until.is_some_and(|t| t > now) {
+            return None;
+        }
+        let share = self.share(limits);
+        let size = if share > 0 { share } else { self.by_use(lease, limits, now) };
+        if size == 0 || lease.units.saturating_mul(AHEAD) > size {
+            return None;
+        }
+        let bucket = lease.is_bucket();
+        if bucket && lease.taken == 0 {
+            return None;
+        }
+        let (period_us, phase_us) = self.escrow(key, limits);
+        let settle = bucket.then_some(Settle {
+            slot: lease.token,
+            taken: lease.taken,
+            unspent: lease.units.min(lease.taken),
+            carry: true,
+        });
+        lease.asking_until = Some(now + timeout);
+        Some(Ahead {
+            key: key.to_string(),
+            limits: *limits,
+            args: LeaseArgs {
+                want: size - lease.units.min(size),
+                period_us,
+                phase_us,
+                settle,
+                held: if bucket { 0 } else { lease.units },
+            },
+            token: lease.token,
         })
+    }
+
+    /// Records the outcome of a renewal ahead. A window's grant is recorded
+    /// as any grant; a token bucket's renewed lease holds what it carried
+    /// (less what was spent since) and what it was granted, in the slot the
+    /// answer names. Returns units nobody here holds any more, to give back
+    /// (the lease ended while the renewal was out).
+    pub fn renewed(&self, ahead: &Ahead, reply: &Reply, sent: Instant, now: Instant) -> Option<Unused> {
+        let Some(settle) = ahead.args.settle else {
+            return self.granted(&ahead.key, &ahead.limits, reply, sent, now);
+        };
+        let expires_at = (reply.lease_ttl > 0).then(|| sent + Duration::from_nanos(reply.lease_ttl));
+        let mut shard = self.shard(&ahead.key);
+        let lease = shard.get_mut(&ahead.key);
+        let current = lease.as_ref().is_some_and(|l| l.limits == ahead.limits && l.token == ahead.token);
+        if !current || self.closing.load(Ordering::Relaxed) {
+            if let Some(lease) = lease {
+                lease.asking_until = None;
+            }
+            // What it carried counts as spent; what it was granted goes back.
+            return (reply.token != 0 && reply.granted > 0).then(|| Unused {
+                key: ahead.key.clone(),
+                limits: ahead.limits,
+                units: reply.granted,
+                taken: settle.unspent + reply.granted,
+                token: reply.token,
+                expires_at,
+            });
+        }
+        // (`current` holds only for an entry.)
+        let lease = lease?;
+        lease.asking_until = None;
+        if reply.token == 0 {
+            // Nothing carried, nothing granted: the lease was settled whole.
+            lease.end();
+            return None;
+        }
+        // Units handed back by a rejected request since the renewal left
+        // were settled as spent: only those carried are spendable.
+        lease.units = lease.units.min(settle.unspent) + reply.granted;
+        lease.taken = settle.unspent + reply.granted;
+        lease.token = reply.token;
+        lease.expires_at = expires_at;
+        lease.remaining = reply.verdict.remaining;
+        lease.reset_at = sent + Duration::from_nanos(reply.verdict.reset_after);
+        None
+    }
+
+    /// A renewal ahead failed. Whether a bucket's settle ran is not known:
+    /// the lease is never settled (its units count until its slot ends, or
+    /// the new one if it ran, which ends later) and is spent until it ends.
+    pub fn renew_failed(&self, ahead: &Ahead) {
+        if let Some(lease) = self.shard(&ahead.key).get_mut(&ahead.key) {
+            lease.asking_until = None;
+            if ahead.args.settle.is_some() && lease.token == ahead.token {
+                lease.taken = 0;
+            }
+        }
     }
 
     /// Undoes a [`take`](Self::take): the request was rejected by another
@@ -391,7 +523,7 @@ impl Leases {
                 lease.units = 0;
                 lease.taken = 0;
             }
-            return LeaseArgs { want: size, period_us, phase_us, settle };
+            return LeaseArgs { want: size, period_us, phase_us, settle, held: 0 };
         }
         if shard.len() >= MAX_PER_SHARD {
             return LeaseArgs::default();
@@ -421,7 +553,7 @@ impl Leases {
         if !asking {
             return LeaseArgs::default();
         }
-        LeaseArgs { want: share, period_us, phase_us, settle: None }
+        LeaseArgs { want: share, period_us, phase_us, settle: None, held: 0 }
     }
 
     /// Records what a call that asked for a lease was granted. `sent` is
@@ -586,16 +718,22 @@ mod tests {
     fn a_key_is_leased_from_its_first_call_and_then_spent_locally() {
         let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
         let t0 = Instant::now();
-        assert!(leases.take("k", &BUCKET, 1, t0).is_none());
+        assert!(leases.take("k", &BUCKET, 1, t0, TIMEOUT).is_none());
         assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT).want, 10, "1% of 1,000");
         assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT).want, 0, "one lease request in flight per key");
         assert!(leases.granted("k", &BUCKET, &reply(10, 980, 0, 0), t0, t0).is_none());
         for left in (0..10).rev() {
-            let v = leases.take("k", &BUCKET, 1, t0).expect("served from the lease");
-            assert!(v.allowed);
-            assert_eq!(v.remaining, 980 + left);
+            let taken = leases.take("k", &BUCKET, 1, t0, TIMEOUT).expect("served from the lease");
+            assert!(taken.verdict.allowed);
+            assert_eq!(taken.verdict.remaining, 980 + left);
+            // Renewed ahead once an eighth of it is left (see the test below);
+            // here the renewal fails, and the lease is spent to the end.
+            assert_eq!(taken.ahead.is_some(), left == 1, "{left} left");
+            if let Some(ahead) = taken.ahead {
+                leases.renew_failed(&ahead);
+            }
         }
-        assert!(leases.take("k", &BUCKET, 1, t0).is_none(), "spent: back to Redis");
+        assert!(leases.take("k", &BUCKET, 1, t0, TIMEOUT).is_none(), "spent: back to Redis");
         assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT).want, 10);
     }
 
@@ -636,11 +774,11 @@ mod tests {
             // Three requests in the first second, and the one asking:
             // four in the last second.
             for i in 0..3 {
-                leases.take("k", limits, 1, t0 + ms(333 * i));
+                leases.take("k", limits, 1, t0 + ms(333 * i), TIMEOUT);
                 leases.want("k", limits, 1, t0 + ms(333 * i), TIMEOUT);
             }
             let at = t0 + ms(1_000);
-            leases.take("k", limits, 1, at);
+            leases.take("k", limits, 1, at, TIMEOUT);
             leases.want("k", limits, 1, at, TIMEOUT).want
         };
         assert_eq!(asked(Duration::from_secs(5), &bucket), 16, "four seconds at four a second");
@@ -660,41 +798,41 @@ mod tests {
         // first half second (a burst is decided request by request).
         for i in 0..5 {
             let at = t0 + ms(100 * i);
-            assert!(leases.take("k", &small, 1, at).is_none());
+            assert!(leases.take("k", &small, 1, at, TIMEOUT).is_none());
             assert_eq!(leases.want("k", &small, 1, at, TIMEOUT).want, 0, "request {i}");
         }
         let at = t0 + ms(500);
-        assert!(leases.take("k", &small, 1, at).is_none());
+        assert!(leases.take("k", &small, 1, at, TIMEOUT).is_none());
         let asked = leases.want("k", &small, 1, at, TIMEOUT);
         assert_eq!(asked.want, 10, "four times the six units used so far, capped at a tenth of 100");
         assert!(asked.period_us > 0, "held in escrow like any bucket lease");
         leases.granted("k", &small, &reply(10, 80, 9, 6 * NANOS_PER_SEC), at, at);
         for i in 1..=10 {
-            assert!(leases.take("k", &small, 1, at + ms(100 * i)).is_some(), "served here");
+            assert!(leases.take("k", &small, 1, at + ms(100 * i), TIMEOUT).is_some(), "served here");
         }
         // Faster than a tenth of the capacity: capped there.
         let busy = t0 + ms(2_100);
         for _ in 0..50 {
-            leases.take("k", &small, 1, busy);
+            leases.take("k", &small, 1, busy, TIMEOUT);
         }
         assert_eq!(leases.want("k", &small, 1, busy, TIMEOUT).want, 10, "a tenth of 100");
         leases.failed("k");
         // Quiet again: older use fades, and a key used once in a while is
         // not leased.
         let quiet = busy + ms(10_000);
-        assert!(leases.take("k", &small, 1, quiet).is_none());
+        assert!(leases.take("k", &small, 1, quiet, TIMEOUT).is_none());
         assert_eq!(leases.want("k", &small, 1, quiet, TIMEOUT).want, 0);
         // A crowd: a hundred requests in its first half second, none
         // leased.
         for i in 0..100 {
             let at = t0 + Duration::from_micros(4_990 * i);
-            assert!(leases.take("crowd", &small, 1, at).is_none());
+            assert!(leases.take("crowd", &small, 1, at, TIMEOUT).is_none());
             assert_eq!(leases.want("crowd", &small, 1, at, TIMEOUT).want, 0, "crowd request {i}");
         }
         // A key under ten units is never leased by use.
         let tiny = Limits { limit: 9, burst: 9, ..BUCKET };
         for i in 0..30 {
-            leases.take("t", &tiny, 1, t0 + ms(100 * i));
+            leases.take("t", &tiny, 1, t0 + ms(100 * i), TIMEOUT);
             assert_eq!(leases.want("t", &tiny, 1, t0 + ms(100 * i), TIMEOUT).want, 0);
         }
     }
@@ -708,7 +846,7 @@ mod tests {
         let window = Limits { algorithm: Algorithm::FixedWindow, limit: 100, burst: 100, ..BUCKET };
         for i in 0..=10 {
             let at = t0 + ms(100 * i);
-            assert!(leases.take("w", &window, 1, at).is_none());
+            assert!(leases.take("w", &window, 1, at, TIMEOUT).is_none());
             let asked = leases.want("w", &window, 1, at, TIMEOUT);
             if i < 10 {
                 leases.failed("w");
@@ -724,7 +862,7 @@ mod tests {
         let after = t0 + ms(1_100);
         // (A fixed window's units end with it: nothing to give back.)
         assert!(leases.expire(after).is_empty());
-        assert!(leases.take("w", &window, 1, after).is_none(), "nothing left to spend");
+        assert!(leases.take("w", &window, 1, after, TIMEOUT).is_none(), "nothing left to spend");
         assert_eq!(leases.want("w", &window, 1, after, TIMEOUT).want, 10);
         // Idle for `lease_idle`, it is forgotten.
         leases.failed("w");
@@ -739,14 +877,14 @@ mod tests {
         let window = Limits { algorithm: Algorithm::FixedWindow, ..BUCKET };
         assert_eq!(leases.want("k", &window, 1, t0, TIMEOUT).want, 10);
         leases.granted("k", &window, &reply(10, 980, 7, 100_000_000), t0, t0);
-        assert!(leases.take("k", &Limits { limit: 2_000, ..window }, 1, t0).is_none(), "limits lifted");
-        assert!(leases.take("k", &window, 1, t0 + Duration::from_millis(99)).is_some());
-        assert!(leases.take("k", &window, 1, t0 + Duration::from_millis(100)).is_none(), "the window ended");
+        assert!(leases.take("k", &Limits { limit: 2_000, ..window }, 1, t0, TIMEOUT).is_none(), "limits lifted");
+        assert!(leases.take("k", &window, 1, t0 + Duration::from_millis(99), TIMEOUT).is_some());
+        assert!(leases.take("k", &window, 1, t0 + Duration::from_millis(100), TIMEOUT).is_none(), "the window ended");
         // The window's count ended with it: nothing to give back. The key
         // stays tracked, with no lease.
         assert!(leases.expire(t0 + Duration::from_millis(100)).is_empty());
         assert_eq!(leases.len(), 1);
-        assert!(leases.take("k", &window, 1, t0 + Duration::from_millis(100)).is_none());
+        assert!(leases.take("k", &window, 1, t0 + Duration::from_millis(100), TIMEOUT).is_none());
     }
 
     #[test]
@@ -759,9 +897,9 @@ mod tests {
             assert_eq!(leases.want(key, &BUCKET, 1, t0, TIMEOUT).want, 10);
             leases.granted(key, &BUCKET, &slot, t0, t0);
         }
-        leases.take("k", &BUCKET, 3, t0).expect("served");
+        leases.take("k", &BUCKET, 3, t0, TIMEOUT).expect("served");
         leases.give_back("k", &BUCKET, 3);
-        leases.take("k", &BUCKET, 2, t0).expect("served");
+        leases.take("k", &BUCKET, 2, t0, TIMEOUT).expect("served");
         assert!(leases.expire(t0 + Duration::from_secs(4)).is_empty(), "not idle yet");
         // The one-off key's lease was never spent: not worth a call.
         let back = leases.expire(t0 + Duration::from_secs(5));
@@ -812,14 +950,14 @@ mod tests {
         assert!(asked.period_us == 5_000_000 && asked.phase_us < 5_000_000);
         leases.granted("k", &BUCKET, &slot, t0, t0);
         for _ in 0..4 {
-            assert!(leases.take("k", &BUCKET, 1, t0 + ms(5_999)).is_some());
+            assert!(leases.take("k", &BUCKET, 1, t0 + ms(5_999), TIMEOUT).is_some());
         }
-        assert!(leases.take("k", &BUCKET, 1, t0 + ms(6_000)).is_none(), "the slot ended");
+        assert!(leases.take("k", &BUCKET, 1, t0 + ms(6_000), TIMEOUT).is_none(), "the slot ended");
         // Before it ends, the call that asks again settles it: 10 taken, 6
         // of them unspent, and nothing is spendable here until the reply.
         let asked = leases.want("k", &BUCKET, 7, t0 + ms(10), TIMEOUT);
         assert_eq!(asked.settle, Some(Settle { slot: 5_000, taken: 10, unspent: 6, carry: false }));
-        assert!(leases.take("k", &BUCKET, 1, t0 + ms(10)).is_none());
+        assert!(leases.take("k", &BUCKET, 1, t0 + ms(10), TIMEOUT).is_none());
         assert!(leases.drain(t0 + ms(10)).is_empty(), "settled: nothing more to give back");
 
         // A slot that has ended counted everything: nothing to settle.
@@ -829,6 +967,70 @@ mod tests {
         assert_eq!(leases.want("k", &BUCKET, 1, t0 + ms(6_000), TIMEOUT).settle, None);
         leases.granted("k", &BUCKET, &slot, t0, t0);
         assert!(leases.drain(t0 + ms(6_000)).is_empty());
+    }
+
+    #[test]
+    fn a_lease_running_low_is_renewed_ahead_with_its_unspent_units_carried() {
+        let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        // 1% of 1,000: a lease of 10 in the slot ending at 5,000 (6 s).
+        leases.want("k", &BUCKET, 1, t0, TIMEOUT);
+        leases.granted("k", &BUCKET, &reply(10, 985, 5_000, 6 * NANOS_PER_SEC), t0, t0);
+        for _ in 0..8 {
+            assert!(leases.take("k", &BUCKET, 1, t0, TIMEOUT).expect("served").ahead.is_none());
+        }
+        // Nine spent, one left: an eighth of 10 or less.
+        let ahead = leases.take("k", &BUCKET, 1, t0 + ms(1), TIMEOUT).expect("served").ahead.expect("renewed ahead");
+        assert_eq!(ahead.args.want, 9, "topped up to its size");
+        assert_eq!(ahead.args.settle, Some(Settle { slot: 5_000, taken: 10, unspent: 1, carry: true }));
+        // One renewal at a time; the carried unit is still spent meanwhile.
+        let last = leases.take("k", &BUCKET, 1, t0 + ms(2), TIMEOUT).expect("the carried unit");
+        assert!(last.ahead.is_none(), "one renewal in flight");
+        assert!(leases.take("k", &BUCKET, 1, t0 + ms(2), TIMEOUT).is_none(), "spent");
+        // The answer: the unit carried and 9 granted, in the slot ending at
+        // 10,000, 9 s from when the renewal left.
+        let renewed = reply(9, 975, 10_000, 9 * NANOS_PER_SEC);
+        assert!(leases.renewed(&ahead, &renewed, t0 + ms(1), t0 + ms(3)).is_none());
+        for _ in 0..9 {
+            leases.take("k", &BUCKET, 1, t0 + ms(9_000), TIMEOUT).expect("the granted units");
+        }
+        assert!(leases.take("k", &BUCKET, 1, t0 + ms(9_001), TIMEOUT).is_none(), "its slot ended");
+        // It quotes what it holds in the new slot: the carried unit (spent
+        // while the renewal was out) and the 9 granted.
+        let unused = leases.drain(t0 + ms(3));
+        assert_eq!(unused[0].settle(), Some(Settle { slot: 10_000, taken: 10, unspent: 0, carry: false }));
+
+        // A renewal that fails may have settled the lease or not: it is
+        // never settled again, and spent until its own slot ends.
+        let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
+        leases.want("k", &BUCKET, 1, t0, TIMEOUT);
+        leases.granted("k", &BUCKET, &reply(10, 985, 5_000, 6 * NANOS_PER_SEC), t0, t0);
+        let ahead = (0..9).find_map(|_| leases.take("k", &BUCKET, 1, t0, TIMEOUT).and_then(|t| t.ahead));
+        leases.renew_failed(&ahead.expect("renewed ahead"));
+        assert!(leases.take("k", &BUCKET, 1, t0 + ms(5_999), TIMEOUT).expect("the last unit").ahead.is_none());
+        assert_eq!(leases.want("k", &BUCKET, 1, t0 + ms(5_999), TIMEOUT).settle, None, "nothing to settle");
+
+        // A lease that ended while its renewal was out: what was granted
+        // goes back, and what was carried counts as spent.
+        let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
+        leases.want("k", &BUCKET, 1, t0, TIMEOUT);
+        leases.granted("k", &BUCKET, &reply(10, 985, 5_000, 6 * NANOS_PER_SEC), t0, t0);
+        let ahead = (0..9).find_map(|_| leases.take("k", &BUCKET, 1, t0, TIMEOUT).and_then(|t| t.ahead));
+        assert!(leases.expire(t0 + ms(6_000)).is_empty(), "its slot ended: nothing to settle");
+        let back = leases.renewed(&ahead.expect("renewed ahead"), &renewed, t0, t0 + ms(6_000)).expect("given back");
+        assert_eq!(back.settle(), Some(Settle { slot: 10_000, taken: 10, unspent: 9, carry: false }));
+
+        // A window's renewal adds to the lease of its window.
+        let window = Limits { algorithm: Algorithm::FixedWindow, ..BUCKET };
+        let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
+        leases.want("w", &window, 1, t0, TIMEOUT);
+        leases.granted("w", &window, &reply(10, 980, 7, NANOS_PER_SEC), t0, t0);
+        let ahead = (0..9).find_map(|_| leases.take("w", &window, 1, t0, TIMEOUT).and_then(|t| t.ahead));
+        let ahead = ahead.expect("renewed ahead");
+        assert_eq!((ahead.args.want, ahead.args.settle, ahead.args.held), (9, None, 1));
+        assert!(leases.renewed(&ahead, &reply(9, 970, 7, NANOS_PER_SEC), t0, t0).is_none());
+        assert_eq!((0..20).filter(|_| leases.take("w", &window, 1, t0, TIMEOUT).is_some()).count(), 10);
     }
 
     #[test]
@@ -856,7 +1058,7 @@ mod tests {
         let late = leases.granted("k", &BUCKET, &reply(10, 980, 9, NANOS_PER_SEC), t0, t0).expect("handed back");
         assert_eq!(late.key, "k");
         assert_eq!(late.settle(), Some(Settle { slot: 9, taken: 10, unspent: 10, carry: false }));
-        assert!(leases.take("k", &BUCKET, 1, t0).is_none());
+        assert!(leases.take("k", &BUCKET, 1, t0, TIMEOUT).is_none());
         assert_eq!(leases.want("k", &BUCKET, 1, t0, TIMEOUT).want, 0, "closing: no new lease");
     }
 }

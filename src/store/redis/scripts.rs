@@ -206,6 +206,10 @@ pub struct LeaseArgs {
     pub period_us: u64,
     pub phase_us: u64,
     pub settle: Option<Settle>,
+    /// A window's renewal ahead: the units the caller still holds, which
+    /// the script counts with `want` when deciding to grant (a bucket's
+    /// carried units count alike).
+    pub held: u64,
 }
 
 /// A token-bucket lease handed back: the escrow slot it was granted in
@@ -252,7 +256,7 @@ pub fn args(mode: ScriptMode, limits: &Limits, cost: u64, extra: &str, lease: Le
             lease.phase_us as f64,
             if settle.carry { -slot } else { slot },
             settle.taken as f64,
-            settle.unspent as f64,
+            if lease.settle.is_some() { settle.unspent as f64 } else { lease.held as f64 },
         ];
         let mut tail = Vec::with_capacity(LEASE_TAIL);
         tail.push(b'|');
@@ -564,6 +568,7 @@ mod tests {
             period_us: 5_000_000,
             phase_us: 1_234_567,
             settle: Some(Settle { slot: 1_795_551_536_012_345, taken: 10, unspent: 3, carry: false }),
+            held: 0,
         };
         let [spec, tail] = args(ScriptMode::Consume, &limits, 1, "", lease);
         assert_eq!(spec.as_str().as_deref(), Some("1:100:1000000:100:1"));
@@ -573,6 +578,17 @@ mod tests {
         let values: Vec<u64> =
             tail[1..].chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")) as u64).collect();
         assert_eq!(values, [8, 5_000_000, 1_234_567, 1_795_551_536_012_345, 10, 3]);
+        // A renewal ahead: a bucket's settle carrying its unspent units
+        // names its slot negated; a window's sends the units it holds.
+        let doubles = |lease: LeaseArgs| {
+            let [_, Value::Bytes(tail)] = args(ScriptMode::Consume, &limits, 0, "", lease) else { panic!() };
+            tail[1..].chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes"))).collect::<Vec<_>>()
+        };
+        let carry = Settle { slot: 1_795_551_536_012_345, taken: 10, unspent: 1, carry: true };
+        let ahead = doubles(LeaseArgs { want: 9, settle: Some(carry), ..LeaseArgs::default() });
+        assert_eq!(ahead[3..], [-1_795_551_536_012_345.0, 10.0, 1.0]);
+        let window = doubles(LeaseArgs { want: 9, held: 1, ..LeaseArgs::default() });
+        assert_eq!(window, [9.0, 0.0, 0.0, 0.0, 0.0, 1.0]);
         // No lease: the extra value alone, as text.
         let [_, tail] = args(ScriptMode::Refund, &limits, 1, "1700000000000000", LeaseArgs::default());
         assert_eq!(tail.as_str().as_deref(), Some("1700000000000000"));
