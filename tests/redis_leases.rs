@@ -334,6 +334,38 @@ async fn a_token_bucket_lease_stays_valid_while_its_bucket_refills_and_is_settle
     assert!(hits >= 1_300.0, "{hits} of 1,500 requests were served from leases");
 }
 
+/// A key in steady use has its lease renewed ahead, in the background:
+/// after the first request, none waits for Redis. (Each renewal leaves
+/// with one unit left, which lasts the 20 ms until the next request.)
+#[tokio::test]
+async fn a_lease_in_steady_use_is_renewed_ahead_and_no_request_waits_for_redis() {
+    let up = Upstream::start().await;
+    for algorithm in ["token_bucket", "fixed_window", "sliding_window_counter"] {
+        let prefix = format!("t-lease-ahead-{algorithm}:");
+        // 1% of 1,000: leases of 10.
+        let tg = tollgate(&up, &prefix, "lease_idle = \"1h\"", &rule("steady", algorithm, 1_000)).await;
+        for i in 0..100 {
+            let status = tg.get("/").from_ip("192.0.2.40").send().await.status;
+            assert_eq!(status, 200, "{algorithm}: request {i}");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let m = tg.metrics().await;
+        let checks = metric(&m, "tollgate_redis_call_checks_total", &[]).unwrap_or(0.0);
+        let renewals = metric(&m, "tollgate_lease_renewals_total", &[]).unwrap_or(0.0);
+        let hits = lease_hits(&tg).await;
+        assert!(renewals >= 9.0, "{algorithm}: {renewals} renewals ahead");
+        // The first request asks Redis; a slow machine may let a renewal
+        // arrive after the unit it left was spent, now and then.
+        assert!(checks - renewals <= 3.0, "{algorithm}: {} requests waited for Redis", checks - renewals);
+        assert!(hits >= 97.0, "{algorithm}: {hits} of 100 requests served from leases");
+        // What Redis had left at the last grant and what is leased here: 899
+        // after 101 requests, none lost or counted twice by the renewals.
+        let last = tg.get("/").from_ip("192.0.2.40").send().await;
+        let remaining: u64 = last.header("x-ratelimit-remaining").and_then(|v| v.parse().ok()).expect("remaining");
+        assert!((880..=899).contains(&remaining), "{algorithm}: {remaining} remaining after 101 requests");
+    }
+}
+
 #[tokio::test]
 async fn the_escrow_of_an_instance_that_died_holding_a_lease_comes_back_when_its_slot_ends() {
     let up = Upstream::start().await;

@@ -5,7 +5,9 @@
 //! work for a Redis that all instances share. With a lease, the call that
 //! admits a request also takes up to `lease_percent` of the key's capacity
 //! for this instance; the requests that follow spend it here, and Redis
-//! hears from this instance again when the lease runs out.
+//! hears from this instance again when an eighth of the lease is left: a
+//! renewal ahead ([`Ahead`]) tops it up in the background, so that a key
+//! in steady use never makes a request wait for Redis.
 //!
 //! What it keeps and what it gives up:
 //!
@@ -54,6 +56,18 @@
 //!   seconds at the rate it used the key in the last one: other instances may be refused
 //!   while it holds it, by at most that tenth per instance, until it is
 //!   spent, settled, or given back idle.
+//! - **Renewed ahead, never more than one lease held.** A take that leaves
+//!   a lease at an eighth of its size or less sends a renewal that no
+//!   request waits for: a consume of nothing asking for the size less what
+//!   is held, in the next call to the key's node (a lazy check, see
+//!   `batch`). A token bucket's renewal settles the lease and carries its
+//!   unspent units into the new grant's slot (`bucket.lua`), where they
+//!   stay counted while this instance goes on spending them. The script
+//!   grants it only where a whole lease of that size would be granted
+//!   (counting what is held), so renewals stop as far from the limit as
+//!   leases do. A renewal that fails leaves a bucket's lease unsettled
+//!   until its slot ends (whether the settle ran is not known; either way
+//!   its units stay counted until then).
 //! - **Not for every algorithm.** The leaky bucket decides each request's
 //!   delay from the queue ahead of it, and the sliding log stamps each entry
 //!   with its own time (an entry stamped early would leave the window
