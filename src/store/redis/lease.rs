@@ -411,6 +411,12 @@ impl Leases {
             carry: true,
         });
         lease.asking_until = Some(now + timeout);
+        if bucket {
+            // Settled by this renewal, if it runs: nothing else may settle
+            // it meanwhile (a sweep, the drain), or the slot would give up
+            // its units twice. Its units stay spendable until it ends.
+            lease.taken = 0;
+        }
         Some(Ahead {
             key: key.to_string(),
             limits: *limits,
@@ -1006,14 +1012,17 @@ mod tests {
         // 10,000, 9 s from when the renewal left.
         let renewed = reply(9, 975, 10_000, 9 * NANOS_PER_SEC);
         assert!(leases.renewed(&ahead, &renewed, t0 + ms(1), t0 + ms(3)).is_none());
+        let mut next = None;
         for _ in 0..9 {
-            leases.take("k", &BUCKET, 1, t0 + ms(9_000), TIMEOUT).expect("the granted units");
+            let taken = leases.take("k", &BUCKET, 1, t0 + ms(9_000), TIMEOUT).expect("the granted units");
+            next = next.or(taken.ahead);
         }
         assert!(leases.take("k", &BUCKET, 1, t0 + ms(9_001), TIMEOUT).is_none(), "its slot ended");
-        // It quotes what it holds in the new slot: the carried unit (spent
-        // while the renewal was out) and the 9 granted.
-        let unused = leases.drain(t0 + ms(3));
-        assert_eq!(unused[0].settle(), Some(Settle { slot: 10_000, taken: 10, unspent: 0, carry: false }));
+        // The next renewal quotes what it holds in the new slot: the
+        // carried unit (spent while the first was out) and the 9 granted.
+        let next = next.expect("renewed ahead again");
+        assert_eq!(next.args.settle, Some(Settle { slot: 10_000, taken: 10, unspent: 1, carry: true }));
+        assert!(leases.drain(t0 + ms(9_000)).is_empty(), "settled by the renewal out");
 
         // A renewal that fails may have settled the lease or not: it is
         // never settled again, and spent until its own slot ends.
@@ -1024,6 +1033,16 @@ mod tests {
         leases.renew_failed(&ahead.expect("renewed ahead"));
         assert!(leases.take("k", &BUCKET, 1, t0 + ms(5_999), TIMEOUT).expect("the last unit").ahead.is_none());
         assert_eq!(leases.want("k", &BUCKET, 1, t0 + ms(5_999), TIMEOUT).settle, None, "nothing to settle");
+
+        // Shutting down while a renewal is out: the lease it settles is not
+        // settled again, and what the renewal brings back is handed back.
+        let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
+        leases.want("k", &BUCKET, 1, t0, TIMEOUT);
+        leases.granted("k", &BUCKET, &reply(10, 985, 5_000, 6 * NANOS_PER_SEC), t0, t0);
+        let ahead = (0..9).find_map(|_| leases.take("k", &BUCKET, 1, t0, TIMEOUT).and_then(|t| t.ahead));
+        assert!(leases.drain(t0 + ms(1)).is_empty(), "settled by the renewal out");
+        let back = leases.renewed(&ahead.expect("renewed ahead"), &renewed, t0, t0 + ms(2)).expect("given back");
+        assert_eq!(back.settle(), Some(Settle { slot: 10_000, taken: 10, unspent: 9, carry: false }));
 
         // A lease that ended while its renewal was out: what was granted
         // goes back, and what was carried counts as spent.
