@@ -5,9 +5,9 @@
 //! work for a Redis that all instances share. With a lease, the call that
 //! admits a request also takes up to `lease_percent` of the key's capacity
 //! for this instance; the requests that follow spend it here, and Redis
-//! hears from this instance again when an eighth of the lease is left: a
-//! renewal ahead ([`Ahead`]) tops it up in the background, so that a key
-//! in steady use never makes a request wait for Redis.
+//! hears from this instance again when the lease runs low: a renewal ahead
+//! ([`Ahead`]) tops it up in the background, so that a key in steady use
+//! never makes a request wait for Redis.
 //!
 //! What it keeps and what it gives up:
 //!
@@ -57,8 +57,9 @@
 //!   while it holds it, by at most that tenth per instance, until it is
 //!   spent, settled, or given back idle.
 //! - **Renewed ahead, never more than one lease held.** A take that leaves
-//!   a lease at an eighth of its size or less sends a renewal that no
-//!   request waits for: a consume of nothing asking for the size less what
+//!   a lease at what the key spends here in [`LEAD`] (25 ms), at most an
+//!   eighth of its size, sends a renewal that no request waits for (a key
+//!   used a few times a second renews as it spends its last unit): a consume of nothing asking for the size less what
 //!   is held, in the next call to the key's node (a lazy check, see
 //!   `batch`). A token bucket's renewal settles the lease and carries its
 //!   unspent units into the new grant's slot (`bucket.lua`), where they
@@ -198,11 +199,16 @@ impl Lease {
     }
 }
 
-/// A lease spent down to [`AHEAD`]'s share of its size is renewed ahead:
+/// A lease spent down to an [`AHEAD`]th of its size (or [`LEAD`]'s worth)
+/// is renewed ahead:
 /// the next requests need not wait for a round trip, and the renewal,
 /// which no request waits for, goes in whatever call to its node leaves
 /// next (see `batch`).
 const AHEAD: u64 = 8;
+/// ... or when what is left would last less than this at the key's rate
+/// here, if that is less: how long a renewal may take to come back (a lazy
+/// check's wait, a round trip under load).
+const LEAD: Duration = Duration::from_millis(25);
 
 /// What [`Leases::take`] spent, and the renewal it made due.
 pub(super) struct Taken {
@@ -324,13 +330,19 @@ impl Leases {
         if now.saturating_duration_since(lease.born) < self.youth {
             return 0;
         }
-        let horizon = self.horizon.as_nanos();
-        let into = now.saturating_duration_since(lease.since).as_nanos().min(horizon);
-        let before = u128::from(lease.before) * (horizon - into) / horizon;
-        let rate = u64::try_from(before).unwrap_or(u64::MAX).saturating_add(lease.seen);
+        let rate = self.rate(lease, now);
         let span = if limits.algorithm == Algorithm::TokenBucket { self.bucket_span } else { BY_USE_SPAN };
         let size = rate.saturating_mul(span).min(limits.capacity() / BY_USE_SHARE);
         if rate < 2 || size < 2 { 0 } else { size }
+    }
+
+    /// The units asked of `lease`'s key here over the last horizon: a
+    /// sliding estimate over this horizon and the one before (`roll` first).
+    fn rate(&self, lease: &Lease, now: Instant) -> u64 {
+        let horizon = self.horizon.as_nanos();
+        let into = now.saturating_duration_since(lease.since).as_nanos().min(horizon);
+        let before = u128::from(lease.before) * (horizon - into) / horizon;
+        u64::try_from(before).unwrap_or(u64::MAX).saturating_add(lease.seen)
     }
 
     /// Moves `lease`'s use count on to the horizon `now` falls in.
@@ -382,8 +394,8 @@ impl Leases {
         Some(Taken { verdict, ahead })
     }
 
-    /// The renewal `lease` is due once a take leaves it at an eighth of
-    /// its size or less: a top-up to its size (granted only where a whole
+    /// The renewal `lease` is due once a take leaves it at what the key
+    /// spends here in [`LEAD`], at most an eighth of its size: a top-up to its size (granted only where a whole
     /// lease of that size would be: `lease` in prelude.lua), with a token bucket's
     /// lease settled and its units carried into the new slot. None while a
     /// lease request is in flight, after the drain, for a key no longer
@@ -396,7 +408,12 @@ impl Leases {
         }
         let share = self.share(limits);
         let size = if share > 0 { share } else { self.by_use(lease, limits, now) };
-        if size == 0 || lease.units.saturating_mul(AHEAD) > size {
+        // What the key spends here while a renewal is out, at most an eighth
+        // of the lease: a key used a few times a second renews as it spends
+        // its last unit, a whole lease per call.
+        let lead = u128::from(self.rate(lease, now)) * LEAD.as_nanos() / self.horizon.as_nanos();
+        let due = (size / AHEAD).min(u64::try_from(lead).unwrap_or(u64::MAX));
+        if size == 0 || lease.units > due {
             return None;
         }
         let bucket = lease.is_bucket();
@@ -746,9 +763,9 @@ mod tests {
             let taken = leases.take("k", &BUCKET, 1, t0, TIMEOUT).expect("served from the lease");
             assert!(taken.verdict.allowed);
             assert_eq!(taken.verdict.remaining, 980 + left);
-            // Renewed ahead once an eighth of it is left (see the test below);
-            // here the renewal fails, and the lease is spent to the end.
-            assert_eq!(taken.ahead.is_some(), left == 1, "{left} left");
+            // Renewed ahead as its last unit is spent, at this key's rate
+            // (see the test below); here the renewal fails.
+            assert_eq!(taken.ahead.is_some(), left == 0, "{left} left");
             if let Some(ahead) = taken.ahead {
                 leases.renew_failed(&ahead);
             }
@@ -989,13 +1006,24 @@ mod tests {
         assert!(leases.drain(t0 + ms(6_000)).is_empty());
     }
 
+    /// Requests for `key` before its lease comes: 400 in the last second
+    /// here, so that a unit lasts 2.5 ms and a lease renews with an eighth
+    /// left (it would spend 10 in the 25 ms a renewal may take).
+    fn busy(leases: &Leases, key: &str, limits: &Limits) {
+        for _ in 0..400 {
+            assert!(leases.take(key, limits, 1, Instant::now(), TIMEOUT).is_none(), "not leased yet");
+        }
+    }
+
     #[test]
     fn a_lease_running_low_is_renewed_ahead_with_its_unspent_units_carried() {
         let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
         let t0 = Instant::now();
         let ms = Duration::from_millis;
-        // 1% of 1,000: a lease of 10 in the slot ending at 5,000 (6 s).
+        // 1% of 1,000: a lease of 10 in the slot ending at 5,000 (6 s), of
+        // a busy key.
         leases.want("k", &BUCKET, 1, t0, TIMEOUT);
+        busy(&leases, "k", &BUCKET);
         leases.granted("k", &BUCKET, &reply(10, 985, 5_000, 6 * NANOS_PER_SEC), t0, t0);
         for _ in 0..8 {
             assert!(leases.take("k", &BUCKET, 1, t0, TIMEOUT).expect("served").ahead.is_none());
@@ -1019,15 +1047,18 @@ mod tests {
         }
         assert!(leases.take("k", &BUCKET, 1, t0 + ms(9_001), TIMEOUT).is_none(), "its slot ended");
         // The next renewal quotes what it holds in the new slot: the
-        // carried unit (spent while the first was out) and the 9 granted.
+        // carried unit (spent while the first was out) and the 9 granted;
+        // used slowly by then (nine requests in 9 s), the key renews as it
+        // spends its last unit.
         let next = next.expect("renewed ahead again");
-        assert_eq!(next.args.settle, Some(Settle { slot: 10_000, taken: 10, unspent: 1, carry: true }));
+        assert_eq!(next.args.settle, Some(Settle { slot: 10_000, taken: 10, unspent: 0, carry: true }));
         assert!(leases.drain(t0 + ms(9_000)).is_empty(), "settled by the renewal out");
 
         // A renewal that fails may have settled the lease or not: it is
         // never settled again, and spent until its own slot ends.
         let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
         leases.want("k", &BUCKET, 1, t0, TIMEOUT);
+        busy(&leases, "k", &BUCKET);
         leases.granted("k", &BUCKET, &reply(10, 985, 5_000, 6 * NANOS_PER_SEC), t0, t0);
         let ahead = (0..9).find_map(|_| leases.take("k", &BUCKET, 1, t0, TIMEOUT).and_then(|t| t.ahead));
         leases.renew_failed(&ahead.expect("renewed ahead"));
@@ -1038,6 +1069,7 @@ mod tests {
         // settled again, and what the renewal brings back is handed back.
         let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
         leases.want("k", &BUCKET, 1, t0, TIMEOUT);
+        busy(&leases, "k", &BUCKET);
         leases.granted("k", &BUCKET, &reply(10, 985, 5_000, 6 * NANOS_PER_SEC), t0, t0);
         let ahead = (0..9).find_map(|_| leases.take("k", &BUCKET, 1, t0, TIMEOUT).and_then(|t| t.ahead));
         assert!(leases.drain(t0 + ms(1)).is_empty(), "settled by the renewal out");
@@ -1048,6 +1080,7 @@ mod tests {
         // goes back, and what was carried counts as spent.
         let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
         leases.want("k", &BUCKET, 1, t0, TIMEOUT);
+        busy(&leases, "k", &BUCKET);
         leases.granted("k", &BUCKET, &reply(10, 985, 5_000, 6 * NANOS_PER_SEC), t0, t0);
         let ahead = (0..9).find_map(|_| leases.take("k", &BUCKET, 1, t0, TIMEOUT).and_then(|t| t.ahead));
         assert!(leases.expire(t0 + ms(6_000)).is_empty(), "its slot ended: nothing to settle");
@@ -1058,6 +1091,7 @@ mod tests {
         let window = Limits { algorithm: Algorithm::FixedWindow, ..BUCKET };
         let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
         leases.want("w", &window, 1, t0, TIMEOUT);
+        busy(&leases, "w", &window);
         leases.granted("w", &window, &reply(10, 980, 7, NANOS_PER_SEC), t0, t0);
         let ahead = (0..9).find_map(|_| leases.take("w", &window, 1, t0, TIMEOUT).and_then(|t| t.ahead));
         let ahead = ahead.expect("renewed ahead");
