@@ -411,9 +411,11 @@ impl Leases {
         // What the key spends here while a renewal is out, at most an eighth
         // of the lease: a key used a few times a second renews as it spends
         // its last unit, a whole lease per call.
+        if size == 0 || lease.units > size / AHEAD {
+            return None;
+        }
         let lead = u128::from(self.rate(lease, now)) * LEAD.as_nanos() / self.horizon.as_nanos();
-        let due = (size / AHEAD).min(u64::try_from(lead).unwrap_or(u64::MAX));
-        if size == 0 || lease.units > due {
+        if u128::from(lease.units) > lead {
             return None;
         }
         let bucket = lease.is_bucket();
