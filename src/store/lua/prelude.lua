@@ -66,7 +66,8 @@ local want, period, phase, settle_at, taken, unspent = 0, 0, 0, 0, 0, 0
 local function lease(room)
   if mode ~= 1 or want <= 0 then return 0 end
   local held = 0
-  if settle_at < 0 or (period == 0 and settle_at == 0) then held = unspent end
+  -- (A settle of a spent lease, a positive slot, gives its unspent up.)
+  if settle_at <= 0 then held = unspent end
   if room < 2 * (want + held) then return 0 end
   return want
 end

@@ -63,7 +63,7 @@ const SPACING: Duration = Duration::from_millis(1);
 
 /// How long a lazy check (a lease renewed ahead) waits for a call to its
 /// node to go with before one leaves for it alone. The lease it renews
-/// still holds an eighth of its size meanwhile.
+/// holds what its key spends here in `lease::LEAD` meanwhile.
 const LAZY: Duration = Duration::from_millis(5);
 
 const ALGORITHMS: usize = scripts::ALGORITHMS;

@@ -56,7 +56,7 @@ impl Shared {
             } else {
                 // Not sent: the next take may try again.
                 for a in &ahead {
-                    self.leases.failed(&a.key);
+                    self.leases.unsent(a);
                 }
             }
             if local.iter().all(Option::is_some) {

@@ -496,6 +496,18 @@ impl Leases {
         None
     }
 
+    /// A renewal ahead was never sent: the lease is as it was before it.
+    pub fn unsent(&self, ahead: &Ahead) {
+        if let Some(lease) = self.shard(&ahead.key).get_mut(&ahead.key) {
+            lease.asking_until = None;
+            if let Some(settle) = ahead.args.settle
+                && lease.token == ahead.token
+            {
+                lease.taken = settle.taken;
+            }
+        }
+    }
+
     /// A renewal ahead failed. Whether a bucket's settle ran is not known:
     /// the lease is never settled (its units count until its slot ends, or
     /// the new one if it ran, which ends later) and is spent until it ends.
@@ -1017,6 +1029,17 @@ mod tests {
         }
     }
 
+    /// A busy key granted `lease` (of 10) and spent until it renews ahead,
+    /// with one unit left; the renewal made due.
+    fn renewing(key: &str, limits: &Limits, lease: &Reply, t0: Instant) -> (Leases, Ahead) {
+        let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
+        leases.want(key, limits, 1, t0, TIMEOUT);
+        busy(&leases, key, limits);
+        leases.granted(key, limits, lease, t0, t0);
+        let ahead = (0..9).find_map(|_| leases.take(key, limits, 1, t0, TIMEOUT).and_then(|t| t.ahead));
+        (leases, ahead.expect("renewed ahead"))
+    }
+
     #[test]
     fn a_lease_running_low_is_renewed_ahead_with_its_unspent_units_carried() {
         let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
@@ -1058,45 +1081,35 @@ mod tests {
 
         // A renewal that fails may have settled the lease or not: it is
         // never settled again, and spent until its own slot ends.
-        let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
-        leases.want("k", &BUCKET, 1, t0, TIMEOUT);
-        busy(&leases, "k", &BUCKET);
-        leases.granted("k", &BUCKET, &reply(10, 985, 5_000, 6 * NANOS_PER_SEC), t0, t0);
-        let ahead = (0..9).find_map(|_| leases.take("k", &BUCKET, 1, t0, TIMEOUT).and_then(|t| t.ahead));
-        leases.renew_failed(&ahead.expect("renewed ahead"));
+        let (leases, ahead) = renewing("k", &BUCKET, &reply(10, 985, 5_000, 6 * NANOS_PER_SEC), t0);
+        leases.renew_failed(&ahead);
         assert!(leases.take("k", &BUCKET, 1, t0 + ms(5_999), TIMEOUT).expect("the last unit").ahead.is_none());
         assert_eq!(leases.want("k", &BUCKET, 1, t0 + ms(5_999), TIMEOUT).settle, None, "nothing to settle");
 
+        // A renewal never sent (the store was degraded): the lease is as
+        // it was, and the next take makes the same renewal due.
+        let (leases, ahead) = renewing("k", &BUCKET, &reply(10, 985, 5_000, 6 * NANOS_PER_SEC), t0);
+        leases.unsent(&ahead);
+        let again = leases.take("k", &BUCKET, 0, t0, TIMEOUT).expect("the last unit").ahead.expect("due again");
+        assert_eq!(again.args.settle, ahead.args.settle);
+
         // Shutting down while a renewal is out: the lease it settles is not
         // settled again, and what the renewal brings back is handed back.
-        let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
-        leases.want("k", &BUCKET, 1, t0, TIMEOUT);
-        busy(&leases, "k", &BUCKET);
-        leases.granted("k", &BUCKET, &reply(10, 985, 5_000, 6 * NANOS_PER_SEC), t0, t0);
-        let ahead = (0..9).find_map(|_| leases.take("k", &BUCKET, 1, t0, TIMEOUT).and_then(|t| t.ahead));
+        let (leases, ahead) = renewing("k", &BUCKET, &reply(10, 985, 5_000, 6 * NANOS_PER_SEC), t0);
         assert!(leases.drain(t0 + ms(1)).is_empty(), "settled by the renewal out");
-        let back = leases.renewed(&ahead.expect("renewed ahead"), &renewed, t0, t0 + ms(2)).expect("given back");
+        let back = leases.renewed(&ahead, &renewed, t0, t0 + ms(2)).expect("given back");
         assert_eq!(back.settle(), Some(Settle { slot: 10_000, taken: 10, unspent: 9, carry: false }));
 
         // A lease that ended while its renewal was out: what was granted
         // goes back, and what was carried counts as spent.
-        let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
-        leases.want("k", &BUCKET, 1, t0, TIMEOUT);
-        busy(&leases, "k", &BUCKET);
-        leases.granted("k", &BUCKET, &reply(10, 985, 5_000, 6 * NANOS_PER_SEC), t0, t0);
-        let ahead = (0..9).find_map(|_| leases.take("k", &BUCKET, 1, t0, TIMEOUT).and_then(|t| t.ahead));
+        let (leases, ahead) = renewing("k", &BUCKET, &reply(10, 985, 5_000, 6 * NANOS_PER_SEC), t0);
         assert!(leases.expire(t0 + ms(6_000)).is_empty(), "its slot ended: nothing to settle");
-        let back = leases.renewed(&ahead.expect("renewed ahead"), &renewed, t0, t0 + ms(6_000)).expect("given back");
+        let back = leases.renewed(&ahead, &renewed, t0, t0 + ms(6_000)).expect("given back");
         assert_eq!(back.settle(), Some(Settle { slot: 10_000, taken: 10, unspent: 9, carry: false }));
 
         // A window's renewal adds to the lease of its window.
         let window = Limits { algorithm: Algorithm::FixedWindow, ..BUCKET };
-        let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
-        leases.want("w", &window, 1, t0, TIMEOUT);
-        busy(&leases, "w", &window);
-        leases.granted("w", &window, &reply(10, 980, 7, NANOS_PER_SEC), t0, t0);
-        let ahead = (0..9).find_map(|_| leases.take("w", &window, 1, t0, TIMEOUT).and_then(|t| t.ahead));
-        let ahead = ahead.expect("renewed ahead");
+        let (leases, ahead) = renewing("w", &window, &reply(10, 980, 7, NANOS_PER_SEC), t0);
         assert_eq!((ahead.args.want, ahead.args.settle, ahead.args.held), (9, None, 1));
         assert!(leases.renewed(&ahead, &reply(9, 970, 7, NANOS_PER_SEC), t0, t0).is_none());
         assert_eq!((0..20).filter(|_| leases.take("w", &window, 1, t0, TIMEOUT).is_some()).count(), 10);
