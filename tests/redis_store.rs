@@ -251,6 +251,36 @@ async fn a_bucket_written_plain_drains_from_when_it_was_written() {
     assert_eq!(status(&tg, "192.0.2.60").await, 429);
 }
 
+/// A fresh bucket's plain write for a request refused because Redis did not
+/// answer in time is never written once Redis is back: the refused request
+/// counts nowhere. (Sent as a fred `Pipeline`, the write stayed queued while
+/// the client reconnected and ran after it, counting the refused request.)
+#[tokio::test]
+async fn a_plain_write_for_a_request_refused_on_timeout_is_never_written_later() {
+    let redis = RedisServer::start();
+    let up = Upstream::start().await;
+    let store = "key_prefix = \"t-plain-late:\"\non_error = \"deny\"\ntimeout = \"200ms\"\nlease_percent = 0";
+    // An hour's window: whatever is written stays until the test reads it.
+    let tg = Tollgate::with(
+        &tollgate_config(up.addr, &redis.url(), store),
+        &[("rules.toml", &rule("late", "token_bucket", 100, "1h", 100))],
+    )
+    .await;
+    let ip = "192.0.2.70";
+    let key = format!("t-plain-late:{{late|ip={ip}}}:tb3");
+    redis.kill();
+    assert_eq!(status(&tg, ip).await, 503, "refused: Redis did not answer within the timeout");
+    redis.restart();
+    eventually("tollgate to reach redis again", || async { tg.admin("/healthz/store").await.status.as_u16() == 200 })
+        .await;
+    // Time for a write fred still held to reach the server.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(redis.cli(&["EXISTS", &key]).trim(), "0", "the refused request was counted");
+    let next = tg.get("/").from_ip(ip).send().await;
+    assert_eq!(next.status, 200);
+    assert_eq!(next.header("x-ratelimit-remaining"), Some("99"));
+}
+
 #[tokio::test]
 async fn checks_recover_from_a_flushed_script_cache() {
     let up = Upstream::start().await;

@@ -2,13 +2,13 @@
 //! owning the first check's key, after loading the function (or as `EVAL`)
 //! when that node does not know it, bounded by a deadline with fred's own
 //! timer, and re-sent only after a cluster redirection; and the plain
-//! `SET NX` writes of fresh buckets (see `fresh`), pipelined.
+//! `SET NX` writes of fresh buckets (see `fresh`).
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use fred::bytes_utils::Str;
-use fred::clients::{Client, Pipeline};
+use fred::clients::Client;
 use fred::error::{Error as FredError, ErrorKind};
 use fred::interfaces::ClientLike;
 use fred::types::config::Options;
@@ -158,23 +158,30 @@ pub(super) enum Written {
     Moved,
 }
 
-/// `SET key <state> NX PX <ttl>` for each of `writes`, pipelined, each
-/// routed by its key and bounded by `deadline`.
+/// `SET key <state> NX PX <ttl>` for each of `writes`, each routed by its
+/// key and bounded by `deadline`, sent together (fred pipelines the
+/// commands of concurrent callers on one connection per node).
+///
+/// Each is a command of its own rather than a fred `Pipeline`: a pipeline
+/// that times out is not marked timed out, so fred still writes its
+/// commands once it has reconnected, and a fresh bucket's write for a
+/// request already refused (`on_error = "deny"`) would count it anyway.
+/// A command that times out is marked and never written after.
 pub(super) async fn set_fresh(
     client: &Client,
     writes: &[(&Str, &Plain)],
     deadline: Instant,
     timeout: Duration,
 ) -> Vec<Result<Written, Failure>> {
-    let left = deadline.saturating_duration_since(Instant::now());
     let failed = |e: &FredError| Failure { error: store_error(e, timeout), outage: is_outage(e.kind()) };
+    let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
         let e = FredError::new(ErrorKind::Timeout, "store timeout");
         return writes.iter().map(|_| Err(failed(&e))).collect();
     }
     let options = Options { timeout: Some(left), max_attempts: Some(1), ..Default::default() };
-    let pipeline = Pipeline::from(client.with_options(&options));
-    for &(key, plain) in writes {
+    let client = client.with_options(&options);
+    let sets = writes.iter().map(|&(key, plain)| {
         let slot = fred::util::redis_keyslot(key.as_bytes());
         let cmd = CustomCommand::new_static("SET", ClusterHash::Custom(slot), false);
         let args = vec![
@@ -184,21 +191,10 @@ pub(super) async fn set_fresh(
             Value::String(Str::from_static("PX")),
             Value::Integer(i64::from(plain.ttl_ms)),
         ];
-        // Queued in memory, sent by `try_all`.
-        let queued: Result<(), FredError> = pipeline.custom(cmd, args).await;
-        if let Err(e) = queued {
-            return writes.iter().map(|_| Err(failed(&e))).collect();
-        }
-    }
-    let results: Vec<Result<Value, FredError>> = pipeline.try_all().await;
-    if results.len() != writes.len() {
-        // The pipeline as a whole failed (one error for all).
-        let e = results.into_iter().find_map(Result::err).unwrap_or_else(|| {
-            FredError::new(ErrorKind::Protocol, "a pipeline answered a different number of replies")
-        });
-        return writes.iter().map(|_| Err(failed(&e))).collect();
-    }
-    results
+        client.custom::<Value, Value>(cmd, args)
+    });
+    futures::future::join_all(sets)
+        .await
         .into_iter()
         .map(|result| match result {
             Ok(Value::Null) => Ok(Written::Exists),
