@@ -51,7 +51,7 @@ import time
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 LUA = os.path.join(ROOT, "src", "store", "lua")
 ALGORITHMS = {
-    "token_bucket": ("local SHAPING = false\n", "bucket.lua", "tb3"),
+    "token_bucket": ("local SHAPING = false\n", "bucket.lua", "tb2"),
     "leaky_bucket": ("local SHAPING = true\n", "bucket.lua", "lb2"),
     "fixed_window": ("", "fixed_window.lua", "fw2"),
     "sliding_window_counter": ("", "sliding_window_counter.lua", "swc2"),
@@ -189,7 +189,7 @@ def leased(redis, n, keys=1000, rounds=3):
 
     def one_round():
         for first in range(0, keys, n):
-            batch = [f"tollgate:{{bench|user=u{k}}}:tb3" for k in range(first, min(first + n, keys))]
+            batch = [f"tollgate:{{bench|user=u{k}}}:tb2" for k in range(first, min(first + n, keys))]
             args = ["FCALL", name, "1", batch[0]]
             for key in batch:
                 # want, period, phase, then the lease to settle: its slot,

@@ -43,7 +43,6 @@ pub struct Metrics {
     pub redis_calls_total: IntCounter,
     pub redis_call_checks_total: IntCounter,
     pub redis_misrouted_total: IntCounter,
-    pub redis_fresh_writes_total: IntCounterVec,
     pub upstream_server_requests_total: IntCounterVec,
     pub upstream_server_failures_total: IntCounterVec,
     pub upstream_server_inflight: IntGaugeVec,
@@ -285,12 +284,6 @@ impl Metrics {
                     "Checks a batch took to a Redis node that did not own their key (the cluster's layout changed), asked again of the owner.",
                 )
                 .expect("valid metric definition"),
-            ),
-            redis_fresh_writes_total: counter_vec(
-                &registry,
-                "tollgate_redis_fresh_writes_total",
-                "Checks on token buckets thought expired, sent as a plain SET NX, by result: written (decided without a script), found (the key existed: the script decided).",
-                &["result"],
             ),
             upstream_server_requests_total: counter_vec(
                 &registry,

@@ -382,7 +382,7 @@ async fn the_escrow_of_an_instance_that_died_holding_a_lease_comes_back_when_its
 
     // The state is doubles (bucket.lua): stamp and level, then each
     // escrow slot's end and units.
-    let key = format!("{prefix}{{crash|ip={ip}}}:tb3");
+    let key = format!("{prefix}{{crash|ip={ip}}}:tb2");
     let bytes = server().cli(&["STRLEN", &key]);
     assert_eq!(bytes.trim(), "32", "level and one escrow slot: {bytes:?} bytes");
     let read = "return tostring(struct.unpack('<d', redis.call('GET', KEYS[1]), 25))";
@@ -416,7 +416,7 @@ async fn a_bucket_lives_until_its_last_escrow_slot_ends_whatever_order_they_were
     let rules = "[[rule]]\nname = \"order\"\nkey = [\"ip\"]\nalgorithm = \"token_bucket\"\nlimit = 100\n\
                  window = \"1s\"\nburst = 400\n";
     let ip = "192.0.2.32";
-    let key = format!("{prefix}{{order|ip={ip}}}:tb3");
+    let key = format!("{prefix}{{order|ip={ip}}}:tb2");
     let long = tollgate(&up, prefix, "lease_idle = \"1h\"\nlease_percent = 25\nlease_lifetime = \"30s\"", rules).await;
     assert_eq!(long.get("/").from_ip(ip).send().await.status, 200, "takes a lease ending 30 to 60 s from now");
     let short =

@@ -9,10 +9,7 @@
 --
 -- key      the bucket: little-endian doubles, the time it was updated (µs)
 --          and its level, then up to two escrow slots, each its end (µs)
---          and its units (see below): 16, 32 or 48 bytes; or, written by a
---          plain `SET NX` rather than a script (src/store/redis/fresh.rs),
---          12 bytes: the level (a double) and the TTL it was written with
---          (a 32-bit count of ms), its stamp derived from the key's expiry. Decimal text cost
+--          and its units (see below): 16, 32 or 48 bytes. Decimal text cost
 --          the server more to parse and to format than the rest of a check
 --          (a 16-digit stamp is strtod's slow path, a level `%.17g`); every
 --          value is a whole number of µs below 2^53 or a level, exact in a
@@ -178,25 +175,10 @@ local function decide()
   local t, level = now, 0
   nlive = 0
   if state then
-    -- Any other length under 16 bytes is no bucket's state: unpack's
-    -- error fails the check.
+    -- Under 16 bytes is no bucket's state: unpack's error fails the check.
     -- One unpack for as many values as the state holds.
     local n = #state
-    if n == 12 then
-      -- Written by a plain `SET NX` (src/store/redis/fresh.rs): the level
-      -- and the TTL it was written with, no stamp. It was written when the
-      -- key's expiry clock read its expiry minus that TTL, within the
-      -- millisecond after: stamped at the end of that millisecond, it
-      -- drains from no earlier than it should. (Before Redis 7, which has
-      -- no PEXPIRETIME and never gets such a write, it is taken as written
-      -- now.)
-      local ttl
-      level, ttl = unpack('<dI4', state)
-      if nx_get then
-        local at = call('PEXPIRETIME', key)
-        if at > 0 then t = (at - ttl + 1) * 1000 end
-      end
-    elseif n < 32 then
+    if n < 32 then
       t, level = unpack('<dd', state)
     else
       local e1, u1, e2, u2

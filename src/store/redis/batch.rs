@@ -25,13 +25,12 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use fred::bytes_utils::Str;
-use fred::interfaces::{ClientLike, ClusterInterface};
+use fred::interfaces::ClusterInterface;
 use fred::types::Value;
 use tokio::sync::oneshot;
 
 use super::Shared;
-use super::call::{self, Failure, Written};
-use super::fresh::Plain;
+use super::call::{self, Failure};
 use super::scripts::{self, Outcome, Reply};
 use crate::limiter::Algorithm;
 use crate::store::StoreError;
@@ -98,9 +97,6 @@ struct Queue {
 struct Waiting {
     key: Str,
     args: [Value; scripts::ARGS],
-    /// A fresh bucket's state to write with a plain `SET NX` before asking
-    /// the script, on a key thought gone (see `fresh`).
-    plain: Option<Plain>,
     deadline: Instant,
     reply: oneshot::Sender<Result<Reply, Failure>>,
 }
@@ -126,20 +122,7 @@ impl Shared {
         args: [Value; scripts::ARGS],
         deadline: Instant,
     ) -> impl Future<Output = Result<Reply, Failure>> + use<> {
-        self.enqueue(algorithm, key, args, None, deadline, false)
-    }
-
-    /// As [`submit`](Self::submit), for a token bucket's consume that
-    /// `plain` writes if its key is gone (see `fresh`); the script decides
-    /// it if not, in the next call.
-    pub(super) fn submit_fresh(
-        self: &Arc<Self>,
-        key: String,
-        args: [Value; scripts::ARGS],
-        plain: Plain,
-        deadline: Instant,
-    ) -> impl Future<Output = Result<Reply, Failure>> + use<> {
-        self.enqueue(Algorithm::TokenBucket, key, args, Some(plain), deadline, false)
+        self.enqueue(algorithm, key, args, deadline, false)
     }
 
     /// As [`submit`](Self::submit), for a check no request waits for (a
@@ -152,7 +135,7 @@ impl Shared {
         args: [Value; scripts::ARGS],
         deadline: Instant,
     ) -> impl Future<Output = Result<Reply, Failure>> + use<> {
-        self.enqueue(algorithm, key, args, None, deadline, true)
+        self.enqueue(algorithm, key, args, deadline, true)
     }
 
     fn enqueue(
@@ -160,7 +143,6 @@ impl Shared {
         algorithm: Algorithm,
         key: String,
         args: [Value; scripts::ARGS],
-        plain: Option<Plain>,
         deadline: Instant,
         lazy: bool,
     ) -> impl Future<Output = Result<Reply, Failure>> + use<> {
@@ -173,7 +155,7 @@ impl Shared {
                 state.queues.resize_with(queue + 1, Queue::default);
             }
             let q = &mut state.queues[queue];
-            q.waiting.push(Waiting { key, args, plain, deadline, reply });
+            q.waiting.push(Waiting { key, args, deadline, reply });
             // An idle queue sends at once (a lazy check waits for a call or
             // the timer); a busy one only a full batch.
             let full = q.waiting.len() >= MAX_BATCH;
@@ -288,65 +270,18 @@ impl Shared {
                 }
             };
             sent_at = Some(Instant::now());
-            self.send_batch(queue, algorithm, batch).await;
+            self.send_batch(algorithm, batch).await;
         }
     }
 
-    /// One call for `batch`, and the plain writes of its fresh buckets
-    /// beside it; every check gets its answer, or goes back to `queue` for
-    /// the script when its plain write found the key.
-    async fn send_batch(self: &Arc<Self>, queue: usize, algorithm: Algorithm, batch: Vec<Waiting>) {
+    /// One call for `batch`; every check gets its answer.
+    async fn send_batch(self: &Arc<Self>, algorithm: Algorithm, batch: Vec<Waiting>) {
         let now = Instant::now();
         // Those that waited past their deadline behind a slow call.
         let (batch, late): (Vec<Waiting>, Vec<Waiting>) = batch.into_iter().partition(|w| w.deadline > now);
         for w in late {
             let _ = w.reply.send(Err(Failure { error: StoreError::Timeout(self.timeout), outage: true }));
         }
-        // A server before Redis 7 cannot read a plain write's state back
-        // (bucket.lua needs PEXPIRETIME): its fresh buckets go to the script.
-        let plain_ok = self.pool.next().server_version().is_some_and(|v| v.major >= 7);
-        let (plain, scripted): (Vec<Waiting>, Vec<Waiting>) =
-            batch.into_iter().partition(|w| plain_ok && w.plain.is_some());
-        futures::future::join(self.send_plain(queue, algorithm, plain), self.send_scripted(algorithm, scripted)).await;
-    }
-
-    /// The plain writes of fresh buckets, pipelined (see `fresh`).
-    async fn send_plain(self: &Arc<Self>, queue: usize, algorithm: Algorithm, batch: Vec<Waiting>) {
-        let Some(deadline) = batch.iter().map(|w| w.deadline).min() else { return };
-        let writes: Vec<(&Str, &Plain)> = batch.iter().filter_map(|w| Some((&w.key, w.plain.as_ref()?))).collect();
-        let results = call::set_fresh(self.pool.next(), &writes, deadline, self.timeout).await;
-        drop(writes);
-        let (mut exists, mut elsewhere, mut written) = (Vec::new(), Vec::new(), 0);
-        for (w, result) in batch.into_iter().zip(results) {
-            match result {
-                Ok(Written::Fresh) => {
-                    written += 1;
-                    let _ = w.reply.send(Ok(Reply::fresh()));
-                }
-                Ok(Written::Exists) => exists.push(Waiting { plain: None, ..w }),
-                Ok(Written::Moved) => elsewhere.push(Waiting { plain: None, ..w }),
-                Err(failure) => {
-                    let _ = w.reply.send(Err(failure));
-                }
-            }
-        }
-        let fresh = &self.metrics.redis_fresh_writes_total;
-        fresh.with_label_values(&["written"]).inc_by(written);
-        fresh.with_label_values(&["found"]).inc_by(exists.len() as u64);
-        if !exists.is_empty() {
-            // This queue's sender (the caller) sends them in its next call.
-            let mut state = self.batcher.lock();
-            state.queues[queue].waiting.extend(exists);
-        }
-        if !elsewhere.is_empty() {
-            self.batcher.lock().routed_at = None;
-            self.metrics.redis_misrouted_total.inc_by(elsewhere.len() as u64);
-            tokio::spawn(self.clone().send_each(algorithm, elsewhere));
-        }
-    }
-
-    /// One script call for `batch`.
-    async fn send_scripted(self: &Arc<Self>, algorithm: Algorithm, batch: Vec<Waiting>) {
         let Some(deadline) = batch.iter().map(|w| w.deadline).min() else { return };
         let jobs: Vec<call::Job<'_>> = batch.iter().map(|w| (&w.key, &w.args)).collect();
         let script = self.scripts.get(algorithm);

@@ -1,8 +1,7 @@
 //! Calls: a batch of checks in one `FCALL` (or `EVALSHA`) on the node
 //! owning the first check's key, after loading the function (or as `EVAL`)
 //! when that node does not know it, bounded by a deadline with fred's own
-//! timer, and re-sent only after a cluster redirection; and the plain
-//! `SET NX` writes of fresh buckets (see `fresh`).
+//! timer, and re-sent only after a cluster redirection.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -14,7 +13,6 @@ use fred::interfaces::ClientLike;
 use fred::types::config::Options;
 use fred::types::{ClusterHash, CustomCommand, Value};
 
-use super::fresh::Plain;
 use super::scripts::{self, Outcome, Reply, Script};
 use crate::store::StoreError;
 
@@ -144,69 +142,6 @@ async fn eval(
             other => return other,
         }
     }
-}
-
-/// What a plain write of a fresh bucket found.
-#[derive(Debug)]
-pub(super) enum Written {
-    /// No key: the state is written, the consume admitted.
-    Fresh,
-    /// The key exists: nothing was written, the script must decide.
-    Exists,
-    /// The key's node moved (a failover or migration): nothing was
-    /// written, the script must decide, routed by the key.
-    Moved,
-}
-
-/// `SET key <state> NX PX <ttl>` for each of `writes`, each routed by its
-/// key and bounded by `deadline`, sent together (fred pipelines the
-/// commands of concurrent callers on one connection per node).
-///
-/// Each is a command of its own rather than a fred `Pipeline`: a pipeline
-/// that times out is not marked timed out, so fred still writes its
-/// commands once it has reconnected, and a fresh bucket's write for a
-/// request already refused (`on_error = "deny"`) would count it anyway.
-/// A command that times out is marked and never written after.
-pub(super) async fn set_fresh(
-    client: &Client,
-    writes: &[(&Str, &Plain)],
-    deadline: Instant,
-    timeout: Duration,
-) -> Vec<Result<Written, Failure>> {
-    let failed = |e: &FredError| Failure { error: store_error(e, timeout), outage: is_outage(e.kind()) };
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        let e = FredError::new(ErrorKind::Timeout, "store timeout");
-        return writes.iter().map(|_| Err(failed(&e))).collect();
-    }
-    let options = Options { timeout: Some(left), max_attempts: Some(1), ..Default::default() };
-    let client = client.with_options(&options);
-    let sets = writes.iter().map(|&(key, plain)| {
-        let slot = fred::util::redis_keyslot(key.as_bytes());
-        let cmd = CustomCommand::new_static("SET", ClusterHash::Custom(slot), false);
-        let args = vec![
-            Value::String(key.clone()),
-            Value::Bytes(plain.value.clone()),
-            Value::String(Str::from_static("NX")),
-            Value::String(Str::from_static("PX")),
-            Value::Integer(i64::from(plain.ttl_ms)),
-        ];
-        client.custom::<Value, Value>(cmd, args)
-    });
-    futures::future::join_all(sets)
-        .await
-        .into_iter()
-        .map(|result| match result {
-            Ok(Value::Null) => Ok(Written::Exists),
-            Ok(Value::String(ok)) if &*ok == "OK" => Ok(Written::Fresh),
-            Ok(other) => Err(Failure {
-                error: StoreError::Protocol(format!("a fresh bucket's SET answered {other:?}")),
-                outage: false,
-            }),
-            Err(e) if is_exhausted_redirect(&e) => Ok(Written::Moved),
-            Err(e) => Err(failed(&e)),
-        })
-        .collect()
 }
 
 /// The store's view of a fred error: a timeout, or Redis unavailable.

@@ -4,16 +4,14 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
-
-use futures::future::Either;
+use std::time::Instant;
 
 use super::call::Failure;
 use super::lease::Ahead;
 use super::scripts::{self, LeaseArgs, Reply, ScriptMode, redis_key};
-use super::{Shared, Slots, cache, fresh};
+use super::{Shared, Slots, cache};
 use crate::config::OnError;
-use crate::limiter::{Algorithm, Verdict};
+use crate::limiter::Verdict;
 use crate::store::{Answer, Check, Mode, StoreError};
 
 impl Shared {
@@ -96,18 +94,7 @@ impl Shared {
             let calls = asked.iter().zip(&wants).map(|(&i, &lease)| {
                 let c = &checks[i];
                 let args = scripts::args(script_mode, &c.limits, c.cost, &ids[i], lease);
-                // A token bucket's consume with no lease on a key thought
-                // gone: a plain write, if the key is indeed gone.
-                let plain = (consume
-                    && c.limits.algorithm == Algorithm::TokenBucket
-                    && lease == LeaseArgs::default()
-                    && self.recent.gone(&keys[i], started))
-                .then(|| fresh::plain(&c.limits, c.cost))
-                .flatten();
-                let answer = match plain {
-                    Some(plain) => Either::Left(self.submit_fresh(keys[i].clone(), args, plain, deadline)),
-                    None => Either::Right(self.submit(c.limits.algorithm, keys[i].clone(), args, deadline)),
-                };
+                let answer = self.submit(c.limits.algorithm, keys[i].clone(), args, deadline);
                 async move { answer.await.map(|reply| reply.complete(&c.limits, c.cost)) }
             });
             // Queued together (see `batch`): they go out in the next calls
@@ -116,18 +103,9 @@ impl Shared {
             futures::future::join_all(calls).await
         };
 
-        let now = Instant::now();
-        // How long each token bucket's key lives, for the next check's
-        // guess (`fresh`): until it is full again and its escrow has ended.
-        for (&i, result) in asked.iter().zip(&results) {
-            if let (Algorithm::TokenBucket, Ok(reply)) = (checks[i].limits.algorithm, result) {
-                let left = reply.verdict.reset_after.max(reply.lease_ttl);
-                self.recent.lives(&keys[i], now, Duration::from_nanos(left));
-            }
-        }
-
         // Record what was leased, whatever else happened: the units are
         // counted in Redis either way.
+        let now = Instant::now();
         for ((&i, lease), result) in asked.iter().zip(&wants).zip(&results) {
             if lease.want == 0 {
                 continue;

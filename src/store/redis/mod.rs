@@ -7,9 +7,8 @@
 //! | `connection.rs` | fred's pool and its settings, TLS, connection error logs |
 //! | `check.rs` | one request's checks: cache, leases, script calls, refunds of a rejected request |
 //! | `batch.rs` | the checks of concurrent requests to one node, in one call |
-//! | `call.rs` | one script call (a batch of checks) on the node owning its first key; fresh buckets' plain writes |
+//! | `call.rs` | one script call (a batch of checks) on the node owning its first key |
 //! | `scripts.rs` | the Lua scripts, their keys, arguments and replies |
-//! | `fresh.rs` | fresh token buckets written by a plain `SET NX`, and which keys are probably gone |
 //! | `refund.rs` | giving quota back to Redis in the background |
 //! | `lease.rs` | quota leased to this instance |
 //! | `slots.rs` | concurrency slots held here: renewed while their requests run, given back when they end |
@@ -85,7 +84,6 @@ mod cache;
 mod call;
 mod check;
 mod connection;
-mod fresh;
 mod health;
 mod lease;
 mod refund;
@@ -147,8 +145,6 @@ struct Shared {
     scripts: Scripts,
     batcher: batch::Batcher,
     cache: cache::OverLimitCache,
-    /// Which token buckets are probably gone, for plain writes (`fresh`).
-    recent: fresh::Recent,
     leases: lease::Leases,
     /// Give-backs of leased units never sent, waiting for Redis to come
     /// back (see `refund`).
@@ -201,7 +197,6 @@ impl RedisStore {
             scripts: Scripts::new(clustered),
             batcher: batch::Batcher::new(clustered),
             cache: cache::OverLimitCache::new(),
-            recent: fresh::Recent::new(Instant::now()),
             leases: lease::Leases::new(config.lease_percent, config.lease_idle, config.lease_lifetime),
             backlog: Mutex::new(VecDeque::new()),
             local,

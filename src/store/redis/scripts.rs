@@ -140,15 +140,14 @@ impl Scripts {
 /// (`WRONGTYPE`) or misreading another algorithm's state. The log's suffix
 /// is `swlw` since its entries carry their cost (one entry per request):
 /// the `swl` logs of earlier versions held one entry per unit and are left
-/// to expire. The buckets' are `lb2` and `tb3`, and the windows' `fw2`
+/// to expire. The buckets' are `tb2` and `lb2`, and the windows' `fw2`
 /// and `swc2`, since their state is stored as doubles (`bucket.lua`,
 /// `fixed_window.lua`, `sliding_window_counter.lua`): the text of earlier
 /// versions' `tb`, `lb`, `fw` and `swc` keys is never misread, and is left
-/// to expire. `tb3` since a fresh token bucket may be written by a plain
-/// `SET` in a layout `tb2`'s readers do not know (`fresh`).
+/// to expire.
 pub fn suffix(algorithm: Algorithm) -> &'static str {
     match algorithm {
-        Algorithm::TokenBucket => "tb3",
+        Algorithm::TokenBucket => "tb2",
         Algorithm::LeakyBucket => "lb2",
         Algorithm::FixedWindow => "fw2",
         Algorithm::SlidingWindowCounter => "swc2",
@@ -292,18 +291,6 @@ pub struct Reply {
 }
 
 impl Reply {
-    /// A consume admitted on a fresh token bucket with no lease, its
-    /// numbers left to [`Reply::complete`].
-    pub fn fresh() -> Reply {
-        Reply {
-            verdict: Verdict { allowed: true, ..Verdict::default() },
-            token: 0,
-            granted: 0,
-            lease_ttl: 0,
-            fresh: true,
-        }
-    }
-
     /// The whole reply of a check on `limits` and `cost`: a fresh bucket's
     /// numbers filled in.
     pub fn complete(self, limits: &Limits, cost: u64) -> Reply {
@@ -362,7 +349,10 @@ pub fn parse_batch(value: Value, count: usize) -> Result<Vec<Outcome>, StoreErro
         let (outcome, len) = match rest[0] {
             Value::Integer(-1) => (Outcome::NotHere, STRIDE),
             Value::Integer(-2) => (Outcome::Failed(rest.get(1).and_then(Value::as_string).unwrap_or_default()), STRIDE),
-            Value::Integer(FRESH_MARK) => (Outcome::Decided(Reply::fresh()), 1),
+            Value::Integer(FRESH_MARK) => {
+                let verdict = Verdict { allowed: true, ..Verdict::default() };
+                (Outcome::Decided(Reply { verdict, token: 0, granted: 0, lease_ttl: 0, fresh: true }), 1)
+            }
             Value::Bytes(ref packed) => (Outcome::Decided(reply(doubles(packed).ok_or_else(|| bad(&value))?)), 1),
             Value::String(ref packed) => {
                 (Outcome::Decided(reply(doubles(packed.as_bytes()).ok_or_else(|| bad(&value))?)), 1)
