@@ -9,9 +9,12 @@
 //! next turn of the runtime (with whatever else arrived in that turn), one
 //! that arrives while the queue's call is out goes in the next one, which
 //! leaves once that call is answered and at least [`SPACING`] after it was
-//! sent. A full batch ([`MAX_BATCH`]) does not wait: it goes at once, with
-//! up to [`IN_FLIGHT`] calls out per queue. Under light load nothing
-//! waits; under heavy load batches grow with it.
+//! sent. So does a check that finds its queue idle less than [`SPACING`]
+//! after a call of several checks left: the queue emptied between two
+//! calls under load, not at rest. A full batch ([`MAX_BATCH`]) does not
+//! wait: it goes at once, with up to [`IN_FLIGHT`] calls out per queue.
+//! Under light load nothing waits (a lone request's call carries one
+//! check); under heavy load batches grow with it.
 //!
 //! In a cluster, a call goes to the node owning its first key and its
 //! other keys travel as arguments, so a batch may span every slot of one
@@ -91,6 +94,10 @@ struct Queue {
     senders: usize,
     /// A timer will send the lazy checks waiting here if no call does.
     timer: bool,
+    /// When this queue's last call left, if it carried more than one
+    /// check: the next call, even from a queue gone idle since, leaves no
+    /// sooner than [`SPACING`] after it (see `send_queue`).
+    shared_at: Option<Instant>,
 }
 
 /// A check waiting for its call.
@@ -244,7 +251,11 @@ impl Shared {
         // Checks submitted in this turn of the runtime join the first call.
         tokio::task::yield_now().await;
         let mut sending = Sending { shared: &self, queue, done: false };
-        let mut sent_at: Option<Instant> = None;
+        // A queue that went idle since a call of several checks left less
+        // than SPACING ago is under load all the same: its next checks
+        // wait for the spacing rather than leave one or two to a call. A
+        // lone request (calls of one check) still goes at once.
+        let mut sent_at: Option<Instant> = self.batcher.lock().queues[queue].shared_at;
         loop {
             if let Some(at) = sent_at {
                 let next = at + SPACING;
@@ -269,7 +280,11 @@ impl Shared {
                     q.waiting.drain(..MAX_BATCH).collect()
                 }
             };
-            sent_at = Some(Instant::now());
+            let now = Instant::now();
+            sent_at = Some(now);
+            if batch.len() > 1 {
+                self.batcher.lock().queues[queue].shared_at = Some(now);
+            }
             self.send_batch(algorithm, batch).await;
         }
     }
