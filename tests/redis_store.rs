@@ -200,6 +200,38 @@ fn calls_of(server: &RedisServer, commands: &[&str]) -> u64 {
         .sum()
 }
 
+/// A check whose request was refused because Redis did not answer in time
+/// never runs once Redis is back: the refused request counts nowhere. fred
+/// holds commands while it reconnects and writes them after, unless the
+/// command was marked timed out; a fred `Pipeline` is not marked (an
+/// earlier, unlanded change sent checks that way, and this test failed on
+/// it: the key existed once Redis came back).
+#[tokio::test]
+async fn a_check_for_a_request_refused_on_timeout_never_runs_later() {
+    let redis = RedisServer::start();
+    let up = Upstream::start().await;
+    let store = "key_prefix = \"t-late:\"\non_error = \"deny\"\ntimeout = \"200ms\"\nlease_percent = 0";
+    // An hour's window: whatever is written stays until the test reads it.
+    let tg = Tollgate::with(
+        &tollgate_config(up.addr, &redis.url(), store),
+        &[("rules.toml", &rule("late", "token_bucket", 100, "1h", 100))],
+    )
+    .await;
+    let ip = "192.0.2.70";
+    let key = format!("t-late:{{late|ip={ip}}}:tb2");
+    redis.kill();
+    assert_eq!(status(&tg, ip).await, 503, "refused: Redis did not answer within the timeout");
+    redis.restart();
+    eventually("tollgate to reach redis again", || async { tg.admin("/healthz/store").await.status.as_u16() == 200 })
+        .await;
+    // Time for a check fred still held to reach the server.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(redis.cli(&["EXISTS", &key]).trim(), "0", "the refused request was counted");
+    let next = tg.get("/").from_ip(ip).send().await;
+    assert_eq!(next.status, 200);
+    assert_eq!(next.header("x-ratelimit-remaining"), Some("99"));
+}
+
 #[tokio::test]
 async fn checks_recover_from_a_flushed_script_cache() {
     let up = Upstream::start().await;
