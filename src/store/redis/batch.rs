@@ -251,10 +251,8 @@ impl Shared {
         // Checks submitted in this turn of the runtime join the first call.
         tokio::task::yield_now().await;
         let mut sending = Sending { shared: &self, queue, done: false };
-        // A queue that went idle since a call of several checks left less
-        // than SPACING ago is under load all the same: its next checks
-        // wait for the spacing rather than leave one or two to a call. A
-        // lone request (calls of one check) still goes at once.
+        // Spaced from the queue's last call of several checks, even if the
+        // queue went idle since (see `Queue::shared_at`).
         let mut sent_at: Option<Instant> = self.batcher.lock().queues[queue].shared_at;
         loop {
             if let Some(at) = sent_at {
@@ -274,17 +272,18 @@ impl Shared {
                     sending.done = true;
                     return;
                 }
-                if q.waiting.len() <= MAX_BATCH {
+                let batch: Vec<Waiting> = if q.waiting.len() <= MAX_BATCH {
                     std::mem::take(&mut q.waiting)
                 } else {
                     q.waiting.drain(..MAX_BATCH).collect()
+                };
+                let now = Instant::now();
+                sent_at = Some(now);
+                if batch.len() > 1 {
+                    q.shared_at = Some(now);
                 }
+                batch
             };
-            let now = Instant::now();
-            sent_at = Some(now);
-            if batch.len() > 1 {
-                self.batcher.lock().queues[queue].shared_at = Some(now);
-            }
             self.send_batch(algorithm, batch).await;
         }
     }
