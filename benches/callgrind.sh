@@ -112,7 +112,10 @@ algorithm = "token_bucket"
 limit = $limit
 window = "1s"
 EOF
-  RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.out" \
+  # One worker, as edge-bench runs it (pinned to one CPU, tollgate starts
+  # a current-thread runtime): the multi-thread scheduler's own work would
+  # otherwise be counted in every request.
+  TOLLGATE_WORKERS="${TOLLGATE_WORKERS:-1}" RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.out" \
     "$TOLLGATE" --config "$dir/tollgate.toml" >"$dir/tollgate.log" 2>&1 &
   local pid=$!
   PIDS+=("$pid")

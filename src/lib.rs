@@ -12,6 +12,7 @@
 //! | module | responsibility |
 //! |---|---|
 //! | [`server`] | listeners, connection limits, graceful shutdown |
+//! | [`drain`] | graceful shutdown's signal to each connection, polled only once it is sent |
 //! | [`tls`] | TLS on the proxy listener: certificates chosen by SNI, re-read when their files change |
 //! | [`redirect`] | `listen.http_redirect`: a plain-HTTP listener answering 308 to the `https://` URL |
 //! | [`idle`] | closes connections idle for `listen.idle_timeout`, and clients that read nothing for `listen.send_timeout` |
@@ -65,6 +66,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod decision;
+pub mod drain;
 pub mod envoy_rls;
 pub mod error;
 pub mod floor;

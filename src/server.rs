@@ -16,7 +16,6 @@ use http_body_util::Either;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use prometheus::IntGauge;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -26,6 +25,7 @@ use crate::admin::Admin;
 use crate::client::Peer;
 use crate::clock::SharedClock;
 use crate::config::{Backend, Config, ConfigErrors, load_rules};
+use crate::drain::{Drain, Watcher};
 use crate::idle::{IdleIo, Inflight, InflightBody};
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
@@ -315,7 +315,7 @@ async fn serve_proxy(
         send_timeout: config.listen.send_timeout,
         tunnels,
     });
-    let graceful = GracefulShutdown::new();
+    let graceful = Drain::new();
     let handshake_timeout = config.listen.header_read_timeout;
     tokio::pin!(shutdown);
     loop {

@@ -1,0 +1,175 @@
+//! Graceful shutdown of client connections, at no cost per request.
+//!
+//! hyper-util's `GracefulShutdown` does the same job, but its connection
+//! future polls the shutdown signal (a `watch` channel's `changed()`) every
+//! time the connection is polled: a few hundred instructions per request
+//! (callgrind), for a signal that comes once in the process's life. Here
+//! the signal is polled once, to register the connection task's waker, and
+//! again only after a flag says it was sent.
+//!
+//! That is sound because a connection future is polled by one task only
+//! (it is spawned, and never moved between tasks), whose waker stays the
+//! one the signal registered first.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+
+use tokio::sync::watch;
+
+/// What [`Drain::shutdown`] tells every connection.
+pub struct Drain {
+    tx: watch::Sender<()>,
+    signalled: Arc<AtomicBool>,
+}
+
+/// One connection's end of a [`Drain`].
+pub struct Watcher {
+    rx: watch::Receiver<()>,
+    signalled: Arc<AtomicBool>,
+}
+
+/// A connection that can be asked to finish what it is doing and close.
+pub trait Graceful: Future {
+    fn graceful_shutdown(self: Pin<&mut Self>);
+}
+
+impl<I, S, E, B> Graceful for hyper_util::server::conn::auto::UpgradeableConnection<'static, I, S, E>
+where
+    Self: Future,
+    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    E: hyper_util::server::conn::auto::HttpServerConnExec<S::Future, B>,
+{
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        hyper_util::server::conn::auto::UpgradeableConnection::graceful_shutdown(self);
+    }
+}
+
+impl Drain {
+    pub fn new() -> Drain {
+        let (tx, _) = watch::channel(());
+        Drain { tx, signalled: Arc::new(AtomicBool::new(false)) }
+    }
+
+    /// A watcher for one more connection.
+    pub fn watcher(&self) -> Watcher {
+        Watcher { rx: self.tx.subscribe(), signalled: self.signalled.clone() }
+    }
+
+    /// Asks every watched connection to close once its requests are done,
+    /// and completes when all have (none is watched any more).
+    pub async fn shutdown(self) {
+        // Before the send: a connection woken by it must see the flag.
+        self.signalled.store(true, Ordering::Release);
+        let _ = self.tx.send(());
+        self.tx.closed().await;
+    }
+}
+
+impl Default for Drain {
+    fn default() -> Drain {
+        Drain::new()
+    }
+}
+
+impl Watcher {
+    /// `conn`, shut down gracefully once the drain is signalled.
+    pub fn watch<C: Graceful>(self, conn: C) -> Watched<C> {
+        let Watcher { mut rx, signalled } = self;
+        let signal: Pin<Box<dyn Future<Output = watch::Receiver<()>> + Send>> = Box::pin(async move {
+            let _ = rx.changed().await;
+            rx
+        });
+        Watched { conn: Box::pin(conn), signal: Some(signal), registered: false, signalled, _done: None }
+    }
+}
+
+/// A connection under a [`Drain`]; completes with the connection.
+pub struct Watched<C> {
+    conn: Pin<Box<C>>,
+    /// Completes when the drain is signalled; `None` once it has (the
+    /// connection was told).
+    signal: Option<Pin<Box<dyn Future<Output = watch::Receiver<()>> + Send>>>,
+    /// Whether `signal` has been polled once (the task's waker is
+    /// registered).
+    registered: bool,
+    signalled: Arc<AtomicBool>,
+    /// The receiver, kept to the connection's end so that
+    /// [`Drain::shutdown`] waits for it.
+    _done: Option<watch::Receiver<()>>,
+}
+
+impl<C: Graceful> Future for Watched<C> {
+    type Output = C::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<C::Output> {
+        let this = &mut *self;
+        if let Some(signal) = &mut this.signal
+            && (!this.registered || this.signalled.load(Ordering::Acquire))
+        {
+            this.registered = true;
+            if let Poll::Ready(rx) = signal.as_mut().poll(cx) {
+                this.signal = None;
+                this._done = Some(rx);
+                this.conn.as_mut().graceful_shutdown();
+            }
+        }
+        this.conn.as_mut().poll(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// A connection that counts its polls and ends once told to shut down.
+    struct Conn {
+        told: bool,
+        polls: Arc<AtomicUsize>,
+    }
+
+    impl Future for Conn {
+        type Output = ();
+        fn poll(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<()> {
+            self.polls.fetch_add(1, Ordering::Relaxed);
+            if self.told { Poll::Ready(()) } else { Poll::Pending }
+        }
+    }
+
+    impl Graceful for Conn {
+        fn graceful_shutdown(mut self: Pin<&mut Self>) {
+            self.told = true;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_polled_long_before_the_drain_is_still_told() {
+        let drain = Drain::new();
+        let polls = Arc::new(AtomicUsize::new(0));
+        let conn = drain.watcher().watch(Conn { told: false, polls: polls.clone() });
+        let task = tokio::spawn(conn);
+        tokio::task::yield_now().await;
+        assert!(!task.is_finished());
+        // Done within the test's time: the signal woke the connection.
+        tokio::time::timeout(std::time::Duration::from_secs(5), drain.shutdown()).await.expect("drained");
+        task.await.expect("the connection ended");
+        assert!(polls.load(Ordering::Relaxed) >= 2);
+    }
+
+    #[tokio::test]
+    async fn a_connection_watched_after_the_drain_is_told_at_once() {
+        let drain = Drain::new();
+        let watcher = drain.watcher();
+        let shutdown = tokio::spawn(drain.shutdown());
+        tokio::task::yield_now().await;
+        watcher.watch(Conn { told: false, polls: Arc::new(AtomicUsize::new(0)) }).await;
+        shutdown.await.expect("drained");
+    }
+}
