@@ -25,14 +25,29 @@
 
 # ---- build ---------------------------------------------------------------
 FROM rust:1-bookworm AS builder
+# The release build is profile-guided (scripts/release): an instrumented
+# tollgate is trained under load first, which takes wrk, Redis, curl and
+# python3 in the build stage, two release builds and about a minute.
+# `--build-arg PGO=0` builds with plain `cargo build --release` instead
+# (the same code; more CPU per request, see docs/benchmarks.md).
+ARG PGO=1
+RUN if [ "$PGO" = 1 ]; then \
+      apt-get update \
+      && apt-get install -y --no-install-recommends wrk redis-server redis-tools curl python3 \
+      && rm -rf /var/lib/apt/lists/*; \
+    fi
 WORKDIR /src
 # The whole source tree, filtered by .dockerignore (Cargo.toml names bench
 # targets, so cargo needs more than src/ to read the manifest).
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bin tollgate \
-    && cp target/release/tollgate /usr/local/bin/tollgate
+    if [ "$PGO" = 1 ]; then \
+      scripts/release --out /usr/local/bin/tollgate; \
+    else \
+      cargo build --release --locked --bin tollgate \
+      && cp target/release/tollgate /usr/local/bin/tollgate; \
+    fi
 
 # The demo upstream of the examples (used by examples/docker-compose.yml:
 # `docker build --target demo-upstream`). Not part of the default image.

@@ -6,17 +6,21 @@
 #   benches/edge.sh                      # every target and scenario, 5 s each
 #   benches/edge.sh --runs 3             # three runs, for medians
 #   benches/edge.sh --targets "nginx haproxy tollgate-memory" --scenarios allow
+#   benches/edge.sh --plain              # `cargo build --release`, not scripts/release
 #
+# tollgate is built as it is released: scripts/release (profile-guided).
 # Needs Debian packages wrk nginx-light haproxy redis-server redis-tools
 # (installed here when missing). Figures go into docs/benchmarks.md.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BENCH="${EDGE_BENCH:-../shared/bench/edge-bench}"
 runs=1
+plain=""
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) runs="$2"; shift 2 ;;
+    --plain) plain=1; shift ;;
     *) args+=("$1"); shift ;;
   esac
 done
@@ -28,8 +32,14 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
   systemctl stop nginx haproxy redis-server >/dev/null 2>&1 || true
 fi
-cargo build --release --quiet --bin tollgate
+if [ -n "$plain" ]; then
+  cargo build --release --quiet --bin tollgate
+  TOLLGATE=target/release/tollgate
+else
+  scripts/release
+  TOLLGATE=target/pgo/release/tollgate
+fi
 for i in $(seq 1 "$runs"); do
   echo "== edge-bench run $i of $runs"
-  "$BENCH" --tollgate target/release/tollgate "${args[@]}"
+  "$BENCH" --tollgate "$TOLLGATE" "${args[@]}"
 done
