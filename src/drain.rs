@@ -137,7 +137,7 @@ mod tests {
 
     impl Future for Conn {
         type Output = ();
-        fn poll(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<()> {
+        fn poll(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<()> {
             self.polls.fetch_add(1, Ordering::Relaxed);
             if self.told { Poll::Ready(()) } else { Poll::Pending }
         }
