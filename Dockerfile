@@ -26,14 +26,15 @@
 # ---- build ---------------------------------------------------------------
 FROM rust:1-bookworm AS builder
 # The release build is profile-guided (scripts/release): an instrumented
-# tollgate is trained under load first, which takes wrk, Redis, curl and
-# python3 in the build stage, two release builds and about a minute.
+# tollgate is trained under load first, which takes wrk, Redis, curl,
+# python3, h2load and openssl in the build stage, two release builds and
+# about a minute.
 # `--build-arg PGO=0` builds with plain `cargo build --release` instead
 # (the same code; more CPU per request, see docs/benchmarks.md).
 ARG PGO=1
 RUN if [ "$PGO" = 1 ]; then \
       apt-get update \
-      && apt-get install -y --no-install-recommends wrk redis-server redis-tools curl python3 \
+      && apt-get install -y --no-install-recommends wrk redis-server redis-tools curl python3 nghttp2-client openssl \
       && rm -rf /var/lib/apt/lists/*; \
     fi
 WORKDIR /src

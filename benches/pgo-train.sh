@@ -17,12 +17,15 @@
 #   flood  - one user far over its limit: 429s (and the Redis store's
 #            over-limit cache)
 #   spread - 10,000 users at 100/s each: a Redis round trip per request
-# A path left out of the training is not slower than in a plain release
-# build, but gains nothing either: whatever the profile never saw, the
-# compiler treats as cold.
+# With the memory store, the same load also comes over TLS (the proxy
+# listener with [[listen.tls]]) and over HTTP/2 (h2c, h2load).
+# What the training leaves out (the decision API, Envoy RLS, the admin
+# listener) the compiler treats as cold: laid out for size, not
+# speed, it may run slower than in a plain release build.
 #
-# Needs wrk, redis-server, redis-cli, curl and python3 (Debian packages
-# of those names, redis-tools for redis-cli; installed when missing) and builds the
+# Needs wrk, redis-server, redis-cli, curl, python3, h2load and openssl
+# (Debian packages of those names, redis-tools for redis-cli and
+# nghttp2-client for h2load; installed when missing) and builds the
 # demo upstream (examples/demo_upstream.rs) as the upstream.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -37,6 +40,8 @@ command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
 command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
+command -v h2load >/dev/null 2>&1 || need+=(nghttp2-client)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
   echo "pgo-train: installing ${need[*]}" >&2
   SUDO=""
@@ -121,7 +126,7 @@ done
 # train STORE [BINARY]: one instrumented tollgate (or BINARY) on STORE,
 # every scenario, then a clean exit (SIGTERM), which writes its profile.
 train() {
-  local store="$1" bin="${2:-tollgate}" dir="$WORK/$1-${2:-tollgate}" proxy admin
+  local store="$1" bin="${2:-tollgate}" tls="${3:-}" dir="$WORK/$1-${2:-tollgate}${3:+-tls}" proxy admin
   proxy=$(free_port); admin=$(free_port)
   mkdir -p "$dir"
   local store_toml
@@ -132,10 +137,18 @@ url = \"redis://127.0.0.1:$REDIS\"" ;;
     cluster) store_toml="backend = \"redis\"
 url = \"redis-cluster://127.0.0.1:${CLUSTER[0]}?node=127.0.0.1:${CLUSTER[1]}&node=127.0.0.1:${CLUSTER[2]}\"" ;;
   esac
+  local tls_toml="" scheme=http
+  if [ -n "$tls" ]; then
+    tls_toml="[[listen.tls]]
+cert_file = \"$WORK/cert.pem\"
+key_file = \"$WORK/key.pem\""
+    scheme=https
+  fi
   cat > "$dir/tollgate.toml" <<EOF
 [listen]
 proxy = "127.0.0.1:$proxy"
 admin = "127.0.0.1:$admin"
+$tls_toml
 
 [rules]
 path = "$dir/rules.toml"
@@ -177,22 +190,31 @@ EOF
   local pid=$!
   PIDS+=("$pid")
   wait_port "$proxy"
-  local url="http://127.0.0.1:$proxy"
+  local url="$scheme://127.0.0.1:$proxy"
   PREFIX=/bulk/ USERS=10000 wrk -t1 -c64 -d"${SECONDS_EACH}s" -s "$WORK/users.lua" "$url" >"$dir/allow.txt"
   USERS=10000 wrk -t1 -c64 -d"${SECONDS_EACH}s" -s "$WORK/users.lua" "$url" >"$dir/spread.txt"
   USERS=1 wrk -t1 -c64 -d"${SECONDS_EACH}s" -s "$WORK/users.lua" "$url" >"$dir/flood.txt"
   USERS=10000 wrk -t1 -c1 -d2s -s "$WORK/users.lua" "$url" >"$dir/latency.txt"
+  if [ "$store" = memory ] && [ -z "$tls" ] && [ "$bin" = tollgate ]; then
+    # HTTP/2 with prior knowledge: forwarded (/bulk/) and limited (/api/).
+    h2load -n 40000 -c 8 -m 16 -H 'x-user-id: h2' "$url/bulk/items" >"$dir/h2-allow.txt" 2>&1
+    h2load -n 40000 -c 8 -m 16 -H 'x-user-id: h2' "$url/api/items" >"$dir/h2-flood.txt" 2>&1
+  fi
   # What the admin listener and a denied request cost is not trained:
   # neither is on the request path's hot side. One request each keeps
   # them out of the cold section only as far as one request does.
   curl -s -o /dev/null "http://127.0.0.1:$admin/metrics" || true
   kill -TERM "$pid"
   wait "$pid" || true
-  echo "pgo-train: $bin, $store: $(grep -h 'Requests/sec' "$dir"/allow.txt "$dir"/spread.txt "$dir"/flood.txt | awk '{printf "%s ", $2}')req/s (allow, spread, flood)"
+  echo "pgo-train: $bin, $store${tls:+ over TLS}: $(grep -h 'Requests/sec' "$dir"/allow.txt "$dir"/spread.txt "$dir"/flood.txt | awk '{printf "%s ", $2}')req/s (allow, spread, flood)"
 }
 
 mkdir -p "$PROFILE_DIR"
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj "/CN=pgo.test" \
+  -keyout "$WORK/key.pem" -out "$WORK/cert.pem" >/dev/null 2>&1
+
 train memory
+train memory tollgate tls
 train redis
 train cluster
 if [ -x "$BIN_DIR/tollgate-floor" ]; then
