@@ -123,6 +123,28 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 
+# /api/: the per-user limit as deployed (`spread`: 10,000 users, none
+# near it; `flood`: one user, far over it). /bulk/: a limit no user
+# nears, as in edge-bench's `allow` (the Redis store answers most of it
+# from leases).
+cat > "$WORK/rules.toml" <<EOF
+[[rule]]
+name = "per-user"
+match = { path = "/api/*" }
+key = ["header:x-user-id"]
+algorithm = "token_bucket"
+limit = 100
+window = "1s"
+
+[[rule]]
+name = "bulk"
+match = { path = "/bulk/*" }
+key = ["header:x-user-id"]
+algorithm = "token_bucket"
+limit = 1000000
+window = "1s"
+EOF
+
 # train STORE [BINARY]: one instrumented tollgate (or BINARY) on STORE,
 # every scenario, then a clean exit (SIGTERM), which writes its profile.
 train() {
@@ -151,7 +173,7 @@ admin = "127.0.0.1:$admin"
 $tls_toml
 
 [rules]
-path = "$dir/rules.toml"
+path = "$WORK/rules.toml"
 
 [store]
 $store_toml
@@ -163,27 +185,6 @@ url = "http://127.0.0.1:$UP"
 [[route]]
 path_prefix = "/"
 upstream = "api"
-EOF
-  # /api/: the per-user limit as deployed (`spread`: 10,000 users, none
-  # near it; `flood`: one user, far over it). /bulk/: a limit no user
-  # nears, as in edge-bench's `allow` (the Redis store answers most of it
-  # from leases).
-  cat > "$dir/rules.toml" <<EOF
-[[rule]]
-name = "per-user"
-match = { path = "/api/*" }
-key = ["header:x-user-id"]
-algorithm = "token_bucket"
-limit = 100
-window = "1s"
-
-[[rule]]
-name = "bulk"
-match = { path = "/bulk/*" }
-key = ["header:x-user-id"]
-algorithm = "token_bucket"
-limit = 1000000
-window = "1s"
 EOF
   LLVM_PROFILE_FILE="$PROFILE_DIR/tollgate-%m_%p.profraw" TOLLGATE_WORKERS=1 RUST_LOG=warn \
     "$BIN_DIR/$bin" --config "$dir/tollgate.toml" >"$dir/tollgate.log" 2>&1 &

@@ -5,7 +5,8 @@
 //! time the connection is polled: a few hundred instructions per request
 //! (callgrind), for a signal that comes once in the process's life. Here
 //! the signal is polled once, to register the connection task's waker, and
-//! again only after a flag says it was sent.
+//! again only after a second receiver sees that it was sent (an atomic
+//! load).
 //!
 //! That is sound because a connection future is polled by one task only
 //! (it is spawned, and never moved between tasks), whose waker stays the
@@ -13,8 +14,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use tokio::sync::watch;
@@ -22,13 +21,11 @@ use tokio::sync::watch;
 /// What [`Drain::shutdown`] tells every connection.
 pub struct Drain {
     tx: watch::Sender<()>,
-    signalled: Arc<AtomicBool>,
 }
 
 /// One connection's end of a [`Drain`].
 pub struct Watcher {
     rx: watch::Receiver<()>,
-    signalled: Arc<AtomicBool>,
 }
 
 /// A connection that can be asked to finish what it is doing and close.
@@ -53,20 +50,17 @@ where
 
 impl Drain {
     pub fn new() -> Drain {
-        let (tx, _) = watch::channel(());
-        Drain { tx, signalled: Arc::new(AtomicBool::new(false)) }
+        Drain { tx: watch::channel(()).0 }
     }
 
     /// A watcher for one more connection.
     pub fn watcher(&self) -> Watcher {
-        Watcher { rx: self.tx.subscribe(), signalled: self.signalled.clone() }
+        Watcher { rx: self.tx.subscribe() }
     }
 
     /// Asks every watched connection to close once its requests are done,
     /// and completes when all have (none is watched any more).
     pub async fn shutdown(self) {
-        // Before the send: a connection woken by it must see the flag.
-        self.signalled.store(true, Ordering::Release);
         let _ = self.tx.send(());
         self.tx.closed().await;
     }
@@ -81,28 +75,27 @@ impl Default for Drain {
 impl Watcher {
     /// `conn`, shut down gracefully once the drain is signalled.
     pub fn watch<C: Graceful>(self, conn: C) -> Watched<C> {
-        let Watcher { mut rx, signalled } = self;
-        let signal: Pin<Box<dyn Future<Output = watch::Receiver<()>> + Send>> = Box::pin(async move {
+        let mut rx = self.rx.clone();
+        let signal: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(async move {
             let _ = rx.changed().await;
-            rx
         });
-        Watched { conn: Box::pin(conn), signal: Some(signal), registered: false, signalled, _done: None }
+        Watched { conn: Box::pin(conn), signal: Some(signal), registered: false, probe: self.rx }
     }
 }
 
 /// A connection under a [`Drain`]; completes with the connection.
 pub struct Watched<C> {
     conn: Pin<Box<C>>,
-    /// Completes when the drain is signalled; `None` once it has (the
-    /// connection was told).
-    signal: Option<Pin<Box<dyn Future<Output = watch::Receiver<()>> + Send>>>,
+    /// Completes when the drain is signalled (or dropped); `None` once it
+    /// has (the connection was told).
+    signal: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
     /// Whether `signal` has been polled once (the task's waker is
     /// registered).
     registered: bool,
-    signalled: Arc<AtomicBool>,
-    /// The receiver, kept to the connection's end so that
+    /// A second receiver: whether the signal was sent, read without
+    /// polling `signal`. Held to the connection's end, so that
     /// [`Drain::shutdown`] waits for it.
-    _done: Option<watch::Receiver<()>>,
+    probe: watch::Receiver<()>,
 }
 
 impl<C: Graceful> Future for Watched<C> {
@@ -111,12 +104,11 @@ impl<C: Graceful> Future for Watched<C> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<C::Output> {
         let this = &mut *self;
         if let Some(signal) = &mut this.signal
-            && (!this.registered || this.signalled.load(Ordering::Acquire))
+            && (!this.registered || this.probe.has_changed().unwrap_or(true))
         {
             this.registered = true;
-            if let Poll::Ready(rx) = signal.as_mut().poll(cx) {
+            if signal.as_mut().poll(cx).is_ready() {
                 this.signal = None;
-                this._done = Some(rx);
                 this.conn.as_mut().graceful_shutdown();
             }
         }
@@ -127,7 +119,8 @@ impl<C: Graceful> Future for Watched<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// A connection that counts its polls and ends once told to shut down.
     struct Conn {
