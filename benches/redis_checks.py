@@ -5,6 +5,8 @@
     benches/redis_checks.py --callgrind    # also instructions per check (valgrind)
     benches/redis_checks.py --sizes 1,8,32 --calls 20000
     benches/redis_checks.py --callgrind --leased   # a token bucket's lease checks
+    benches/redis_checks.py --callgrind --floor    # the least any check can cost
+    benches/redis_checks.py --cluster ...          # the server in cluster mode
 
 Starts its own redis-server on a free loopback port, loads each algorithm's
 function library exactly as tollgate assembles it (the first lines,
@@ -30,6 +32,18 @@ take the next one (the spec above, a lease of 10 in an escrow period of
 calls of N checks:
 
     REDISLEASE batch=4 instr_per_check=65145
+
+--floor measures, beside the token bucket, the least a check can cost
+this server: a function whose checks each run one `SET <key> <16 bytes> NX
+PX 11 GET` and nothing else (what a fresh token bucket's check writes, with
+none of the deciding), and the same `SET` sent bare, pipelined N deep:
+
+    REDISFLOOR kind=lua batch=16 us_per_check=3.9 instr_per_check=19015
+    REDISFLOOR kind=plain batch=16 us_per_check=2.8 instr_per_check=14898
+
+--cluster starts the server in cluster mode, one master owning every slot:
+each command inside a script then checks its key's slot, and the server
+keeps a slot-to-key index, as each master of a cluster does.
 
 Needs redis-server, redis-cli and
 redis-benchmark (Debian: redis-server, redis-tools); valgrind for
@@ -84,6 +98,38 @@ def library(algorithm):
     return lib, name
 
 
+# --floor: a check that only writes what a fresh token bucket writes.
+FLOOR_LIBRARY = """#!lua name=tollgate_floor
+redis.register_function{function_name = 'tollgate_floor', flags = {'allow-cross-slot-keys'},
+  callback = function(_, args)
+    local call = redis.call
+    for at = 1, #args, 3 do call('SET', args[at], '0123456789abcdef', 'NX', 'PX', '11', 'GET') end
+    return 1
+  end}
+"""
+
+
+def floor(native, traced, n, calls):
+    """REDISFLOOR lines for batches of n: the floor function, and plain SETs
+    pipelined n deep."""
+    lua = call_args(["FCALL", "tollgate_floor"], "token_bucket", n)
+    plain = ["-P", str(n), "SET", "tollgate:{bench|c0=__rand_int__}:tb2", "0123456789abcdef", "NX", "PX", "11", "GET"]
+    for kind, args, per_call in (("lua", lua, n), ("plain", plain, 1)):
+        for server in filter(None, (native, traced)):
+            subprocess.run(["redis-cli", "-p", str(server.port), "-x", "FUNCTION", "LOAD", "REPLACE"],
+                           input=FLOOR_LIBRARY, capture_output=True, text=True, check=True)
+        native.bench(args, max(calls // (10 * per_call), 10))
+        count = max(calls // per_call, 10)
+        c0 = native.cpu()
+        native.bench(args, count)
+        line = f"REDISFLOOR kind={kind} batch={n} us_per_check={(native.cpu() - c0) * 1e6 / (count * per_call):.2f}"
+        if traced:
+            traced.bench(args, 20)
+            traced_count = max(2000 // per_call, 20)
+            line += f" instr_per_check={traced.instructions(args, traced_count) // (traced_count * per_call)}"
+        print(line, flush=True)
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -93,19 +139,33 @@ def free_port():
 
 
 class Redis:
-    def __init__(self, work, callgrind):
+    def __init__(self, work, callgrind, cluster=False):
         self.port = free_port()
         cmd = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                "--dir", work]
+        if cluster:
+            # The bus port named: port + 10000 may be past 65535.
+            cmd += ["--cluster-enabled", "yes", "--cluster-config-file", os.path.join(work, "nodes.conf"),
+                    "--cluster-port", str(free_port())]
         self.out = os.path.join(work, "callgrind.out")
         if callgrind:
             cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.out}"] + cmd
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(600):
             if self.cli("PING") == "PONG":
-                return
+                break
             time.sleep(0.1)
-        sys.exit("redis_checks.py: redis-server did not start")
+        else:
+            sys.exit("redis_checks.py: redis-server did not start")
+        if cluster:
+            # One master owning every slot: a cluster node's per-command
+            # work (slot checks, the slot-to-key index) without a network.
+            self.cli("CLUSTER", "ADDSLOTSRANGE", "0", "16383")
+            for _ in range(600):
+                if "cluster_state:ok" in self.cli("CLUSTER", "INFO"):
+                    return
+                time.sleep(0.1)
+            sys.exit("redis_checks.py: the one-node cluster did not come up")
 
     def cli(self, *args):
         r = subprocess.run(["redis-cli", "-p", str(self.port), *args], capture_output=True, text=True, errors="replace")
@@ -223,6 +283,8 @@ def main():
     p.add_argument("--algorithms", default=",".join(ALGORITHMS))
     p.add_argument("--scripts", action="store_true", help="EVALSHA, as for a server without functions")
     p.add_argument("--leased", action="store_true", help="a token bucket's lease checks (needs --callgrind)")
+    p.add_argument("--cluster", action="store_true", help="the server in cluster mode, one master owning every slot")
+    p.add_argument("--floor", action="store_true", help="also the least a check can cost: one SET in a function, and bare")
     a = p.parse_args()
     if a.leased and not a.callgrind:
         sys.exit("redis_checks.py: --leased counts instructions: add --callgrind")
@@ -233,14 +295,14 @@ def main():
     with tempfile.TemporaryDirectory(prefix="redis-checks.") as work:
         if a.leased:
             for n in sizes:
-                traced = Redis(tempfile.mkdtemp(dir=work), callgrind=True)
+                traced = Redis(tempfile.mkdtemp(dir=work), callgrind=True, cluster=a.cluster)
                 try:
                     print(f"REDISLEASE batch={n} instr_per_check={leased(traced, n)}", flush=True)
                 finally:
                     traced.stop()
             return
-        native = Redis(work, callgrind=False)
-        traced = Redis(tempfile.mkdtemp(dir=work), callgrind=True) if a.callgrind else None
+        native = Redis(work, callgrind=False, cluster=a.cluster)
+        traced = Redis(tempfile.mkdtemp(dir=work), callgrind=True, cluster=a.cluster) if a.callgrind else None
         try:
             for algorithm in a.algorithms.split(","):
                 src = source(algorithm)
@@ -272,6 +334,9 @@ def main():
                         traced_calls = max(2000 // n, 20)
                         line += f" instr_per_check={traced.instructions(args, traced_calls) // (traced_calls * n)}"
                     print(f"{line} bytes_per_key={size}", flush=True)
+            if a.floor:
+                for n in sizes:
+                    floor(native, traced, n, a.calls)
         finally:
             native.stop()
             if traced:
