@@ -1,85 +1,134 @@
-//! Which server of an upstream a request goes to: `round_robin`,
-//! `least_request` (the less busy of two servers picked at random) or
-//! `hash` (rendezvous hashing: the same key goes to the same server, and
-//! adding a server moves only the keys that now rank it first, about one
-//! in the number of servers). Servers that [`crate::health`] has taken out
-//! are skipped.
+//! Which server of an upstream a request goes to: `round_robin` (smooth
+//! weighted round robin, nginx's: each server in proportion to its weight,
+//! interleaved), `least_request` (the less busy, for its weight, of two
+//! servers picked at random) or `hash` (weighted rendezvous hashing: the
+//! same key goes to the same server, and adding a server moves only the
+//! keys that now rank it first). A request without a key (its header is
+//! missing) is balanced round robin.
+//!
+//! The caller says which servers are candidates ([`Balancer::pick`]'s
+//! `usable`): health, backups, panic mode and per-server limits are
+//! [`crate::upstream`]'s.
 
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use http::HeaderMap;
 
-use crate::config::{Balance, HashKey};
+use crate::config::{Balance, HashKey, Server};
 
 /// The choice among one upstream's servers.
 pub struct Balancer {
     balance: Balance,
-    /// Round robin's next turn.
-    next: AtomicUsize,
+    weights: Box<[u32]>,
+    /// Smooth weighted round robin's current weights, one per server.
+    current: Mutex<Box<[i64]>>,
     /// State of `least_request`'s random picks (xorshift): cheap, and good
     /// enough to spread choices.
     rng: AtomicU64,
     /// Per server, the seed that ranks it for a hash key.
     seeds: Box<[u64]>,
+    /// `hash_key = "ip"`: IPv6 clients hash by this many leading bits, as
+    /// rules key them (`client.ipv6_prefix`).
+    ipv6_prefix: u8,
 }
 
 impl Balancer {
-    /// The choice among servers whose configured addresses are `addresses`.
-    pub fn new(balance: &Balance, addresses: &[&str]) -> Balancer {
+    /// The choice among `servers`.
+    pub fn new(balance: &Balance, servers: &[Server], ipv6_prefix: u8) -> Balancer {
         Balancer {
             balance: balance.clone(),
-            next: AtomicUsize::new(0),
+            weights: servers.iter().map(|s| s.weight.max(1)).collect(),
+            current: Mutex::new(vec![0; servers.len()].into_boxed_slice()),
             rng: AtomicU64::new(0x9e37_79b9_7f4a_7c15),
-            seeds: addresses.iter().map(|a| hash_bytes(a.as_bytes())).collect(),
+            seeds: servers.iter().map(|s| hash_bytes(s.address.as_bytes())).collect(),
+            ipv6_prefix,
         }
     }
 
-    /// The key `hash` balancing hashes for a request; 0 for the others.
-    pub fn key(&self, client_ip: IpAddr, headers: &HeaderMap) -> u64 {
+    /// The key `hash` balancing hashes for a request: `None` for the other
+    /// balances, and when the header it hashes is missing.
+    pub fn key(&self, client_ip: IpAddr, headers: &HeaderMap) -> Option<u64> {
         match &self.balance {
-            Balance::Hash(HashKey::Ip) => match client_ip {
-                IpAddr::V4(a) => hash_bytes(&a.octets()),
-                IpAddr::V6(a) => hash_bytes(&a.octets()),
+            Balance::Hash(HashKey::Ip) => match crate::client::key_addr(client_ip, self.ipv6_prefix) {
+                IpAddr::V4(a) => Some(hash_bytes(&a.octets())),
+                IpAddr::V6(a) => Some(hash_bytes(&a.octets())),
             },
-            // A missing header hashes as empty.
-            Balance::Hash(HashKey::Header(name)) => hash_bytes(headers.get(name).map_or(&[][..], |v| v.as_bytes())),
-            _ => 0,
+            Balance::Hash(HashKey::Header(name)) => headers.get(name).map(|v| hash_bytes(v.as_bytes())),
+            _ => None,
         }
     }
 
-    /// The server for a request with hash `key`, among the `n` servers for
-    /// which `up` holds, other than `skip` (the one that just failed it);
-    /// `None` when there is none.
+    /// The server for a request with hash `key` among the `n` servers for
+    /// which `usable` holds; `None` when there is none. `load` is a
+    /// server's requests in flight.
     pub fn pick(
         &self,
         n: usize,
-        key: u64,
-        skip: Option<usize>,
-        up: impl Fn(usize) -> bool,
+        key: Option<u64>,
+        usable: impl Fn(usize) -> bool,
         load: impl Fn(usize) -> u64,
     ) -> Option<usize> {
-        let usable = |i: usize| Some(i) != skip && up(i);
-        match &self.balance {
-            Balance::RoundRobin => {
-                let start = self.next.fetch_add(1, Ordering::Relaxed);
-                (0..n).map(|k| (start + k) % n).find(|&i| usable(i))
-            }
-            Balance::LeastRequest => {
-                let r = self.random();
-                let a = (r % n as u64) as usize;
-                // A second, different server (when there is one).
-                let b = if n > 1 { (a + 1 + ((r >> 32) % (n as u64 - 1)) as usize) % n } else { a };
-                match (usable(a), usable(b)) {
-                    (true, true) => Some(if load(b) < load(a) { b } else { a }),
-                    (true, false) => Some(a),
-                    (false, true) => Some(b),
-                    // Both out: the least busy of the others.
-                    (false, false) => (0..n).filter(|&i| usable(i)).min_by_key(|&i| load(i)),
-                }
-            }
-            Balance::Hash(_) => (0..n).filter(|&i| usable(i)).max_by_key(|&i| rank(key, self.seeds[i])),
+        match (&self.balance, key) {
+            (Balance::Hash(_), Some(key)) => (0..n).filter(|&i| usable(i)).max_by(|&a, &b| {
+                let (ra, rb) = (self.rank(key, a), self.rank(key, b));
+                ra.total_cmp(&rb)
+            }),
+            (Balance::LeastRequest, _) => self.least_request(n, &usable, &load),
+            _ => self.round_robin(n, &usable),
         }
+    }
+
+    /// Smooth weighted round robin over the usable servers: each gains its
+    /// weight, the one ahead is picked and loses the total. With one of
+    /// three equal servers out, the other two share its turns evenly.
+    fn round_robin(&self, n: usize, usable: &impl Fn(usize) -> bool) -> Option<usize> {
+        let mut current = self.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut total: i64 = 0;
+        let mut best: Option<usize> = None;
+        for i in 0..n {
+            if !usable(i) {
+                continue;
+            }
+            let w = i64::from(self.weights[i]);
+            current[i] += w;
+            total += w;
+            if best.is_none_or(|b| current[i] > current[b]) {
+                best = Some(i);
+            }
+        }
+        let b = best?;
+        current[b] -= total;
+        Some(b)
+    }
+
+    /// Two usable servers at random, the one with less in flight for its
+    /// weight wins.
+    fn least_request(&self, n: usize, usable: &impl Fn(usize) -> bool, load: &impl Fn(usize) -> u64) -> Option<usize> {
+        let candidates: Vec<usize> = (0..n).filter(|&i| usable(i)).collect();
+        let m = candidates.len() as u64;
+        let r = self.random();
+        let a = *candidates.get((r % m.max(1)) as usize)?;
+        if m == 1 {
+            return Some(a);
+        }
+        // A second, different candidate.
+        let ai = (r % m) as usize;
+        let b = candidates[(ai + 1 + ((r >> 32) % (m - 1)) as usize) % candidates.len()];
+        // load(a) / w(a) against load(b) / w(b), without division.
+        let cost = |i: usize, other: usize| u128::from(load(i)) * u128::from(self.weights[other]);
+        Some(if cost(b, a) < cost(a, b) { b } else { a })
+    }
+
+    /// Weighted rendezvous: `weight / -ln(u)` with `u` uniform in (0, 1)
+    /// from the key and the server's seed. Equal weights rank as the hash
+    /// alone would.
+    fn rank(&self, key: u64, i: usize) -> f64 {
+        let h = rank(key, self.seeds[i]);
+        // 53 bits in (0, 1): never 0, so the logarithm is finite.
+        let u = ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+        f64::from(self.weights[i]) / -u.ln()
     }
 
     fn random(&self) -> u64 {
@@ -121,18 +170,26 @@ fn mix(mut x: u64) -> u64 {
 mod tests {
     use super::*;
 
-    fn addresses(n: usize) -> Vec<String> {
-        (0..n).map(|i| format!("http://10.0.0.{}:8080", i + 1)).collect()
+    fn servers(weights: &[u32]) -> Vec<Server> {
+        weights
+            .iter()
+            .enumerate()
+            .map(|(i, &weight)| Server {
+                address: format!("http://10.0.0.{}:8080", i + 1),
+                scheme: http::uri::Scheme::HTTP,
+                authority: http::uri::Authority::from_static("10.0.0.1:8080"),
+                weight,
+                backup: false,
+            })
+            .collect()
     }
 
     fn hashing(n: usize) -> Balancer {
-        let a = addresses(n);
-        let refs: Vec<&str> = a.iter().map(String::as_str).collect();
-        Balancer::new(&Balance::Hash(HashKey::Ip), &refs)
+        Balancer::new(&Balance::Hash(HashKey::Ip), &servers(&vec![1; n]), 64)
     }
 
     fn pick_hash(b: &Balancer, n: usize, key: u64) -> usize {
-        b.pick(n, key, None, |_| true, |_| 0).expect("a server is up")
+        b.pick(n, Some(key), |_| true, |_| 0).expect("a server is up")
     }
 
     #[test]
@@ -164,7 +221,7 @@ mod tests {
         for k in 0..1000u64 {
             let key = mix(k);
             let first = pick_hash(&b, 3, key);
-            let without = b.pick(3, key, None, |i| i != 1, |_| 0).expect("two are up");
+            let without = b.pick(3, Some(key), |i| i != 1, |_| 0).expect("two are up");
             if first != 1 {
                 assert_eq!(without, first);
             } else {
@@ -174,24 +231,79 @@ mod tests {
     }
 
     #[test]
-    fn round_robin_takes_turns_and_skips_servers_that_are_out() {
-        let a = addresses(3);
-        let refs: Vec<&str> = a.iter().map(String::as_str).collect();
-        let b = Balancer::new(&Balance::RoundRobin, &refs);
-        let picks: Vec<usize> = (0..6).filter_map(|_| b.pick(3, 0, None, |_| true, |_| 0)).collect();
-        assert_eq!(picks, [0, 1, 2, 0, 1, 2]);
-        let picks: Vec<usize> = (0..4).filter_map(|_| b.pick(3, 0, None, |i| i != 1, |_| 0)).collect();
-        assert!(!picks.contains(&1) && picks.len() == 4);
-        assert_eq!(b.pick(3, 0, Some(0), |i| i == 0, |_| 0), None);
+    fn hash_weights_share_keys_in_proportion() {
+        let b = Balancer::new(&Balance::Hash(HashKey::Ip), &servers(&[1, 3]), 64);
+        let mut per = [0usize; 2];
+        for k in 0..20_000u64 {
+            per[pick_hash(&b, 2, mix(k))] += 1;
+        }
+        // 1 : 3, within a few percent.
+        assert!((4500..5500).contains(&per[0]), "{per:?}");
     }
 
     #[test]
-    fn least_request_prefers_the_idle_server() {
-        let a = addresses(2);
-        let refs: Vec<&str> = a.iter().map(String::as_str).collect();
-        let b = Balancer::new(&Balance::LeastRequest, &refs);
-        for _ in 0..100 {
-            assert_eq!(b.pick(2, 0, None, |_| true, |i| if i == 0 { 5 } else { 0 }), Some(1));
+    fn a_request_without_a_hash_key_is_balanced_round_robin() {
+        let b = hashing(3);
+        let h = HeaderMap::new();
+        let header = Balancer::new(
+            &Balance::Hash(HashKey::Header(http::HeaderName::from_static("x-user"))),
+            &servers(&[1, 1, 1]),
+            64,
+        );
+        assert_eq!(header.key("127.0.0.1".parse().expect("address"), &h), None);
+        let picks: Vec<usize> = (0..6).filter_map(|_| header.pick(3, None, |_| true, |_| 0)).collect();
+        assert_eq!(picks, [0, 1, 2, 0, 1, 2]);
+        assert!(b.key("127.0.0.1".parse().expect("address"), &h).is_some());
+    }
+
+    #[test]
+    fn ipv6_clients_hash_by_their_prefix() {
+        let b = hashing(3);
+        let h = HeaderMap::new();
+        let one = b.key("2001:db8:1:2::5".parse().expect("address"), &h);
+        let same_64 = b.key("2001:db8:1:2:ffff::9".parse().expect("address"), &h);
+        let other_64 = b.key("2001:db8:1:3::5".parse().expect("address"), &h);
+        assert_eq!(one, same_64);
+        assert_ne!(one, other_64);
+    }
+
+    #[test]
+    fn round_robin_takes_turns_and_skips_servers_that_are_out() {
+        let b = Balancer::new(&Balance::RoundRobin, &servers(&[1, 1, 1]), 64);
+        let picks: Vec<usize> = (0..6).filter_map(|_| b.pick(3, None, |_| true, |_| 0)).collect();
+        assert_eq!(picks, [0, 1, 2, 0, 1, 2]);
+        assert_eq!(b.pick(3, None, |i| i == 5, |_| 0), None);
+    }
+
+    #[test]
+    fn with_one_of_three_out_the_other_two_share_its_turns_evenly() {
+        let b = Balancer::new(&Balance::RoundRobin, &servers(&[1, 1, 1]), 64);
+        let mut per = [0usize; 3];
+        for _ in 0..600 {
+            per[b.pick(3, None, |i| i != 1, |_| 0).expect("two are up")] += 1;
         }
+        assert_eq!(per, [300, 0, 300]);
+    }
+
+    #[test]
+    fn smooth_weighted_round_robin_interleaves_by_weight() {
+        // nginx's example: weights 5, 1, 1 give a a a b a c a, not a a a a a b c.
+        let b = Balancer::new(&Balance::RoundRobin, &servers(&[5, 1, 1]), 64);
+        let picks: Vec<usize> = (0..7).filter_map(|_| b.pick(3, None, |_| true, |_| 0)).collect();
+        assert_eq!(picks, [0, 0, 1, 0, 2, 0, 0]);
+    }
+
+    #[test]
+    fn least_request_prefers_the_idle_server_for_its_weight() {
+        let b = Balancer::new(&Balance::LeastRequest, &servers(&[1, 1]), 64);
+        for _ in 0..100 {
+            assert_eq!(b.pick(2, None, |_| true, |i| if i == 0 { 5 } else { 0 }), Some(1));
+        }
+        // Three times the weight takes three times the load before it loses.
+        let w = Balancer::new(&Balance::LeastRequest, &servers(&[3, 1]), 64);
+        for _ in 0..100 {
+            assert_eq!(w.pick(2, None, |_| true, |i| if i == 0 { 5 } else { 2 }), Some(0));
+        }
+        assert_eq!(w.pick(2, None, |i| i == 1, |_| 0), Some(1));
     }
 }

@@ -48,9 +48,12 @@ pub enum ProxyError {
     BadGateway,
     /// The upstream did not answer within its timeout.
     GatewayTimeout,
-    /// Every server of the upstream is out (failing, or failing its health
-    /// check).
+    /// No server of the upstream could be tried.
     UpstreamUnavailable,
+    /// Every server in service is at its `max_inflight`.
+    UpstreamBusy,
+    /// tollgate itself is out of file descriptors or ports.
+    ProxyOverloaded,
 }
 
 impl ProxyError {
@@ -69,7 +72,9 @@ impl ProxyError {
             ProxyError::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::BadGateway => StatusCode::BAD_GATEWAY,
             ProxyError::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
-            ProxyError::UpstreamUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::UpstreamUnavailable | ProxyError::UpstreamBusy | ProxyError::ProxyOverloaded => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
         }
     }
 
@@ -131,6 +136,14 @@ impl ProxyError {
                 "error": "upstream_unavailable",
                 "message": "Every server of the upstream service is down. Retry shortly."
             }),
+            ProxyError::UpstreamBusy => json!({
+                "error": "upstream_busy",
+                "message": "Every server of the upstream service is at its limit of requests in flight. Retry shortly."
+            }),
+            ProxyError::ProxyOverloaded => json!({
+                "error": "proxy_overloaded",
+                "message": "This proxy is out of connections to the upstream service. Retry shortly."
+            }),
         }
     }
 
@@ -142,6 +155,7 @@ impl ProxyError {
                 Some(*retry_after_seconds)
             }
             ProxyError::TooManyInFlight { .. } => Some(CONCURRENCY_RETRY_SECS),
+            ProxyError::UpstreamBusy | ProxyError::ProxyOverloaded => Some(1),
             _ => None,
         }
     }

@@ -22,16 +22,12 @@ use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, StatusCode, Version};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use prometheus::{IntCounter, IntGauge};
 use tokio::time::{Instant, Sleep};
 
-use crate::balance::Balancer;
 use crate::client::Peer;
 use crate::config::Upstream;
 use crate::error::ProxyError;
-use crate::health::Health;
-use crate::metrics::Metrics;
-use crate::pool::{Pool, PoolError, UpstreamBody};
+use crate::pool::UpstreamBody;
 use crate::tunnel;
 
 /// Headers that describe one connection, not the message (RFC 9110 7.6.1):
@@ -61,69 +57,8 @@ const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 /// (nginx's default is 4 or 8 KiB).
 pub const UPSTREAM_READ_BUFFER: usize = 16 * 1024;
 
-/// One upstream: its servers, each with its own connection pool, health
-/// and counters, and the error counters of the upstream as a whole.
-pub struct UpstreamClient {
-    pub config: Upstream,
-    servers: Box<[UpstreamServer]>,
-    /// One server and no health check: nothing to choose and nothing to
-    /// watch, so requests take the path they took before upstreams had
-    /// several servers, with no balancing or health work.
-    single: bool,
-    balancer: Balancer,
-    unavailable: IntCounter,
-    connect_errors: IntCounter,
-    timeouts: IntCounter,
-    resets: IntCounter,
-    bad_bodies: IntCounter,
-    body_timeouts: IntCounter,
-    too_large: IntCounter,
-}
-
-/// One server of an upstream.
-struct UpstreamServer {
-    address: String,
-    pool: Pool<RequestBody>,
-    health: Arc<Health>,
-    /// Requests sent to it; with `answered`, what it has in flight.
-    requests: IntCounter,
-    /// Requests that got their answer (or failed, or were abandoned).
-    answered: AtomicU64,
-    failures: IntCounter,
-    /// `tollgate_upstream_server_inflight`, set from `requests` and
-    /// `answered` when metrics are read ([`UpstreamClient::refresh_gauges`]):
-    /// the request path pays two atomic additions per request either way,
-    /// as it did for the in-flight count alone before there were
-    /// per-server metrics.
-    inflight_gauge: IntGauge,
-}
-
-impl UpstreamServer {
-    /// Requests sent and not yet answered.
-    fn inflight(&self) -> u64 {
-        // `answered` first, so that it is seldom ahead of the `requests`
-        // read after it; saturating for when it is.
-        let answered = self.answered.load(Ordering::Relaxed);
-        self.requests.get().saturating_sub(answered)
-    }
-
-    /// Counts a request sent to this server until the guard is dropped.
-    fn start(&self) -> Answered<'_> {
-        self.requests.inc();
-        Answered(&self.answered)
-    }
-}
-
-/// Counts a request as answered when dropped (whatever ended it).
-struct Answered<'a>(&'a AtomicU64);
-
-impl Drop for Answered<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// What [`UpstreamClient::forward`] needs to know about the client side.
+/// What [`crate::upstream::UpstreamClient::forward`] needs to know about
+/// the client side.
 pub struct Downstream<'a> {
     /// The socket peer.
     pub peer: &'a Peer,
@@ -157,365 +92,90 @@ pub struct Downstream<'a> {
     pub chosen: Option<&'a std::sync::atomic::AtomicUsize>,
 }
 
-impl UpstreamClient {
-    /// Builds the pools and resolves every metric handle of `config`, and
-    /// starts its servers' health checks.
-    pub fn new(config: &Upstream, metrics: &Metrics) -> UpstreamClient {
-        let name = config.name.as_str();
-        let err = |kind: &str| metrics.upstream_errors_total.with_label_values(&[name, kind]);
-        let client_err = |kind: &str| metrics.client_errors_total.with_label_values(&[kind]);
-        let epoch = tokio::time::Instant::now();
-        let servers: Box<[UpstreamServer]> = config
-            .servers
-            .iter()
-            .map(|s| {
-                let labels = [name, s.address.as_str()];
-                let health = Arc::new(Health::new(metrics.upstream_server_healthy.with_label_values(&labels), epoch));
-                if let Some(check) = &config.health_check {
-                    crate::health::spawn_check(&health, s, check, config);
-                }
-                UpstreamServer {
-                    address: s.address.clone(),
-                    // A streaming body is bounded by the upstream's
-                    // `timeout` between its pieces, like its head.
-                    pool: Pool::for_server(config, s, UPSTREAM_READ_BUFFER)
-                        .limit_silence(config.timeout, err("timeout")),
-                    health,
-                    requests: metrics.upstream_server_requests_total.with_label_values(&labels),
-                    failures: metrics.upstream_server_failures_total.with_label_values(&labels),
-                    answered: AtomicU64::new(0),
-                    inflight_gauge: metrics.upstream_server_inflight.with_label_values(&labels),
-                }
-            })
-            .collect();
-        let single = servers.len() == 1 && config.health_check.is_none();
-        let addresses: Vec<&str> = servers.iter().map(|s| s.address.as_str()).collect();
-        UpstreamClient {
-            balancer: Balancer::new(&config.balance, &addresses),
-            config: config.clone(),
-            servers,
-            single,
-            unavailable: metrics.upstream_unavailable_total.with_label_values(&[name]),
-            connect_errors: err("connect"),
-            timeouts: err("timeout"),
-            resets: err("reset"),
-            bad_bodies: client_err("bad_body"),
-            body_timeouts: client_err("body_read_timeout"),
-            too_large: client_err("body_too_large"),
+/// The request as the upstream gets it: origin-form target (with the
+/// upstream's base path and the canonical path), hop-by-hop headers
+/// stripped before tollgate's own are set (a header named in
+/// `Connection` cannot remove `Host` or a header tollgate sets),
+/// `X-Forwarded-*` and `Via`. Also says whether the request asks the
+/// upstream to switch protocols.
+pub(crate) fn prepare(
+    req: Request<Incoming>,
+    down: &mut Downstream<'_>,
+    upstream: &Upstream,
+) -> Result<(http::request::Parts, Incoming, bool), ProxyError> {
+    let (mut parts, body) = req.into_parts();
+    let invalid = || ProxyError::BadRequest("The request target is not a valid path.".into());
+    let base = upstream.base_path.as_str();
+    let pq = match (&down.path, parts.uri.query()) {
+        (Some(path), Some(query)) => PathAndQuery::try_from(format!("{base}{path}?{query}")),
+        (Some(path), None) => PathAndQuery::try_from(format!("{base}{path}")),
+        // The client's target, parsed already: shared, not parsed again.
+        (None, _) if base.is_empty() => {
+            Ok(parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/")))
+        }
+        (None, _) => {
+            let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+            PathAndQuery::try_from(format!("{base}{pq}"))
         }
     }
+    .map_err(|_| invalid())?;
+    // Origin form, as an origin server expects it.
+    parts.uri = Uri::from(pq);
 
-    /// How many servers the upstream has.
-    pub fn servers(&self) -> usize {
-        self.servers.len()
+    // A client that takes trailers gets the upstream's: tollgate relays
+    // them (the codings `TE` may also name are hop-by-hop, not passed).
+    if strip_hop_by_hop(&mut parts.headers, true) {
+        parts.headers.insert(header::TE, HeaderValue::from_static("trailers"));
     }
-
-    /// The address (as the access log shows it) of server `i`.
-    pub fn server_authority(&self, i: usize) -> Option<&http::uri::Authority> {
-        self.config.servers.get(i).map(|s| &s.authority)
+    // HTTP/2 has no Upgrade: to an h2 upstream the request goes as a
+    // plain one.
+    let upgrade = down.upgrade.take().filter(|_| upstream.protocol == crate::config::Protocol::Http1);
+    let upgrading = upgrade.is_some();
+    if let Some(protocol) = upgrade {
+        tunnel::ask_upstream(&mut parts.headers, protocol);
     }
-
-    /// Requests being forwarded to this upstream right now (elastic
-    /// throttling reads it).
-    pub fn inflight(&self) -> usize {
-        self.servers.iter().map(UpstreamServer::inflight).sum::<u64>() as usize
+    // The host that was matched goes to the upstream (virtual hosts
+    // behind the proxy keep working): the client's Host, or the target's
+    // authority (absolute form, HTTP/2's :authority).
+    if let Some(h) = down.host_header.take() {
+        parts.headers.insert(header::HOST, h);
     }
+    set_forwarded(&mut parts.headers, down.peer, down.host);
+    crate::via::append(&mut parts.headers, parts.version);
+    // The pool speaks HTTP/1.1 to upstreams whatever the client spoke to
+    // us.
+    parts.version = Version::HTTP_11;
+    Ok((parts, body, upgrading))
+}
 
-    /// Sets each server's in-flight gauge, for a metrics scrape.
-    pub fn refresh_gauges(&self) {
-        for s in &self.servers {
-            s.inflight_gauge.set(s.inflight() as i64);
-        }
-    }
-
-    /// Sends `req` to this upstream and returns its response head with the
-    /// body still streaming.
-    pub async fn forward(
-        &self,
-        req: Request<Incoming>,
-        mut down: Downstream<'_>,
-    ) -> Result<Response<UpstreamBody<RequestBody>>, ProxyError> {
-        let (mut parts, body) = req.into_parts();
-        let invalid = || ProxyError::BadRequest("The request target is not a valid path.".into());
-        let pq = match (&down.path, parts.uri.query()) {
-            (Some(path), Some(query)) => PathAndQuery::try_from(format!("{}{path}?{query}", self.config.base_path)),
-            (Some(path), None) => PathAndQuery::try_from(format!("{}{path}", self.config.base_path)),
-            // The client's target, parsed already: shared, not parsed again.
-            (None, _) if self.config.base_path.is_empty() => {
-                Ok(parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/")))
-            }
-            (None, _) => {
-                let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-                PathAndQuery::try_from(format!("{}{}", self.config.base_path, pq))
-            }
-        }
-        .map_err(|_| invalid())?;
-        // Origin form, as an origin server expects it.
-        parts.uri = Uri::from(pq);
-
-        // A client that takes trailers gets the upstream's: tollgate relays
-        // them (the codings `TE` may also name are hop-by-hop, not passed).
-        if strip_hop_by_hop(&mut parts.headers) {
-            parts.headers.insert(header::TE, HeaderValue::from_static("trailers"));
-        }
-        // HTTP/2 has no Upgrade: to an h2 upstream the request goes as a
-        // plain one.
-        let upgrade = down.upgrade.take().filter(|_| self.config.protocol == crate::config::Protocol::Http1);
-        let upgrading = upgrade.is_some();
-        if let Some(protocol) = upgrade {
-            tunnel::ask_upstream(&mut parts.headers, protocol);
-        }
-        // The host that was matched goes to the upstream (virtual hosts
-        // behind the proxy keep working): the client's Host, or the
-        // target's authority (absolute form, HTTP/2's :authority).
-        if let Some(h) = down.host_header.take() {
-            parts.headers.insert(header::HOST, h);
-        }
-        set_forwarded(&mut parts.headers, down.peer, down.host);
-        crate::via::append(&mut parts.headers, parts.version);
-        // The pool speaks HTTP/1.1 to upstreams whatever the client
-        // spoke to us.
-        parts.version = Version::HTTP_11;
-
-        let watch = Arc::new(BodyWatch::default());
-        let body = RequestBody::new(body, &down, watch.clone());
-        // Read ahead before anything is sent: a body that ends within
-        // `buffer_body` reaches the upstream whole.
-        let body = match body.read_ahead(down.buffer_body).await {
-            Ok(b) => b,
-            Err(e) => return Err(self.client_error(e)),
-        };
-        let req = Request::from_parts(parts, body);
-        if !self.single {
-            // Boxed: the single-server path's future stays as small as it
-            // was before upstreams had several servers.
-            return Box::pin(self.forward_balanced(req, &down, &watch, upgrading)).await;
-        }
-        let server = &self.servers[0];
-        if let Some(chosen) = down.chosen {
-            chosen.store(0, Ordering::Relaxed);
-        }
-        let _answered = server.start();
-        let (mut timer, started) = request_timer(self.config.timeout);
-        let result = tokio::select! {
-            // The upstream first: no random draw per poll.
-            biased;
-            r = server.pool.send(req) => Some(r),
-            () = upstream_deadline(&mut timer, started, self.config.timeout, &watch) => None,
-        };
-        match result {
-            Some(Ok(mut resp)) => {
-                resp.body_mut().keep_timer(timer);
-                self.response_head(resp, upgrading)
-            }
-            // The client's body failed (too large, malformed, too slow)
-            // before the upstream answered: the client's fault, not the
-            // upstream's.
-            Some(Err(_)) if watch.failure().is_some() => {
-                Err(self.client_error(watch.failure().unwrap_or(BodyFailure::Malformed)))
-            }
-            Some(Err(e)) => Err(self.upstream_error(server, Some(&e))),
-            None => Err(self.upstream_error(server, None)),
-        }
-    }
-
-    /// [`UpstreamClient::forward`] over several servers, or with health
-    /// checks: picks a server that is up, and tries a second one when the
-    /// first could not take the request.
-    async fn forward_balanced(
-        &self,
-        mut req: Request<RequestBody>,
-        down: &Downstream<'_>,
-        watch: &Arc<BodyWatch>,
-        upgrading: bool,
-    ) -> Result<Response<UpstreamBody<RequestBody>>, ProxyError> {
-        let n = self.servers.len();
-        // One clock reading for every server (they share an epoch).
-        let now = self.servers[0].health.now_ms();
-        let up = |i: usize| self.servers[i].health.is_up(now);
-        let load = |i: usize| self.servers[i].inflight();
-        let key = self.balancer.key(down.client_ip, req.headers());
-        let Some(mut i) = self.balancer.pick(n, key, None, up, load) else {
-            self.unavailable.inc();
-            tracing::warn!(upstream = %self.config.name, "every server of the upstream is out");
-            return Err(ProxyError::UpstreamUnavailable);
-        };
-        // What a request that may have reached a server is sent again
-        // from: an idempotent request without a body (a streamed body
-        // cannot be replayed, and a server may have acted on any body).
-        let replay = (n > 1 && idempotent(req.method()) && req.body().is_end_stream())
-            .then(|| (req.method().clone(), req.uri().clone(), req.headers().clone()));
-        let mut retried = false;
-        // One deadline for every try.
-        let (mut timer, started) = request_timer(self.config.timeout);
-        loop {
-            let server = &self.servers[i];
-            if let Some(chosen) = down.chosen {
-                chosen.store(i, Ordering::Relaxed);
-            }
-            let result = {
-                let _answered = server.start();
-                tokio::select! {
-                    biased;
-                    r = server.pool.try_send(req) => Some(r),
-                    () = upstream_deadline(&mut timer, started, self.config.timeout, watch) => None,
-                }
-            };
-            let (e, unsent) = match result {
-                Some(Ok(mut resp)) => {
-                    server.health.succeeded();
-                    resp.body_mut().keep_timer(timer);
-                    return self.response_head(resp, upgrading);
-                }
-                Some(Err(_)) if watch.failure().is_some() => {
-                    return Err(self.client_error(watch.failure().unwrap_or(BodyFailure::Malformed)));
-                }
-                // Out of time: no second try.
-                None => return Err(self.upstream_error(server, None)),
-                Some(Err((e, unsent))) => (e, unsent),
-            };
-            let answer = self.upstream_error(server, Some(&e));
-            if retried {
-                return Err(answer);
-            }
-            // Unsent (the connection failed first): any request may go
-            // elsewhere. Sent: only one that can be replayed.
-            let again = unsent.or_else(|| {
-                replay.as_ref().map(|(method, uri, headers)| {
-                    let mut r = Request::new(RequestBody::empty(watch.clone()));
-                    *r.method_mut() = method.clone();
-                    *r.uri_mut() = uri.clone();
-                    *r.headers_mut() = headers.clone();
-                    r
-                })
-            });
-            let Some(again) = again else { return Err(answer) };
-            let Some(next) = self.balancer.pick(n, key, Some(i), up, load) else { return Err(answer) };
-            tracing::info!(upstream = %self.config.name, from = %server.address, to = %self.servers[next].address, "retrying on another server");
-            (req, i, retried) = (again, next, true);
-        }
-    }
-
-    /// The upstream's response head as the client gets it: without its
-    /// hop-by-hop headers, except the `Upgrade` of a switch the client
-    /// asked for (`upgrading`).
-    fn response_head(
-        &self,
-        mut resp: Response<UpstreamBody<RequestBody>>,
-        upgrading: bool,
-    ) -> Result<Response<UpstreamBody<RequestBody>>, ProxyError> {
-        let version = resp.version();
-        if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
-            strip_hop_by_hop(resp.headers_mut());
-            crate::via::append(resp.headers_mut(), version);
-            return Ok(resp);
-        }
-        // A switch nobody asked for would leave the client reading a
-        // protocol it does not speak.
-        if !upgrading {
-            self.resets.inc();
-            tracing::warn!(upstream = %self.config.name, "upstream switched protocols unasked");
-            return Err(ProxyError::BadGateway);
-        }
-        let protocol = resp.headers().get(header::UPGRADE).cloned();
-        strip_hop_by_hop(resp.headers_mut());
+/// The upstream's response head as the client gets it: without its
+/// hop-by-hop headers, except the `Upgrade` of a switch the client asked
+/// for (`upgrading`). A switch nobody asked for is counted in `resets`
+/// and answered 502.
+pub(crate) fn response_head(
+    mut resp: Response<UpstreamBody<RequestBody>>,
+    upgrading: bool,
+    upstream: &str,
+    resets: &prometheus::IntCounter,
+) -> Result<Response<UpstreamBody<RequestBody>>, ProxyError> {
+    let version = resp.version();
+    if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+        strip_hop_by_hop(resp.headers_mut(), false);
         crate::via::append(resp.headers_mut(), version);
-        tunnel::answer_client(resp.headers_mut(), protocol);
-        Ok(resp)
+        return Ok(resp);
     }
-
-    /// Counts and logs a failed upstream call (`None`: out of time) and
-    /// names its answer; the server is taken out for a while, unless it is
-    /// the only one and unchecked.
-    fn upstream_error(&self, server: &UpstreamServer, e: Option<&PoolError>) -> ProxyError {
-        server.failures.inc();
-        if !self.single {
-            server.health.failed();
-        }
-        let name = &self.config.name;
-        let address = &server.address;
-        match e {
-            None => {
-                self.timeouts.inc();
-                tracing::warn!(upstream = %name, server = %address, "upstream timed out");
-                ProxyError::GatewayTimeout
-            }
-            Some(e @ PoolError::Connect(_)) if is_timeout(e) => {
-                self.timeouts.inc();
-                tracing::warn!(upstream = %name, server = %address, "upstream connect timed out");
-                ProxyError::GatewayTimeout
-            }
-            Some(e @ PoolError::Connect(_)) => {
-                self.connect_errors.inc();
-                tracing::warn!(upstream = %name, server = %address, error = %e, "upstream connect failed");
-                ProxyError::BadGateway
-            }
-            Some(e) => {
-                self.resets.inc();
-                tracing::warn!(upstream = %name, server = %address, error = %e, "upstream request failed");
-                ProxyError::BadGateway
-            }
-        }
+    // A switch nobody asked for would leave the client reading a protocol
+    // it does not speak.
+    if !upgrading {
+        resets.inc();
+        tracing::warn!(upstream = %upstream, "upstream switched protocols unasked");
+        return Err(ProxyError::BadGateway);
     }
-
-    /// Counts a request whose body failed on the client's side and names
-    /// its answer.
-    fn client_error(&self, failure: BodyFailure) -> ProxyError {
-        match failure {
-            BodyFailure::TooLarge => {
-                self.too_large.inc();
-                ProxyError::PayloadTooLarge
-            }
-            BodyFailure::Malformed => {
-                self.bad_bodies.inc();
-                ProxyError::BadRequest("The request body is malformed or was cut short.".into())
-            }
-            BodyFailure::Timeout => {
-                self.body_timeouts.inc();
-                ProxyError::RequestTimeout
-            }
-        }
-    }
-}
-
-/// Methods whose request can be sent twice with the effect of once (RFC
-/// 9110 9.2.2).
-fn idempotent(method: &http::Method) -> bool {
-    use http::Method;
-    [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE, Method::PUT, Method::DELETE].contains(method)
-}
-
-/// Completes once the upstream has had `timeout` to answer, not counting
-/// the time spent waiting for the client's body.
-///
-/// `timer` is the request's one timer: armed here for the response head,
-/// then handed to the response body as its silence timer
-/// ([`UpstreamBody::keep_timer`]), so that a forwarded request registers
-/// one timer with the runtime, not two (each registration and removal
-/// takes the timer wheel's lock).
-async fn upstream_deadline(timer: &mut Pin<Box<Sleep>>, started: Instant, timeout: Duration, watch: &BodyWatch) {
-    // One clock read for the common case (the upstream answers before the
-    // first deadline, read by the caller): a read costs tens of
-    // nanoseconds on a virtual machine, and every forwarded request pays
-    // it.
-    let mut now = started;
-    loop {
-        let deadline = started + timeout + watch.client_wait(now);
-        if deadline <= now {
-            return;
-        }
-        if deadline != timer.deadline() {
-            timer.as_mut().reset(deadline);
-        }
-        timer.as_mut().await;
-        now = Instant::now();
-    }
-}
-
-/// The timer [`upstream_deadline`] runs on, due at `started + timeout`.
-fn request_timer(timeout: Duration) -> (Pin<Box<Sleep>>, Instant) {
-    let started = Instant::now();
-    (Box::pin(tokio::time::sleep_until(started + timeout)), started)
+    let protocol = resp.headers().get(header::UPGRADE).cloned();
+    strip_hop_by_hop(resp.headers_mut(), false);
+    crate::via::append(resp.headers_mut(), version);
+    tunnel::answer_client(resp.headers_mut(), protocol);
+    Ok(resp)
 }
 
 /// Why a request body failed on the client's side.
@@ -549,7 +209,7 @@ impl BodyWatch {
         self.failure.store(code, Ordering::Relaxed);
     }
 
-    fn failure(&self) -> Option<BodyFailure> {
+    pub(crate) fn failure(&self) -> Option<BodyFailure> {
         match self.failure.load(Ordering::Relaxed) {
             1 => Some(BodyFailure::TooLarge),
             2 => Some(BodyFailure::Malformed),
@@ -558,7 +218,7 @@ impl BodyWatch {
         }
     }
 
-    fn client_wait(&self, now: Instant) -> Duration {
+    pub(crate) fn client_wait(&self, now: Instant) -> Duration {
         let w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
         w.0 + w.1.map_or(Duration::ZERO, |since| now.saturating_duration_since(since))
     }
@@ -602,7 +262,7 @@ pub struct RequestBody {
 pub struct BodyFailed(BodyFailure);
 
 impl RequestBody {
-    fn new(inner: Incoming, down: &Downstream<'_>, watch: Arc<BodyWatch>) -> RequestBody {
+    pub(crate) fn new(inner: Incoming, down: &Downstream<'_>, watch: Arc<BodyWatch>) -> RequestBody {
         let rest = (!inner.is_end_stream()).then_some(inner);
         RequestBody {
             ahead: VecDeque::new(),
@@ -615,23 +275,32 @@ impl RequestBody {
         }
     }
 
-    /// A body that has ended: what a request without a body is sent again
-    /// with.
-    fn empty(watch: Arc<BodyWatch>) -> RequestBody {
-        RequestBody {
-            ahead: VecDeque::new(),
+    /// A copy of a body that was read whole (see
+    /// [`RequestBody::read_ahead`]), to send the request again; `None`
+    /// while some of it is still to come from the client.
+    pub(crate) fn replica(&self) -> Option<RequestBody> {
+        if self.rest.is_some() {
+            return None;
+        }
+        let copy = |f: &Frame<Bytes>| match (f.data_ref(), f.trailers_ref()) {
+            (Some(d), _) => Frame::data(d.clone()),
+            (None, Some(t)) => Frame::trailers(t.clone()),
+            (None, None) => Frame::data(Bytes::new()),
+        };
+        Some(RequestBody {
+            ahead: self.ahead.iter().map(copy).collect(),
             rest: None,
             remaining: None,
             read_timeout: Duration::ZERO,
             timer: None,
-            watch,
+            watch: self.watch.clone(),
             bytes_in: None,
-        }
+        })
     }
 
     /// Reads the body until it ends or more than `limit` bytes have arrived.
     /// A body that declares a larger length is not read ahead at all.
-    async fn read_ahead(mut self, limit: u64) -> Result<RequestBody, BodyFailure> {
+    pub(crate) async fn read_ahead(mut self, limit: u64) -> Result<RequestBody, BodyFailure> {
         let mut total: u64 = 0;
         while limit > 0 && total <= limit {
             let Some(rest) = self.rest.as_mut() else { break };
@@ -761,8 +430,10 @@ pub fn undecodable_transfer_coding(headers: &HeaderMap) -> bool {
 }
 
 /// Removes the hop-by-hop headers; says whether `TE` accepted `trailers`
-/// (the next hop may then be told that tollgate does too).
-fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
+/// (the next hop may then be told that tollgate does too). A request's
+/// (`request`) `Connection` cannot name `Host` or `X-Request-Id` away:
+/// the upstream gets them whatever the client says.
+fn strip_hop_by_hop(headers: &mut HeaderMap, request: bool) -> bool {
     // Most messages carry none of these: one pass over the names they do
     // carry is much cheaper than looking each of ten names up (every
     // lookup hashes the name).
@@ -782,6 +453,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .filter(|n| !request || (*n != header::HOST && *n != crate::request_id::X_REQUEST_ID))
         .collect();
     for name in named.iter().chain(HOP_BY_HOP.iter()) {
         headers.remove(name);
@@ -857,20 +529,4 @@ fn set_forwarded(headers: &mut HeaderMap, peer: &Peer, host: Option<&str>) {
             None => {}
         }
     }
-}
-
-fn is_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = cur {
-        if let Some(io) = err.downcast_ref::<std::io::Error>()
-            && io.kind() == std::io::ErrorKind::TimedOut
-        {
-            return true;
-        }
-        if err.to_string().contains("timed out") {
-            return true;
-        }
-        cur = err.source();
-    }
-    false
 }

@@ -1,7 +1,12 @@
 //! Whether each server of an upstream takes requests: passive health (a
-//! server that refuses, resets or times out is taken out for a backoff that
-//! doubles while it keeps failing) and active health checks (a GET to
-//! `health_check.path` every `interval`, in a background task per server).
+//! server that has refused, reset or timed out `eject_after` times in a row
+//! is taken out for a backoff that doubles while it keeps failing) and
+//! active health checks (a GET to `health_check.path` every `interval`, in
+//! a background task per server).
+//!
+//! How many servers may be out at once, and what happens when more are, is
+//! the upstream's decision ([`crate::upstream`]): this module keeps one
+//! server's state.
 //!
 //! Only upstreams with several servers or a health check use this: a
 //! single-`url` upstream without one forwards as it always did, with no
@@ -59,6 +64,11 @@ impl Health {
         }
     }
 
+    /// The instant its clock counts from.
+    pub fn epoch(&self) -> Instant {
+        self.epoch
+    }
+
     /// Milliseconds since `epoch`, at least 1 (0 means "in").
     pub fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64 + 1
@@ -71,18 +81,26 @@ impl Health {
         !self.check_down.load(Ordering::Relaxed) && self.out_until.load(Ordering::Relaxed) <= now_ms
     }
 
-    /// The server refused, reset or timed out: out for the backoff. Failures
-    /// of requests that were in flight together while it is already out
-    /// do not grow the backoff.
-    pub fn failed(&self) {
+    /// The server refused, reset or timed out. Once that has happened
+    /// `eject_after` times in a row, and `may_eject` allows it (the
+    /// upstream's cap on servers out), it is out for the backoff, which
+    /// doubles with each further failure in a row. Failures of requests
+    /// that were in flight together while it is already out do not count.
+    /// Says whether it was taken out.
+    pub fn failed(&self, eject_after: u32, may_eject: impl FnOnce() -> bool) -> bool {
         let now = self.now_ms();
         if self.out_until.load(Ordering::Relaxed) > now {
-            return;
+            return false;
         }
-        let n = self.failures.fetch_add(1, Ordering::Relaxed).min(16);
+        let failures = self.failures.fetch_add(1, Ordering::Relaxed).saturating_add(1);
+        if failures < eject_after || !may_eject() {
+            return false;
+        }
+        let n = (failures - eject_after).min(16);
         let backoff = FIRST_BACKOFF.saturating_mul(1 << n).min(MAX_BACKOFF);
         self.out_until.store(now + backoff.as_millis() as u64, Ordering::Relaxed);
         self.gauge.set(0);
+        true
     }
 
     /// The server answered: any passive backoff is over.
@@ -96,8 +114,14 @@ impl Health {
     }
 
     fn set_gauge(&self) {
-        let out = self.check_down.load(Ordering::Relaxed) || self.failures.load(Ordering::Relaxed) != 0;
+        let out = self.check_down.load(Ordering::Relaxed) || self.out_until.load(Ordering::Relaxed) != 0;
         self.gauge.set(i64::from(!out));
+    }
+
+    /// Whether passive health has taken it out (its backoff may have run
+    /// out since: it is then tried again).
+    pub fn ejected(&self) -> bool {
+        self.out_until.load(Ordering::Relaxed) != 0
     }
 }
 
@@ -156,7 +180,7 @@ impl Health {
         let down = self.check_down.load(Ordering::Relaxed);
         // Out after failed checks, or after failed requests (passive):
         // either way, answering its checks brings it back.
-        let out = down || self.failures.load(Ordering::Relaxed) != 0;
+        let out = down || self.out_until.load(Ordering::Relaxed) != 0;
         if out && streak.good >= check.healthy {
             self.check_down.store(false, Ordering::Relaxed);
             // Reachable again: a passive backoff from before is over too.
@@ -174,7 +198,8 @@ impl Health {
     }
 }
 
-/// One check on a new connection: whether the server answered 2xx or 3xx.
+/// One check on a new connection: whether the server answered one of
+/// `expect_status` (2xx or 3xx unless configured).
 async fn probe(
     pool: &Pool<Empty<Bytes>>,
     server: &Server,
@@ -182,13 +207,17 @@ async fn probe(
 ) -> Result<bool, Box<dyn std::error::Error + Send + Sync>> {
     let mut req = Request::new(Empty::new());
     *req.uri_mut() = Uri::from(check.path.clone());
-    req.headers_mut().insert(HOST, HeaderValue::from_str(server.authority.as_str())?);
+    let host = match &check.host {
+        Some(h) => h.clone(),
+        None => HeaderValue::from_str(server.authority.as_str())?,
+    };
+    req.headers_mut().insert(HOST, host);
     if pool.speaks_http1() {
         req.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
     }
     req.headers_mut().insert(USER_AGENT, HeaderValue::from_static("tollgate-health-check"));
     let status = pool.send(req).await?.status();
-    Ok(status.is_success() || status.is_redirection())
+    Ok(check.passes(status.as_u16()))
 }
 
 #[cfg(test)]
@@ -204,13 +233,18 @@ mod tests {
         let h = health();
         let mut expected = Vec::new();
         let mut got = Vec::new();
+        // In until the third failure in a row.
+        assert!(!h.failed(3, || true));
+        assert!(!h.failed(3, || true));
+        assert!(h.is_up(h.now_ms()));
+        assert_eq!(h.gauge.get(), 1);
         for want in [1, 2, 4, 8, 16, 30, 30] {
-            h.failed();
+            assert!(h.failed(3, || true));
             assert!(!h.is_up(h.now_ms()));
             assert_eq!(h.gauge.get(), 0);
             // Failures while it is out (requests that were in flight) do
             // not grow the backoff.
-            h.failed();
+            assert!(!h.failed(3, || true));
             let mut waited = 0;
             while !h.is_up(h.now_ms()) {
                 tokio::time::advance(Duration::from_millis(500)).await;
@@ -223,9 +257,22 @@ mod tests {
         // Back in on its own after the backoff; a success ends the streak.
         h.succeeded();
         assert_eq!(h.gauge.get(), 1);
-        h.failed();
+        h.failed(1, || true);
         tokio::time::advance(FIRST_BACKOFF).await;
         assert!(h.is_up(h.now_ms()));
+    }
+
+    #[test]
+    fn a_server_the_upstream_may_not_take_out_stays_in_whatever_its_failures() {
+        let h = health();
+        for _ in 0..20 {
+            assert!(!h.failed(1, || false));
+        }
+        assert!(h.is_up(h.now_ms()));
+        assert_eq!(h.gauge.get(), 1);
+        // Once it may, the next failure takes it out.
+        assert!(h.failed(1, || true));
+        assert!(!h.is_up(h.now_ms()));
     }
 
     #[test]
@@ -236,6 +283,8 @@ mod tests {
             timeout: Duration::from_secs(1),
             healthy: 2,
             unhealthy: 3,
+            host: None,
+            expect_status: vec![(200, 399)],
         };
         let h = health();
         let mut s = Streak::default();

@@ -94,4 +94,5 @@ pub mod summary;
 pub mod tls;
 pub mod top;
 pub mod tunnel;
+pub mod upstream;
 pub mod via;

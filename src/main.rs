@@ -92,6 +92,7 @@ fn run(cli: &Cli) -> ExitCode {
         }
     };
     runtime.block_on(async {
+        process::raise_open_files(config.listen.max_connections);
         let server = match Server::bind(config, Arc::new(SystemClock)).await {
             Ok(s) => s,
             Err(e @ StartError::Config(_)) => {

@@ -48,6 +48,10 @@ pub struct Metrics {
     pub upstream_server_inflight: IntGaugeVec,
     pub upstream_server_healthy: IntGaugeVec,
     pub upstream_unavailable_total: IntCounterVec,
+    pub upstream_busy_total: IntCounterVec,
+    pub upstream_panic_total: IntCounterVec,
+    pub upstream_retries_total: IntCounterVec,
+    pub upstream_retry_budget_exhausted_total: IntCounterVec,
     pub tls_reload_failures_total: IntCounter,
     pub access_log_dropped_total: IntCounter,
 }
@@ -312,7 +316,31 @@ impl Metrics {
             upstream_unavailable_total: counter_vec(
                 &registry,
                 "tollgate_upstream_unavailable_total",
-                "Requests answered 503 because every server of their upstream was out.",
+                "Requests answered 503 because no server of their upstream could be tried.",
+                &["upstream"],
+            ),
+            upstream_busy_total: counter_vec(
+                &registry,
+                "tollgate_upstream_busy_total",
+                "Requests answered 503 upstream_busy because every server in service was at its max_inflight.",
+                &["upstream"],
+            ),
+            upstream_panic_total: counter_vec(
+                &registry,
+                "tollgate_upstream_panic_total",
+                "Server choices made in panic mode: more servers out than max_ejected_percent allows, so all were candidates.",
+                &["upstream"],
+            ),
+            upstream_retries_total: counter_vec(
+                &registry,
+                "tollgate_upstream_retries_total",
+                "Requests sent again to another server of their upstream after a failed try.",
+                &["upstream"],
+            ),
+            upstream_retry_budget_exhausted_total: counter_vec(
+                &registry,
+                "tollgate_upstream_retry_budget_exhausted_total",
+                "Retries not made because retries in flight were at retry_budget_percent of the requests in flight.",
                 &["upstream"],
             ),
             tls_reload_failures_total: reg(
@@ -358,6 +386,17 @@ impl Metrics {
     }
 
     /// The text exposition format.
+    /// Removes the series of an upstream server no longer configured, so
+    /// that dashboards stop showing it (its counters start again from zero
+    /// if it comes back).
+    pub fn forget_upstream_server(&self, upstream: &str, server: &str) {
+        let labels = [upstream, server];
+        let _ = self.upstream_server_requests_total.remove_label_values(&labels);
+        let _ = self.upstream_server_failures_total.remove_label_values(&labels);
+        let _ = self.upstream_server_inflight.remove_label_values(&labels);
+        let _ = self.upstream_server_healthy.remove_label_values(&labels);
+    }
+
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
         // Encoding into a Vec cannot fail on IO; it fails only for metric

@@ -13,8 +13,12 @@
 //! `TCP_NODELAY`, keepalive probes, name resolution), origin-form targets
 //! and a `Host` header for requests without one, a request retried on
 //! another connection when a reused one closed before it was sent, idle
-//! connections closed after [`IDLE_TIMEOUT`] and at most [`MAX_IDLE`] of
-//! them.
+//! connections closed after the upstream's `pool_idle_timeout` and at most
+//! [`MAX_IDLE`] of them. Beyond it: a request that failed on a reused
+//! connection before any answer came (the server closed it as the request
+//! arrived) is sent once more on a new connection when the caller gave a
+//! copy of it (nginx does so for idempotent requests), and the TLS
+//! handshake counts against `connect_timeout` as the TCP connect does.
 //!
 //! An `https://` server is reached over TLS (rustls: the upstream's CA
 //! file or the system's roots, SNI, an optional client certificate). With
@@ -42,9 +46,6 @@ use tower_service::Service;
 
 use crate::config::{Server, Upstream};
 
-/// How long a connection may sit unused before it is closed.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-
 /// TCP keepalive probes on upstream connections start after this long idle.
 const KEEPALIVE: Duration = Duration::from_secs(60);
 
@@ -65,6 +66,19 @@ pub enum PoolError {
     Request(#[source] hyper::Error),
 }
 
+/// Adds one to a server's count of answered requests when dropped: held
+/// by a response body until it ends (or by the tunnel it turned into), so
+/// that a server's requests in flight include the responses still
+/// streaming.
+#[derive(Debug)]
+pub struct Answered(pub Arc<std::sync::atomic::AtomicU64>);
+
+impl Drop for Answered {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// One upstream's connections, carrying request bodies of type `B`.
 pub struct Pool<B> {
     shared: Arc<Shared<B>>,
@@ -79,6 +93,12 @@ struct Shared<B> {
     host: HeaderValue,
     /// Read buffer of each connection (`http1_max_buf_size`).
     max_buf_size: usize,
+    /// The TCP connect and the TLS handshake together.
+    connect_timeout: Duration,
+    /// `pool_idle_timeout`.
+    idle_timeout: Duration,
+    /// `h2_keepalive_interval`.
+    h2_keepalive: Duration,
     /// Most recently returned last.
     idle: Mutex<Vec<Idle<B>>>,
     /// Whether the task that closes idle connections runs.
@@ -132,7 +152,13 @@ where
             Some((TlsConnector::from(t.client.clone()), name))
         });
         let h2 = (upstream.protocol == crate::config::Protocol::H2).then(|| Mutex::new(None));
-        Pool::new(connector, origin, max_buf_size, tls, h2)
+        let mut pool = Pool::new(connector, origin, max_buf_size, tls, h2);
+        if let Some(shared) = Arc::get_mut(&mut pool.shared) {
+            shared.connect_timeout = upstream.connect_timeout;
+            shared.idle_timeout = upstream.pool_idle_timeout;
+            shared.h2_keepalive = upstream.h2_keepalive_interval;
+        }
+        pool
     }
 
     /// Connections to `origin` (an `http://` or `https://` URI with an
@@ -158,6 +184,9 @@ where
                 origin,
                 host,
                 max_buf_size,
+                connect_timeout: Duration::from_secs(1),
+                idle_timeout: crate::config::POOL_IDLE_TIMEOUT,
+                h2_keepalive: Duration::from_secs(30),
                 idle: Mutex::new(Vec::new()),
                 reaping: std::sync::Once::new(),
                 silence: None,
@@ -188,15 +217,19 @@ where
     /// Sends `req` (its target in origin form) on an idle connection, or a
     /// new one, and returns the response head, its body still streaming.
     pub async fn send(&self, req: Request<B>) -> Result<Response<UpstreamBody<B>>, PoolError> {
-        self.try_send(req).await.map_err(|(e, _)| e)
+        self.try_send(req, |_| None).await.map_err(|(e, _)| e)
     }
 
     /// [`Pool::send`], which also gives the request back when none of it
     /// was sent (no connection could be opened, or hyper returned it
-    /// unsent), so that it can go to another server.
+    /// unsent), so that it can go to another server. `copy` makes a copy
+    /// of a request that may be sent twice (`None` for one that may not):
+    /// asked for when a reused connection is taken, and sent on a new
+    /// connection if that one fails before any answer comes.
     pub async fn try_send(
         &self,
         mut req: Request<B>,
+        copy: impl FnOnce(&Request<B>) -> Option<Request<B>>,
     ) -> Result<Response<UpstreamBody<B>>, (PoolError, Option<Request<B>>)> {
         let add_host = !req.headers().contains_key(HOST);
         if add_host {
@@ -210,9 +243,18 @@ where
             }
             req
         };
+        let mut copy = Some(copy);
+        let mut spare: Option<Request<B>> = None;
+        let mut fresh = false;
         loop {
-            let (mut sender, reused) = match self.shared.checkout() {
-                Some(s) => (s, true),
+            let checked_out = if fresh { None } else { self.shared.checkout() };
+            let (mut sender, reused) = match checked_out {
+                Some(s) => {
+                    if let Some(copy) = copy.take() {
+                        spare = copy(&req);
+                    }
+                    (s, true)
+                }
                 None => match self.connect().await {
                     Ok(s) => (s, false),
                     Err(e) => return Err((e, Some(give_back(req)))),
@@ -231,19 +273,62 @@ where
                         Sender::H2(_) => None,
                     };
                     let shared = self.shared.clone();
-                    return Ok(resp.map(|body| UpstreamBody { body, shared, sender, silence: None, moved: false }));
+                    return Ok(resp.map(|body| UpstreamBody {
+                        body,
+                        shared,
+                        sender,
+                        silence: None,
+                        moved: false,
+                        answered: None,
+                    }));
                 }
                 Err(mut e) => match e.take_message() {
                     // Not sent: the idle connection closed under it. A new
                     // connection cannot have that excuse.
                     Some(unsent) if reused => req = unsent,
-                    unsent => return Err((PoolError::Request(e.into_error()), unsent.map(give_back))),
+                    unsent => {
+                        let e = e.into_error();
+                        // Sent on a reused connection that the server
+                        // closed instead of answering: once more, on a new
+                        // connection (never a second time).
+                        if reused
+                            && unsent.is_none()
+                            && stale(&e)
+                            && let Some(again) = spare.take()
+                        {
+                            tracing::debug!(error = %e, "a reused upstream connection failed: sending again on a new one");
+                            (req, fresh) = (again, true);
+                            continue;
+                        }
+                        return Err((PoolError::Request(e), unsent.map(give_back)));
+                    }
                 },
             }
         }
     }
 
+    /// Forgets the HTTP/2 connection (a request on it timed out): the next
+    /// request opens a new one, and the old one closes once its streams
+    /// end.
+    pub fn discard_h2(&self) {
+        if let Some(h2) = &self.shared.h2 {
+            *h2.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
+    }
+
+    /// A new connection, its TLS handshake included, within the upstream's
+    /// `connect_timeout`.
     async fn connect(&self) -> Result<Sender<B>, PoolError> {
+        match tokio::time::timeout(self.shared.connect_timeout, self.open()).await {
+            Ok(r) => r,
+            Err(_) => Err(PoolError::Connect(Box::new(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "connecting (TCP and TLS) timed out",
+            )))),
+        }
+    }
+
+    async fn open(&self) -> Result<Sender<B>, PoolError> {
         let io = self.shared.connector.clone().call(self.shared.origin.clone()).await;
         let io = io.map_err(|e| PoolError::Connect(e.into()))?;
         match &self.shared.tls {
@@ -262,8 +347,13 @@ where
         I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     {
         if let Some(shared) = &self.shared.h2 {
+            // PINGed while open: a connection whose server stopped
+            // answering is closed, and the next request opens another.
             let (sender, conn) = http2::Builder::new(TokioExecutor::new())
                 .timer(hyper_util::rt::TokioTimer::new())
+                .keep_alive_interval(self.shared.h2_keepalive)
+                .keep_alive_timeout(self.shared.h2_keepalive.min(Duration::from_secs(20)))
+                .keep_alive_while_idle(true)
                 .handshake::<_, B>(io)
                 .await
                 .map_err(|e| PoolError::Connect(e.into()))?;
@@ -308,7 +398,7 @@ impl<B: Send + 'static> Shared<B> {
         }
         let mut idle = self.idle();
         while let Some(Idle { sender, since }) = idle.pop() {
-            if since.elapsed() >= IDLE_TIMEOUT {
+            if since.elapsed() >= self.idle_timeout {
                 // Everything below it has been idle longer.
                 idle.clear();
                 return None;
@@ -350,14 +440,33 @@ impl<B: Send + 'static> Shared<B> {
     }
 }
 
-/// Closes connections idle for [`IDLE_TIMEOUT`], until the pool is gone.
+/// Closes connections idle for `pool_idle_timeout`, until the pool is
+/// gone.
 async fn reap<B: Send + 'static>(shared: Weak<Shared<B>>) {
-    let mut every = tokio::time::interval(IDLE_TIMEOUT / 4);
+    let Some(timeout) = shared.upgrade().map(|s| s.idle_timeout) else { return };
+    let mut every = tokio::time::interval(timeout / 4);
     loop {
         every.tick().await;
         let Some(shared) = shared.upgrade() else { return };
-        shared.idle().retain(|i| i.since.elapsed() < IDLE_TIMEOUT);
+        shared.idle().retain(|i| i.since.elapsed() < timeout);
     }
+}
+
+/// Whether a request failed the way a connection the server closed as it
+/// arrived fails: closed before the answer, or reset.
+fn stale(e: &hyper::Error) -> bool {
+    if e.is_incomplete_message() || e.is_canceled() {
+        return true;
+    }
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
+            return matches!(io.kind(), ConnectionReset | BrokenPipe | ConnectionAborted);
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// An upstream response body. Its connection goes back to the pool once
@@ -373,6 +482,8 @@ pub struct UpstreamBody<B: Send + 'static> {
     /// Bytes came since `silence` was armed: re-armed from now when next
     /// needed (one timer per body, reset, rather than one per wait).
     moved: bool,
+    /// Dropped (counting the request answered) when the body ends.
+    answered: Option<Answered>,
 }
 
 impl<B: Send + 'static> UpstreamBody<B> {
@@ -385,7 +496,19 @@ impl<B: Send + 'static> UpstreamBody<B> {
         self.moved = true;
     }
 
+    /// Counts the request answered once this body ends or is dropped.
+    pub fn count_until_end(&mut self, answered: Answered) {
+        self.answered = Some(answered);
+    }
+
+    /// The count of [`UpstreamBody::count_until_end`], for a tunnel that
+    /// outlives the body.
+    pub fn take_answered(&mut self) -> Option<Answered> {
+        self.answered.take()
+    }
+
     fn release(&mut self) {
+        self.answered = None;
         if let Some(sender) = self.sender.take() {
             self.shared.put(sender);
         }
@@ -414,6 +537,7 @@ impl<B: Send + 'static> Body for UpstreamBody<B> {
             }
             timeouts.inc();
             this.silence = None;
+            this.answered = None;
             // The connection ends with the body: its rest is unread.
             this.sender = None;
             let e = std::io::Error::new(std::io::ErrorKind::TimedOut, "the upstream sent nothing for its timeout");
@@ -424,7 +548,7 @@ impl<B: Send + 'static> Body for UpstreamBody<B> {
             None => this.release(),
             Some(Ok(_)) if this.body.is_end_stream() => this.release(),
             // An error ends the connection with it.
-            Some(Err(_)) => this.sender = None,
+            Some(Err(_)) => (this.sender, this.answered) = (None, None),
             Some(Ok(_)) => {}
         }
         Poll::Ready(frame.map(|f| f.map_err(Into::into)))

@@ -91,3 +91,30 @@ pub fn init_logging(format: &str) {
         builder.init();
     }
 }
+
+/// Raises the soft limit on open files to the hard limit (systemd and
+/// shells often start services at 1,024, far below what an edge proxy
+/// holds), and warns when even the hard limit is below what
+/// `max_connections` needs: a client connection and an upstream
+/// connection each, and some for listeners, logs and Redis.
+pub fn raise_open_files(max_connections: usize) {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        limit.current = limit.maximum;
+        if let Err(e) = setrlimit(Resource::Nofile, limit) {
+            tracing::warn!(error = %e, "cannot raise the open files limit (RLIMIT_NOFILE) to its hard limit");
+        }
+    }
+    let now = getrlimit(Resource::Nofile).current;
+    let needed = (max_connections as u64).saturating_mul(2).saturating_add(256);
+    if let Some(n) = now
+        && n < needed
+    {
+        tracing::warn!(
+            open_files = n,
+            needed,
+            "the open files limit is below what listen.max_connections needs (two per connection); raise LimitNOFILE or ulimit -n"
+        );
+    }
+}

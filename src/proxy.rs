@@ -21,7 +21,7 @@ use crate::access_log::{AccessLog, Logged, Note};
 use crate::client::{self, Peer};
 use crate::config::{ClientConfig, Config, InvalidToken, KeyPart, Normalization, OnError, Route};
 use crate::error::{self, ProxyError};
-use crate::forward::{Downstream, RequestBody, UpstreamClient};
+use crate::forward::{Downstream, RequestBody};
 use crate::headers::{self, RuleReport};
 use crate::held::Holding;
 use crate::identity::{Identity, JwtVerifier};
@@ -35,6 +35,7 @@ use crate::settle::{self, OnTrailers, Settling};
 use crate::store::{Answer, AnyStore, Check, Held, Mode, Store, StoreError};
 use crate::top::TopKeys;
 use crate::tunnel;
+use crate::upstream::UpstreamClient;
 
 /// The body of every response tollgate sends: the upstream's, streamed, or
 /// one tollgate wrote.
@@ -104,7 +105,27 @@ impl Routing {
     /// Builds the upstreams of `config` (their connection pools, health
     /// checks and metric handles) and its routes.
     pub fn new(config: &Config, metrics: &Metrics) -> Routing {
-        let upstreams = config.upstreams.iter().map(|u| UpstreamClient::new(u, metrics)).collect();
+        Routing::replacing(config, metrics, None)
+    }
+
+    /// [`Routing::new`], keeping from `previous` every upstream server
+    /// whose definition did not change (its health, backoff and
+    /// connections), and removing the metric series of those that are
+    /// gone.
+    pub fn replacing(config: &Config, metrics: &Metrics, previous: Option<&Routing>) -> Routing {
+        let before = |name: &str| previous.and_then(|p| p.upstreams.iter().find(|u| u.config.name == name));
+        let prefix = config.client.ipv6_prefix;
+        let upstreams: Vec<UpstreamClient> =
+            config.upstreams.iter().map(|u| UpstreamClient::new(u, metrics, prefix, before(&u.name))).collect();
+        for old in previous.iter().flat_map(|p| &p.upstreams) {
+            let name = old.config.name.as_str();
+            let new = upstreams.iter().find(|u| u.config.name == name);
+            for address in old.addresses() {
+                if new.is_none_or(|u| u.addresses().all(|a| a != address)) {
+                    metrics.forget_upstream_server(name, address);
+                }
+            }
+        }
         let mut routes: Vec<(Route, RouteCounters)> =
             config.routes.iter().map(|r| (r.clone(), metrics.route_counters(&r.name))).collect();
         routes.sort_by_key(|(r, _)| (std::cmp::Reverse(r.path_prefix.len()), r.host.is_none()));
@@ -181,6 +202,14 @@ impl Proxy {
     /// connections and stop their health checks once the last is done.
     pub fn swap_routing(&self, routing: Routing) {
         self.routing.store(Arc::new(routing));
+    }
+
+    /// Puts the routes and upstreams of `config` in force, keeping what
+    /// the running ones have of servers that did not change
+    /// ([`Routing::replacing`]).
+    pub fn reroute(&self, config: &Config) {
+        let previous = self.routing.load_full();
+        self.swap_routing(Routing::replacing(config, &self.metrics, Some(&previous)));
     }
 
     /// Puts a new rule set in force. Existing buckets keep their counts: the
@@ -595,7 +624,8 @@ impl Proxy {
                     let upstream = hyper::upgrade::on(&mut resp);
                     // The tunnel is the request in flight until it closes.
                     let held = held.take().map(Arc::new);
-                    resp.extensions_mut().insert(tunnel::Pending { client, upstream, held });
+                    let answered = resp.body_mut().take_answered().map(Arc::new);
+                    resp.extensions_mut().insert(tunnel::Pending { client, upstream, held, answered });
                 }
                 if !settling.is_empty() {
                     let ended = hyper::body::Body::is_end_stream(resp.body());

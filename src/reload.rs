@@ -190,7 +190,7 @@ impl Reloader {
         let restart = {
             let mut running = lock(&self.config);
             let restart = needs_restart(&running, &new);
-            self.proxy.swap_routing(crate::proxy::Routing::new(&new, m));
+            self.proxy.reroute(&new);
             running.upstreams = new.upstreams;
             running.routes = new.routes;
             restart

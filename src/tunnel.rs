@@ -108,6 +108,9 @@ pub struct Pending {
     /// response extensions must be `Clone`; the slots go back when the
     /// last holder (the tunnel) is dropped.
     pub held: Option<Arc<crate::store::Held>>,
+    /// The upstream server's count of answered requests, added to when
+    /// the tunnel closes: a tunnel is in flight on its server until then.
+    pub answered: Option<Arc<crate::pool::Answered>>,
 }
 
 /// What every tunnel of a server shares.
@@ -155,7 +158,7 @@ impl Pending {
     /// and so do the request's concurrency slots.
     pub async fn run<H: Send>(self, tunnels: Tunnels, hold: H) {
         let Tunnels { idle_timeout, active, mut closing, running } = tunnels;
-        let Pending { client, upstream, held } = self;
+        let Pending { client, upstream, held, answered } = self;
         let (client, upstream) = match tokio::try_join!(client, upstream) {
             Ok(both) => both,
             Err(e) => {
@@ -182,7 +185,7 @@ impl Pending {
             () = closed => {}
         }
         active.dec();
-        drop((client, upstream, hold, held, running));
+        drop((client, upstream, hold, held, answered, running));
     }
 }
 

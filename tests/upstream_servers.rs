@@ -253,9 +253,10 @@ async fn hash_keeps_a_key_on_one_server() {
     }
     let used: BTreeSet<&String> = owner.values().collect();
     assert!(used.len() >= 2, "12 keys all on one server: {owner:?}");
-    // A missing header hashes as empty: one server for all of them.
-    let none: BTreeSet<String> = futures_all(&tg, 5).await;
-    assert_eq!(none.len(), 1);
+    // Without the header there is no key: balanced round robin, not all
+    // on one server.
+    let none: BTreeSet<String> = futures_all(&tg, 6).await;
+    assert_eq!(none.len(), 3, "{none:?}");
 
     // By client address too.
     let tg = tollgate(&[&a, &b, &c], "balance = \"hash\"\nhash_key = \"ip\"").await;
@@ -429,22 +430,40 @@ async fn a_request_that_failed_to_connect_is_retried_whatever_its_method() {
     let m = tg.metrics().await;
     let labels = [("upstream", "svc"), ("server", refusing.as_str())];
     assert_eq!(metric(&m, "tollgate_upstream_server_failures_total", &labels), Some(1.0));
-    assert_eq!(metric(&m, "tollgate_upstream_server_healthy", &labels), Some(0.0));
+    // One failure is not enough to take it out (eject_after, default 5).
+    assert_eq!(metric(&m, "tollgate_upstream_server_healthy", &labels), Some(1.0));
+    assert_eq!(metric(&m, "tollgate_upstream_retries_total", &[("upstream", "svc")]), Some(1.0));
 }
 
 #[tokio::test]
-async fn every_server_down_is_a_503_in_json_and_counted() {
+async fn every_server_down_is_a_502_in_json_after_trying_each_and_counted() {
     let servers =
         [format!("http://{}", Upstream::refusing_addr().await), format!("http://{}", Upstream::refusing_addr().await)];
-    let tg = Tollgate::with(&config(&servers, ""), &[]).await;
-    // Both refuse: tried on each, then both are out.
-    assert_eq!(tg.get("/").send().await.status, 502);
-    let reply = tg.get("/").send().await;
-    assert_eq!(reply.status, 503);
-    assert_eq!(reply.header("content-type"), Some("application/json"));
-    assert_eq!(reply.json()["error"], "upstream_unavailable");
+    let tg = Tollgate::with(&config(&servers, "eject_after = 1"), &[]).await;
+    // Both refuse: the first request tries one, then the other. Passive
+    // health takes out at most half of them (one): the other stays in and
+    // keeps getting requests, answered 502; never a 503 that stops trying.
+    for _ in 0..6 {
+        let reply = tg.get("/").send().await;
+        assert_eq!(reply.status, 502);
+        assert_eq!(reply.header("content-type"), Some("application/json"));
+        assert_eq!(reply.json()["error"], "bad_gateway");
+    }
     let m = tg.metrics().await;
-    assert_eq!(metric(&m, "tollgate_upstream_unavailable_total", &[("upstream", "svc")]), Some(1.0));
+    let total: f64 = servers
+        .iter()
+        .map(|s| metric(&m, "tollgate_upstream_server_requests_total", &[("upstream", "svc"), ("server", s)]))
+        .map(|v| v.unwrap_or(0.0))
+        .sum();
+    let retries = metric(&m, "tollgate_upstream_retries_total", &[("upstream", "svc")]).unwrap_or(0.0);
+    assert!(retries >= 1.0, "the first request was tried on both");
+    assert_eq!(total, 6.0 + retries, "a try per request, and one per retry");
+    let healthy: f64 = servers
+        .iter()
+        .map(|s| metric(&m, "tollgate_upstream_server_healthy", &[("upstream", "svc"), ("server", s)]))
+        .map(|v| v.unwrap_or(-1.0))
+        .sum();
+    assert_eq!(healthy, 1.0, "one of the two taken out, never both");
 }
 
 fn errors(upstream: &str) -> Vec<String> {
@@ -508,7 +527,9 @@ fn config_errors_point_at_the_place() {
     );
     assert_eq!(
         errors("name = \"a\"\nservers = [\"http://b\"]\nhealth_check = { path = \"/h\", retries = 1 }"),
-        ["t.toml:4:31: unknown field `retries`, expected one of `path`, `interval`, `timeout`, `healthy`, `unhealthy`"]
+        [
+            "t.toml:4:31: unknown field `retries`, expected one of `path`, `interval`, `timeout`, `healthy`, `unhealthy`, `host`, `expect_status`"
+        ]
     );
     assert!(errors("name = \"a\"\nservers = [\"http://b:1\", \"http://c:2\"]\nbalance = \"least_request\"").is_empty());
 }

@@ -102,12 +102,21 @@ pub struct RawClient {
 pub struct RawUpstream {
     pub name: Spanned<String>,
     pub url: Option<Spanned<String>>,
-    pub servers: Option<Spanned<Vec<Spanned<String>>>>,
+    /// Each a URL string or a table `{ url, weight, backup }`, read by
+    /// the validator (an untagged enum would lose the spans).
+    pub servers: Option<Spanned<Vec<Spanned<toml::Value>>>>,
     pub balance: Option<Spanned<String>>,
     pub hash_key: Option<Spanned<String>>,
     pub health_check: Option<Spanned<RawHealthCheck>>,
     pub connect_timeout: Option<Spanned<String>>,
     pub timeout: Option<Spanned<String>>,
+    pub eject_after: Option<Spanned<i64>>,
+    pub max_ejected_percent: Option<Spanned<i64>>,
+    pub retries: Option<Spanned<i64>>,
+    pub retry_budget_percent: Option<Spanned<i64>>,
+    pub pool_idle_timeout: Option<Spanned<String>>,
+    pub h2_keepalive_interval: Option<Spanned<String>>,
+    pub max_inflight: Option<Spanned<i64>>,
     pub protocol: Option<Spanned<String>>,
     pub tls_ca_file: Option<Spanned<String>>,
     pub tls_cert_file: Option<Spanned<String>>,
@@ -124,6 +133,8 @@ pub struct RawHealthCheck {
     pub timeout: Option<Spanned<String>>,
     pub healthy: Option<Spanned<i64>>,
     pub unhealthy: Option<Spanned<i64>>,
+    pub host: Option<Spanned<String>>,
+    pub expect_status: Option<Spanned<toml::Value>>,
 }
 
 #[derive(Debug, Deserialize)]

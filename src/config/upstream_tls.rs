@@ -1,6 +1,7 @@
 //! How tollgate talks to an upstream's servers: `https://` with a CA file,
 //! SNI and an optional client certificate, and `protocol = "h2"`.
 
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
@@ -27,6 +28,9 @@ pub struct UpstreamTls {
     /// `tls_server_name`: the name sent in SNI and checked against the
     /// server's certificate, instead of each server's own host.
     pub server_name: Option<ServerName<'static>>,
+    /// A hash of the files and names it was made from: a reload keeps the
+    /// connections of a server whose TLS settings and files are unchanged.
+    pub fingerprint: u64,
 }
 
 impl Validator<'_> {
@@ -58,9 +62,11 @@ impl Validator<'_> {
             return Some(None);
         }
         let mut roots = rustls::RootCertStore::empty();
+        let mut fingerprint = std::hash::DefaultHasher::new();
         match &u.tls_ca_file {
             Some(ca) => {
                 let (path, pem) = self.read_relative(ca)?;
+                pem.hash(&mut fingerprint);
                 let certs: Vec<CertificateDer<'static>> = match CertificateDer::pem_slice_iter(&pem).collect() {
                     Ok(c) => c,
                     Err(e) => {
@@ -103,6 +109,7 @@ impl Validator<'_> {
             (Some(cert), Some(key)) => {
                 let (cert_path, cert_pem) = self.read_relative(cert)?;
                 let (key_path, key_pem) = self.read_relative(key)?;
+                (&cert_pem, &key_pem).hash(&mut fingerprint);
                 let chain: Vec<CertificateDer<'static>> =
                     CertificateDer::pem_slice_iter(&cert_pem).collect::<Result<_, _>>().unwrap_or_default();
                 if chain.is_empty() {
@@ -130,6 +137,8 @@ impl Validator<'_> {
             Protocol::H2 => vec![b"h2".to_vec()],
             Protocol::Http1 => vec![b"http/1.1".to_vec()],
         };
-        Some(Some(UpstreamTls { client: Arc::new(client), server_name }))
+        u.tls_server_name.as_ref().map(|n| n.get_ref()).hash(&mut fingerprint);
+        let fingerprint = fingerprint.finish();
+        Some(Some(UpstreamTls { client: Arc::new(client), server_name, fingerprint }))
     }
 }

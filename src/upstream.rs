@@ -1,0 +1,607 @@
+//! One upstream's servers and the tries a request makes on them: which
+//! servers are in service, when a failing one is taken out (and when it
+//! may not be), retries on other servers within one deadline and a retry
+//! budget, per-server limits, and what each failure is answered with.
+//!
+//! Servers stay in service unless they are really down, as Envoy's
+//! outlier detection keeps them:
+//! - a server is taken out only after `eject_after` failures in a row, and
+//!   never more than `max_ejected_percent` of the servers at once (a lone
+//!   server, or the last one in, never: [`UpstreamClient::may_eject`]);
+//! - when fewer servers are in than that cap allows (active health checks
+//!   took them out), requests go to all of them: panic mode, because a
+//!   guess that leaves some servers overloaded serves more than a refusal;
+//! - backup servers take requests only while every other server is out;
+//! - a failure of tollgate's own (out of file descriptors or ports) is
+//!   never held against a server.
+//!
+//! An upstream with one server and no health check or limit takes a short
+//! path ([`UpstreamClient::forward`]) with no health or balancing work.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use prometheus::{IntCounter, IntGauge};
+use tokio::time::{Instant, Sleep};
+
+use crate::balance::Balancer;
+use crate::config::{MIN_RETRY_CONCURRENCY, Upstream};
+use crate::error::ProxyError;
+use crate::forward::{self, BodyFailure, BodyWatch, Downstream, RequestBody, UPSTREAM_READ_BUFFER};
+use crate::health::Health;
+use crate::metrics::Metrics;
+use crate::pool::{Answered, Pool, PoolError, UpstreamBody};
+
+/// One upstream: its servers, each with its own connection pool, health
+/// and counters, and the error counters of the upstream as a whole.
+pub struct UpstreamClient {
+    pub config: Upstream,
+    servers: Box<[Arc<UpstreamServer>]>,
+    /// One server, no health check and no `max_inflight`: nothing to
+    /// choose and nothing to watch.
+    single: bool,
+    balancer: Balancer,
+    /// Taken while deciding whether a server may go out, so that two
+    /// failures at once cannot both pass the cap.
+    ejecting: Mutex<()>,
+    /// Retries in flight, against the retry budget.
+    retrying: AtomicU64,
+    counters: Counters,
+}
+
+/// The upstream's own counters (its servers have theirs).
+struct Counters {
+    unavailable: IntCounter,
+    busy: IntCounter,
+    panic: IntCounter,
+    retries: IntCounter,
+    budget_exhausted: IntCounter,
+    connect_errors: IntCounter,
+    timeouts: IntCounter,
+    resets: IntCounter,
+    local: IntCounter,
+    bad_bodies: IntCounter,
+    body_timeouts: IntCounter,
+    too_large: IntCounter,
+}
+
+/// One server of an upstream; shared with the next configuration when a
+/// reload leaves the server as it was, so its health, backoff and pooled
+/// connections carry over.
+struct UpstreamServer {
+    address: String,
+    pool: Pool<RequestBody>,
+    health: Arc<Health>,
+    /// Requests sent to it; with `answered`, what it has in flight.
+    requests: IntCounter,
+    /// Requests whose response has ended (or failed, or was abandoned).
+    answered: Arc<AtomicU64>,
+    failures: IntCounter,
+    /// `tollgate_upstream_server_inflight`, set from `requests` and
+    /// `answered` when metrics are read ([`UpstreamClient::refresh_gauges`]).
+    inflight_gauge: IntGauge,
+}
+
+impl UpstreamServer {
+    fn new(config: &Upstream, i: usize, metrics: &Metrics, epoch: Instant) -> UpstreamServer {
+        let s = &config.servers[i];
+        let labels = [config.name.as_str(), s.address.as_str()];
+        let health = Arc::new(Health::new(metrics.upstream_server_healthy.with_label_values(&labels), epoch));
+        if let Some(check) = &config.health_check {
+            crate::health::spawn_check(&health, s, check, config);
+        }
+        let timeouts = metrics.upstream_errors_total.with_label_values(&[config.name.as_str(), "timeout"]);
+        UpstreamServer {
+            address: s.address.clone(),
+            // A streaming body is bounded by the upstream's `timeout`
+            // between its pieces, like its head.
+            pool: Pool::for_server(config, s, UPSTREAM_READ_BUFFER).limit_silence(config.timeout, timeouts),
+            health,
+            requests: metrics.upstream_server_requests_total.with_label_values(&labels),
+            failures: metrics.upstream_server_failures_total.with_label_values(&labels),
+            answered: Arc::new(AtomicU64::new(0)),
+            inflight_gauge: metrics.upstream_server_inflight.with_label_values(&labels),
+        }
+    }
+
+    /// Requests sent and not yet answered.
+    fn inflight(&self) -> u64 {
+        // `answered` first, so that it is seldom ahead of the `requests`
+        // read after it; saturating for when it is.
+        let answered = self.answered.load(Ordering::Relaxed);
+        self.requests.get().saturating_sub(answered)
+    }
+
+    /// Counts a request sent to this server until the guard is dropped.
+    fn start(&self) -> Answered {
+        self.requests.inc();
+        Answered(self.answered.clone())
+    }
+}
+
+/// The servers a request already went to (at most `retries + 1`).
+#[derive(Default)]
+struct Tried {
+    ids: [usize; 12],
+    len: usize,
+}
+
+impl Tried {
+    fn contains(&self, i: usize) -> bool {
+        self.ids[..self.len].contains(&i)
+    }
+
+    fn push(&mut self, i: usize) {
+        if self.len < self.ids.len() {
+            self.ids[self.len] = i;
+            self.len += 1;
+        }
+    }
+}
+
+/// Why no server could be picked.
+enum NoServer {
+    /// Every candidate is at its `max_inflight`.
+    Busy,
+    /// None is left.
+    None,
+}
+
+impl UpstreamClient {
+    /// Builds the pools and resolves every metric handle of `config`, and
+    /// starts its servers' health checks. Servers that `previous` (the
+    /// configuration being replaced) had with the same definition are
+    /// taken over as they are.
+    pub fn new(config: &Upstream, metrics: &Metrics, ipv6_prefix: u8, previous: Option<&UpstreamClient>) -> Self {
+        let name = config.name.as_str();
+        let err = |kind: &str| metrics.upstream_errors_total.with_label_values(&[name, kind]);
+        let client_err = |kind: &str| metrics.client_errors_total.with_label_values(&[kind]);
+        let up = |m: &prometheus::IntCounterVec| m.with_label_values(&[name]);
+        // Every server of an upstream shares one epoch, so one clock read
+        // serves them all: kept servers keep theirs.
+        let epoch = previous.and_then(|p| p.servers.first()).map_or_else(Instant::now, |s| s.health.epoch());
+        let servers: Box<[Arc<UpstreamServer>]> = (0..config.servers.len())
+            .map(|i| {
+                let address = &config.servers[i].address;
+                let kept = previous.filter(|p| p.config.same_server(config, address)).and_then(|p| {
+                    p.servers.iter().find(|s| s.address == *address && s.health.epoch() == epoch).cloned()
+                });
+                kept.unwrap_or_else(|| Arc::new(UpstreamServer::new(config, i, metrics, epoch)))
+            })
+            .collect();
+        let single = servers.len() == 1 && config.health_check.is_none() && config.max_inflight.is_none();
+        UpstreamClient {
+            balancer: Balancer::new(&config.balance, &config.servers, ipv6_prefix),
+            config: config.clone(),
+            servers,
+            single,
+            ejecting: Mutex::new(()),
+            retrying: AtomicU64::new(0),
+            counters: Counters {
+                unavailable: up(&metrics.upstream_unavailable_total),
+                busy: up(&metrics.upstream_busy_total),
+                panic: up(&metrics.upstream_panic_total),
+                retries: up(&metrics.upstream_retries_total),
+                budget_exhausted: up(&metrics.upstream_retry_budget_exhausted_total),
+                connect_errors: err("connect"),
+                timeouts: err("timeout"),
+                resets: err("reset"),
+                local: err("local"),
+                bad_bodies: client_err("bad_body"),
+                body_timeouts: client_err("body_read_timeout"),
+                too_large: client_err("body_too_large"),
+            },
+        }
+    }
+
+    /// How many servers the upstream has.
+    pub fn servers(&self) -> usize {
+        self.servers.len()
+    }
+
+    /// The configured addresses of its servers (their metric labels).
+    pub fn addresses(&self) -> impl Iterator<Item = &str> {
+        self.servers.iter().map(|s| s.address.as_str())
+    }
+
+    /// The address (as the access log shows it) of server `i`.
+    pub fn server_authority(&self, i: usize) -> Option<&http::uri::Authority> {
+        self.config.servers.get(i).map(|s| &s.authority)
+    }
+
+    /// Requests being forwarded to this upstream right now, their response
+    /// bodies included (elastic throttling reads it).
+    pub fn inflight(&self) -> usize {
+        self.servers.iter().map(|s| s.inflight()).sum::<u64>() as usize
+    }
+
+    /// Sets each server's in-flight gauge, for a metrics scrape.
+    pub fn refresh_gauges(&self) {
+        for s in &self.servers {
+            s.inflight_gauge.set(s.inflight() as i64);
+        }
+    }
+
+    /// Sends `req` to this upstream and returns its response head with the
+    /// body still streaming.
+    pub async fn forward(
+        &self,
+        req: Request<Incoming>,
+        mut down: Downstream<'_>,
+    ) -> Result<Response<UpstreamBody<RequestBody>>, ProxyError> {
+        let (parts, body, upgrading) = forward::prepare(req, &mut down, &self.config)?;
+        let watch = Arc::new(BodyWatch::default());
+        let body = RequestBody::new(body, &down, watch.clone());
+        // Read ahead before anything is sent: a body that ends within
+        // `buffer_body` reaches the upstream whole.
+        let body = match body.read_ahead(down.buffer_body).await {
+            Ok(b) => b,
+            Err(e) => return Err(self.client_error(e)),
+        };
+        let req = Request::from_parts(parts, body);
+        if !self.single {
+            // Boxed: the single-server path's future stays small.
+            return Box::pin(self.forward_balanced(req, &down, &watch, upgrading)).await;
+        }
+        let server = &self.servers[0];
+        if let Some(chosen) = down.chosen {
+            chosen.store(0, Ordering::Relaxed);
+        }
+        let answered = server.start();
+        let (mut timer, started) = request_timer(self.config.timeout);
+        let result = tokio::select! {
+            // The upstream first: no random draw per poll.
+            biased;
+            r = server.pool.try_send(req, replica) => Some(r),
+            () = upstream_deadline(&mut timer, started, self.config.timeout, &watch) => None,
+        };
+        match result {
+            Some(Ok(mut resp)) => {
+                resp.body_mut().keep_timer(timer);
+                resp.body_mut().count_until_end(answered);
+                forward::response_head(resp, upgrading, &self.config.name, &self.counters.resets)
+            }
+            // The client's body failed (too large, malformed, too slow)
+            // before the upstream answered: the client's fault, not the
+            // upstream's.
+            Some(Err(_)) if watch.failure().is_some() => {
+                Err(self.client_error(watch.failure().unwrap_or(BodyFailure::Malformed)))
+            }
+            Some(Err((e, _))) => Err(self.upstream_error_at(0, Some(&e))),
+            None => {
+                server.pool.discard_h2();
+                Err(self.upstream_error_at(0, None))
+            }
+        }
+    }
+
+    /// [`UpstreamClient::forward`] over several servers, or with health
+    /// checks or limits: picks a server in service, and tries others (up
+    /// to `retries`) when one could not take the request, all within the
+    /// request's one deadline.
+    async fn forward_balanced(
+        &self,
+        mut req: Request<RequestBody>,
+        down: &Downstream<'_>,
+        watch: &Arc<BodyWatch>,
+        upgrading: bool,
+    ) -> Result<Response<UpstreamBody<RequestBody>>, ProxyError> {
+        let key = self.balancer.key(down.client_ip, req.headers());
+        let mut tried = Tried::default();
+        let mut i = match self.pick(key, &tried) {
+            Ok(i) => i,
+            Err(NoServer::Busy) => {
+                self.counters.busy.inc();
+                return Err(ProxyError::UpstreamBusy);
+            }
+            Err(NoServer::None) => {
+                self.counters.unavailable.inc();
+                tracing::warn!(upstream = %self.config.name, "no server of the upstream can take requests");
+                return Err(ProxyError::UpstreamUnavailable);
+            }
+        };
+        // What a request that may have reached a server is sent again
+        // from: an idempotent request whose body was read whole.
+        let replay = replica(&req);
+        let mut retry: Option<RetryGuard<'_>> = None;
+        // One deadline for every try.
+        let (mut timer, started) = request_timer(self.config.timeout);
+        loop {
+            tried.push(i);
+            let server = &self.servers[i];
+            if let Some(chosen) = down.chosen {
+                chosen.store(i, Ordering::Relaxed);
+            }
+            let answered = server.start();
+            let result = tokio::select! {
+                biased;
+                r = server.pool.try_send(req, replica) => Some(r),
+                () = upstream_deadline(&mut timer, started, self.config.timeout, watch) => None,
+            };
+            let (e, unsent) = match result {
+                Some(Ok(mut resp)) => {
+                    // A 502-504 of the server's own is a failure of it,
+                    // relayed as it is.
+                    if is_server_failure(resp.status()) {
+                        self.failed(i);
+                    } else {
+                        server.health.succeeded();
+                    }
+                    resp.body_mut().keep_timer(timer);
+                    resp.body_mut().count_until_end(answered);
+                    return forward::response_head(resp, upgrading, &self.config.name, &self.counters.resets);
+                }
+                Some(Err(_)) if watch.failure().is_some() => {
+                    return Err(self.client_error(watch.failure().unwrap_or(BodyFailure::Malformed)));
+                }
+                // Out of time: the deadline is spent for every server.
+                None => {
+                    server.pool.discard_h2();
+                    return Err(self.upstream_error_at(i, None));
+                }
+                Some(Err((e, unsent))) => (e, unsent),
+            };
+            let answer = self.upstream_error_at(i, Some(&e));
+            drop(retry.take());
+            if tried.len > self.config.retries as usize {
+                return Err(answer);
+            }
+            // Unsent (the connection failed first): any request may go
+            // elsewhere. Sent: only one that can be replayed.
+            let Some(again) = unsent.or_else(|| replay.as_ref().and_then(replica)) else { return Err(answer) };
+            let Ok(next) = self.pick(key, &tried) else { return Err(answer) };
+            let Some(guard) = self.retry_budget() else {
+                self.counters.budget_exhausted.inc();
+                tracing::debug!(upstream = %self.config.name, "retry budget spent: no retry");
+                return Err(answer);
+            };
+            self.counters.retries.inc();
+            tracing::info!(upstream = %self.config.name, from = %server.address, to = %self.servers[next].address, "retrying on another server");
+            (req, i, retry) = (again, next, Some(guard));
+        }
+    }
+
+    /// The server for a request with `key`, among those in service and not
+    /// tried yet.
+    fn pick(&self, key: Option<u64>, tried: &Tried) -> Result<usize, NoServer> {
+        let n = self.servers.len();
+        let now = self.servers[0].health.now_ms();
+        let servers = &self.config.servers;
+        let up = |i: usize| self.servers[i].health.is_up(now);
+        let primaries = servers.iter().filter(|s| !s.backup).count();
+        let primaries_up = (0..n).filter(|&i| !servers[i].backup && up(i)).count();
+        // Which servers are candidates: those in of the primaries, or of
+        // the backups once every primary is out; all of them (panic) when
+        // fewer are in than the cap on servers out allows.
+        let in_service: Box<dyn Fn(usize) -> bool + '_> = if primaries_up > 0 {
+            if primaries_up >= primaries - self.cap(primaries) {
+                Box::new(move |i| !servers[i].backup && up(i))
+            } else {
+                self.counters.panic.inc();
+                Box::new(|i| !servers[i].backup)
+            }
+        } else if (0..n).any(|i| servers[i].backup && up(i)) {
+            Box::new(move |i| servers[i].backup && up(i))
+        } else {
+            self.counters.panic.inc();
+            Box::new(|_| true)
+        };
+        let load = |i: usize| self.servers[i].inflight();
+        let open = |i: usize| self.config.max_inflight.is_none_or(|max| load(i) < max);
+        let pick = self.balancer.pick(n, key, |i| in_service(i) && !tried.contains(i) && open(i), load);
+        match pick {
+            Some(i) => Ok(i),
+            None if (0..n).any(|i| in_service(i) && !tried.contains(i)) => Err(NoServer::Busy),
+            None => Err(NoServer::None),
+        }
+    }
+
+    /// How many of `of` servers passive health may take out at once: at
+    /// most `max_ejected_percent` of them, and never the last one.
+    fn cap(&self, of: usize) -> usize {
+        (of * usize::from(self.config.max_ejected_percent) / 100).min(of.saturating_sub(1))
+    }
+
+    /// Whether server `i` may be taken out now: its group (primaries or
+    /// backups) keeps at least the servers the cap requires.
+    fn may_eject(&self, i: usize) -> bool {
+        let now = self.servers[0].health.now_ms();
+        let backup = self.config.servers[i].backup;
+        let group = (0..self.servers.len()).filter(|&j| self.config.servers[j].backup == backup);
+        let (mut size, mut out) = (0, 0);
+        for j in group {
+            size += 1;
+            out += usize::from(!self.servers[j].health.is_up(now));
+        }
+        out < self.cap(size)
+    }
+
+    /// Records a failure of server `i` against its passive health.
+    fn failed(&self, i: usize) {
+        let server = &self.servers[i];
+        server.failures.inc();
+        if self.single {
+            return;
+        }
+        let taken_out = server.health.failed(self.config.eject_after, || {
+            let _one_at_a_time = self.ejecting.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.may_eject(i)
+        });
+        if taken_out {
+            tracing::warn!(upstream = %self.config.name, server = %server.address, "server taken out after failures in a row");
+        }
+    }
+
+    /// A retry in flight, if the budget has room: retries in flight stay
+    /// under `retry_budget_percent` of the requests in flight, or
+    /// [`MIN_RETRY_CONCURRENCY`].
+    fn retry_budget(&self) -> Option<RetryGuard<'_>> {
+        let budget =
+            (self.inflight() as u64 * u64::from(self.config.retry_budget_percent) / 100).max(MIN_RETRY_CONCURRENCY);
+        let taken = self.retrying.fetch_add(1, Ordering::Relaxed);
+        if taken >= budget {
+            self.retrying.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(RetryGuard(&self.retrying))
+    }
+
+    /// Counts and logs a failed call to server `i` (`e` `None`: out of
+    /// time) and names its answer. A failure of tollgate's own resources
+    /// is not the server's.
+    fn upstream_error_at(&self, i: usize, e: Option<&PoolError>) -> ProxyError {
+        let name = &self.config.name;
+        let address = &self.servers[i].address;
+        if let Some(e) = e
+            && local_failure(e)
+        {
+            self.counters.local.inc();
+            tracing::error!(upstream = %name, server = %address, error = %e, "out of local resources (file descriptors or ports) connecting upstream");
+            return ProxyError::ProxyOverloaded;
+        }
+        self.failed(i);
+        match e {
+            None => {
+                self.counters.timeouts.inc();
+                tracing::warn!(upstream = %name, server = %address, "upstream timed out");
+                ProxyError::GatewayTimeout
+            }
+            Some(e @ PoolError::Connect(_)) if is_timeout(e) => {
+                self.counters.timeouts.inc();
+                tracing::warn!(upstream = %name, server = %address, "upstream connect timed out");
+                ProxyError::GatewayTimeout
+            }
+            Some(e @ PoolError::Connect(_)) => {
+                self.counters.connect_errors.inc();
+                tracing::warn!(upstream = %name, server = %address, error = %e, "upstream connect failed");
+                ProxyError::BadGateway
+            }
+            Some(e) => {
+                self.counters.resets.inc();
+                tracing::warn!(upstream = %name, server = %address, error = %e, "upstream request failed");
+                ProxyError::BadGateway
+            }
+        }
+    }
+
+    /// Counts a request whose body failed on the client's side and names
+    /// its answer.
+    fn client_error(&self, failure: BodyFailure) -> ProxyError {
+        match failure {
+            BodyFailure::TooLarge => {
+                self.counters.too_large.inc();
+                ProxyError::PayloadTooLarge
+            }
+            BodyFailure::Malformed => {
+                self.counters.bad_bodies.inc();
+                ProxyError::BadRequest("The request body is malformed or was cut short.".into())
+            }
+            BodyFailure::Timeout => {
+                self.counters.body_timeouts.inc();
+                ProxyError::RequestTimeout
+            }
+        }
+    }
+}
+
+/// A retry in flight, counted against the budget until dropped.
+struct RetryGuard<'a>(&'a AtomicU64);
+
+impl Drop for RetryGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A copy of an idempotent request (RFC 9110 9.2.2) whose body was read
+/// whole, to be sent again; `None` for any other.
+fn replica(req: &Request<RequestBody>) -> Option<Request<RequestBody>> {
+    use http::Method;
+    let idempotent = [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE, Method::PUT, Method::DELETE];
+    if !idempotent.contains(req.method()) {
+        return None;
+    }
+    let body = req.body().replica()?;
+    let mut r = Request::new(body);
+    *r.method_mut() = req.method().clone();
+    *r.uri_mut() = req.uri().clone();
+    *r.version_mut() = req.version();
+    *r.headers_mut() = req.headers().clone();
+    Some(r)
+}
+
+/// Completes once the upstream has had `timeout` to answer, not counting
+/// the time spent waiting for the client's body.
+///
+/// `timer` is the request's one timer: armed here for the response head,
+/// then handed to the response body as its silence timer
+/// ([`UpstreamBody::keep_timer`]), so that a forwarded request registers
+/// one timer with the runtime, not two (each registration and removal
+/// takes the timer wheel's lock).
+async fn upstream_deadline(timer: &mut Pin<Box<Sleep>>, started: Instant, timeout: Duration, watch: &BodyWatch) {
+    // One clock read for the common case (the upstream answers before the
+    // first deadline, read by the caller): a read costs tens of
+    // nanoseconds on a virtual machine, and every forwarded request pays
+    // it.
+    let mut now = started;
+    loop {
+        let deadline = started + timeout + watch.client_wait(now);
+        if deadline <= now {
+            return;
+        }
+        if deadline != timer.deadline() {
+            timer.as_mut().reset(deadline);
+        }
+        timer.as_mut().await;
+        now = Instant::now();
+    }
+}
+
+/// The timer [`upstream_deadline`] runs on, due at `started + timeout`.
+fn request_timer(timeout: Duration) -> (Pin<Box<Sleep>>, Instant) {
+    let started = Instant::now();
+    (Box::pin(tokio::time::sleep_until(started + timeout)), started)
+}
+
+fn is_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::TimedOut
+        {
+            return true;
+        }
+        if err.to_string().contains("timed out") {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// Whether a connect failed for want of tollgate's own resources: file
+/// descriptors (`EMFILE`, `ENFILE`), ephemeral ports (`EADDRNOTAVAIL`) or
+/// kernel buffers (`ENOBUFS`, `ENOMEM`).
+fn local_failure(e: &PoolError) -> bool {
+    let PoolError::Connect(_) = e else { return false };
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && matches!(io.raw_os_error(), Some(24 | 23 | 99 | 105 | 12))
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// Whether a response of the server's own counts against it (passive
+/// health): 502, 503 and 504.
+fn is_server_failure(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 502..=504)
+}
