@@ -6,8 +6,9 @@
 //! Servers stay in service unless they are really down, as Envoy's
 //! outlier detection keeps them:
 //! - a server is taken out only after `eject_after` failures in a row, and
-//!   never more than `max_ejected_percent` of the servers at once (a lone
-//!   server, or the last one in, never: [`UpstreamClient::may_eject`]);
+//!   never more than `max_ejected_percent` of the servers (of the primaries,
+//!   or of the backups) at once; a lone server, or the last one in, never
+//!   ([`UpstreamClient::may_eject`]);
 //! - when fewer servers are in than that cap allows (active health checks
 //!   took them out), requests go to all of them: panic mode, because a
 //!   guess that leaves some servers overloaded serves more than a refusal;
@@ -400,24 +401,30 @@ impl UpstreamClient {
         }
     }
 
-    /// How many of `of` servers passive health may take out at once: at
-    /// most `max_ejected_percent` of them, and never the last one.
+    /// How many of `of` servers passive health may take out at once:
+    /// `max_ejected_percent` of them.
     fn cap(&self, of: usize) -> usize {
-        (of * usize::from(self.config.max_ejected_percent) / 100).min(of.saturating_sub(1))
+        of * usize::from(self.config.max_ejected_percent) / 100
     }
 
-    /// Whether server `i` may be taken out now: its group (primaries or
-    /// backups) keeps at least the servers the cap requires.
+    /// Whether server `i` may be taken out now: fewer of its group
+    /// (primaries or backups) are out than the cap allows, and another
+    /// server of the upstream is still in (the last one in never goes).
     fn may_eject(&self, i: usize) -> bool {
         let now = self.servers[0].health.now_ms();
         let backup = self.config.servers[i].backup;
-        let group = (0..self.servers.len()).filter(|&j| self.config.servers[j].backup == backup);
-        let (mut size, mut out) = (0, 0);
-        for j in group {
-            size += 1;
-            out += usize::from(!self.servers[j].health.is_up(now));
+        let (mut size, mut out, mut others_in) = (0, 0, 0);
+        for (j, s) in self.servers.iter().enumerate() {
+            let up = s.health.is_up(now);
+            if j != i && up {
+                others_in += 1;
+            }
+            if self.config.servers[j].backup == backup {
+                size += 1;
+                out += usize::from(!up);
+            }
         }
-        out < self.cap(size)
+        out < self.cap(size) && others_in > 0
     }
 
     /// Records a failure of server `i` against its passive health.

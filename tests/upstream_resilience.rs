@@ -1,0 +1,464 @@
+//! Servers stay in service unless they are really down: failures in a row
+//! before a server is taken out, a cap on servers out, weights and backups,
+//! retries, stale keep-alive connections, per-server limits, health check
+//! settings and reloads that keep what they can. Real upstreams on
+//! loopback, some of them misbehaving on purpose at the TCP level.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use support::{Tollgate, Upstream, eventually, metric, write_atomic};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+/// The main config with one upstream `svc` whose servers are `servers`
+/// (TOML values: quoted URLs or tables), and `extra` lines in its table.
+fn config(servers: &[String], extra: &str) -> String {
+    format!(
+        r#"[listen]
+proxy = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+
+[rules]
+path = "rules"
+
+[client]
+trusted_proxies = ["127.0.0.1/32"]
+
+[[upstream]]
+name = "svc"
+servers = [{}]
+timeout = "10s"
+{extra}
+
+[[route]]
+path_prefix = "/"
+upstream = "svc"
+"#,
+        servers.join(", ")
+    )
+}
+
+fn url(addr: SocketAddr) -> String {
+    format!("\"http://{addr}\"")
+}
+
+fn server_metric(text: &str, name: &str, addr: SocketAddr) -> Option<f64> {
+    metric(text, name, &[("upstream", "svc"), ("server", &format!("http://{addr}"))])
+}
+
+/// A server that answers the first request of each connection and closes
+/// the connection when the next one arrives on it, without answering: a
+/// server whose keep-alive timeout fired as the request came.
+struct OneShot {
+    addr: SocketAddr,
+    connections: Arc<AtomicUsize>,
+    answered: Arc<AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl OneShot {
+    async fn start() -> OneShot {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let (connections, answered) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let task = tokio::spawn({
+            let (connections, answered) = (connections.clone(), answered.clone());
+            async move {
+                loop {
+                    let Ok((mut stream, _)) = listener.accept().await else { continue };
+                    connections.fetch_add(1, Ordering::SeqCst);
+                    let answered = answered.clone();
+                    tokio::spawn(async move {
+                        if read_head(&mut stream).await {
+                            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await;
+                            answered.fetch_add(1, Ordering::SeqCst);
+                        }
+                        // The next request: read, then closed unanswered.
+                        let _ = read_head(&mut stream).await;
+                    });
+                }
+            }
+        });
+        OneShot { addr, connections, answered, task }
+    }
+}
+
+impl Drop for OneShot {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Reads one request head (the tests send no bodies); false at EOF.
+async fn read_head(stream: &mut TcpStream) -> bool {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    true
+}
+
+#[tokio::test]
+async fn a_timeout_on_each_of_two_servers_takes_neither_out() {
+    let (a, b) = (Upstream::start().await, Upstream::start().await);
+    let text = config(&[url(a.addr), url(b.addr)], "timeout = \"1s\"").replace("timeout = \"10s\"\n", "");
+    let tg = Tollgate::with(&text, &[]).await;
+    // Two slow requests at once, one per server (round robin).
+    let slow = || tg.get("/delay").header("x-echo-delay-ms", "3000").send();
+    let (r1, r2) = tokio::join!(slow(), slow());
+    assert_eq!((r1.status.as_u16(), r2.status.as_u16()), (504, 504));
+    assert_eq!((a.hits(), b.hits()), (1, 1));
+    // One timeout each is not a server down: both stay in.
+    for _ in 0..5 {
+        let reply = tg.get("/get").send().await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+    }
+    let m = tg.metrics().await;
+    assert_eq!(server_metric(&m, "tollgate_upstream_server_healthy", a.addr), Some(1.0));
+    assert_eq!(server_metric(&m, "tollgate_upstream_server_healthy", b.addr), Some(1.0));
+}
+
+#[tokio::test]
+async fn a_server_is_taken_out_after_eject_after_failures_in_a_row_and_never_the_last_one() {
+    let good = Upstream::start().await;
+    let refusing = Upstream::refusing_addr().await;
+    let tg = Tollgate::with(&config(&[url(refusing), url(good.addr)], "eject_after = 3\nretries = 0"), &[]).await;
+    // Round robin: every other request goes to the refusing server.
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        statuses.push(tg.get("/").send().await.status.as_u16());
+    }
+    // Its first three tries fail (no retries); the third takes it out.
+    assert_eq!(statuses, [502, 200, 502, 200, 502, 200]);
+    assert_eq!(server_metric(&tg.metrics().await, "tollgate_upstream_server_healthy", refusing), Some(0.0));
+    for _ in 0..6 {
+        assert_eq!(tg.get("/").send().await.status, 200);
+    }
+
+    // A lone server is never taken out by passive health, however often
+    // it fails.
+    let lone = Tollgate::with(&config(&[url(refusing)], "eject_after = 1\nmax_inflight = 100"), &[]).await;
+    for _ in 0..4 {
+        assert_eq!(lone.get("/").send().await.status, 502);
+    }
+    assert_eq!(server_metric(&lone.metrics().await, "tollgate_upstream_server_healthy", refusing), Some(1.0));
+}
+
+#[tokio::test]
+async fn a_server_closing_a_keep_alive_connection_as_the_request_arrives_costs_no_request() {
+    // One server: the second GET goes out on the pooled connection, which
+    // the server closes; it is sent again on a new connection.
+    let one = OneShot::start().await;
+    let tg = Tollgate::with(&config(&[url(one.addr)], ""), &[]).await;
+    for i in 0..2 {
+        let reply = tg.get("/").send().await;
+        assert_eq!(reply.status, 200, "GET {i}: {}", reply.text());
+    }
+    assert_eq!(one.answered.load(Ordering::SeqCst), 2);
+    assert_eq!(one.connections.load(Ordering::SeqCst), 2);
+
+    // Two such servers: no request fails and neither is taken out.
+    let (a, b) = (OneShot::start().await, OneShot::start().await);
+    let tg = Tollgate::with(&config(&[url(a.addr), url(b.addr)], ""), &[]).await;
+    for i in 0..9 {
+        let reply = tg.get("/").send().await;
+        assert_eq!(reply.status, 200, "GET {i}: {}", reply.text());
+    }
+    let m = tg.metrics().await;
+    assert_eq!(server_metric(&m, "tollgate_upstream_server_healthy", a.addr), Some(1.0));
+    assert_eq!(server_metric(&m, "tollgate_upstream_server_healthy", b.addr), Some(1.0));
+
+    // A POST is not sent twice: the server may have acted on it.
+    let one = OneShot::start().await;
+    let tg = Tollgate::with(&config(&[url(one.addr)], ""), &[]).await;
+    assert_eq!(tg.call("POST", "/").body("x=1").send().await.status, 200);
+    assert_eq!(tg.call("POST", "/").body("x=2").send().await.status, 502);
+}
+
+#[tokio::test]
+async fn weights_share_requests_in_proportion_and_a_backup_waits_until_every_other_server_is_out() {
+    let (a, b, backup) = (Upstream::start().await, Upstream::start().await, Upstream::start().await);
+    let servers = [
+        format!("{{ url = {}, weight = 3 }}", url(a.addr)),
+        url(b.addr),
+        format!("{{ url = {}, backup = true }}", url(backup.addr)),
+    ];
+    let tg = Tollgate::with(&config(&servers, ""), &[]).await;
+    for _ in 0..40 {
+        assert_eq!(tg.get("/").send().await.status, 200);
+    }
+    assert_eq!((a.hits(), b.hits(), backup.hits()), (30, 10, 0));
+
+    // Both primaries refuse: with max_ejected_percent = 100 both may go
+    // out, and then the backup takes the requests.
+    let (r1, r2) = (Upstream::refusing_addr().await, Upstream::refusing_addr().await);
+    let servers = [url(r1), url(r2), format!("{{ url = {}, backup = true }}", url(backup.addr))];
+    let extra = "eject_after = 1\nmax_ejected_percent = 100";
+    let tg = Tollgate::with(&config(&servers, extra), &[]).await;
+    // The first request tries both primaries (one retry) and fails.
+    assert_eq!(tg.get("/").send().await.status, 502);
+    for _ in 0..5 {
+        assert_eq!(tg.get("/").send().await.status, 200);
+    }
+    assert_eq!(backup.hits(), 5);
+}
+
+#[tokio::test]
+async fn with_one_of_three_servers_out_the_other_two_share_its_requests_evenly() {
+    let (a, c) = (Upstream::start().await, Upstream::start().await);
+    let dead = Upstream::refusing_addr().await;
+    let servers = [url(a.addr), url(dead), url(c.addr)];
+    let tg = Tollgate::with(&config(&servers, "eject_after = 1\nretries = 0"), &[]).await;
+    // a, then the dead server (taken out on its failure), then c.
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(tg.get("/").send().await.status.as_u16());
+    }
+    assert_eq!(statuses, [200, 502, 200]);
+    let (a0, c0) = (a.hits(), c.hits());
+    for _ in 0..20 {
+        assert_eq!(tg.get("/").send().await.status, 200);
+    }
+    assert_eq!((a.hits() - a0, c.hits() - c0), (10, 10));
+}
+
+#[tokio::test]
+async fn hash_by_ip_keeps_an_ipv6_prefix_on_one_server() {
+    let (a, b, c) = (Upstream::start().await, Upstream::start().await, Upstream::start().await);
+    let servers = [url(a.addr), url(b.addr), url(c.addr)];
+    let tg = Tollgate::with(&config(&servers, "balance = \"hash\"\nhash_key = \"ip\""), &[]).await;
+    // Twelve addresses of one /64: one client, one server.
+    for i in 0..12 {
+        let reply = tg.get("/").from_ip(&format!("2001:db8:7:7::{:x}", i * 4099 + 1)).send().await;
+        assert_eq!(reply.status, 200);
+    }
+    let hits = [a.hits(), b.hits(), c.hits()];
+    assert!(hits.contains(&12), "{hits:?}");
+}
+
+#[tokio::test]
+async fn least_request_counts_a_request_until_its_response_body_ends() {
+    let (a, b) = (Upstream::start().await, Upstream::start().await);
+    let text = config(&[url(a.addr), url(b.addr)], "balance = \"least_request\"")
+        .replace("upstream = \"svc\"\n", "upstream = \"svc\"\nbuffer_body = 0\n");
+    let tg = Tollgate::with(&text, &[]).await;
+    // A response that streams for as long as its request body does (not
+    // read ahead: buffer_body = 0).
+    let (tx, resp) = tg.call("POST", "/stream").header("x-echo-stream", "1").send_streaming().await;
+    assert_eq!(resp.status(), 200);
+    let streaming = if a.hits() == 1 { &a } else { &b };
+    let idle = if a.hits() == 1 { &b } else { &a };
+    let m = tg.metrics().await;
+    assert_eq!(server_metric(&m, "tollgate_upstream_server_inflight", streaming.addr), Some(1.0));
+    // While it streams, every other request goes to the idle server.
+    for _ in 0..10 {
+        assert_eq!(tg.get("/").send().await.status, 200);
+    }
+    assert_eq!((streaming.hits(), idle.hits()), (1, 10));
+    drop(tx);
+    drop(resp);
+    eventually("the stream is answered", || async {
+        server_metric(&tg.metrics().await, "tollgate_upstream_server_inflight", streaming.addr) == Some(0.0)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn retries_go_to_further_servers_up_to_the_setting_and_are_counted() {
+    let good = Upstream::start().await;
+    let (r1, r2) = (Upstream::refusing_addr().await, Upstream::refusing_addr().await);
+    let servers = [url(r1), url(r2), url(good.addr)];
+    // Round robin starts at the first refusing server: one retry reaches
+    // the second, two reach the good one.
+    let tg = Tollgate::with(&config(&servers, "retries = 1"), &[]).await;
+    assert_eq!(tg.call("POST", "/").body("x").send().await.status, 502);
+    let tg = Tollgate::with(&config(&servers, "retries = 2"), &[]).await;
+    assert_eq!(tg.call("POST", "/").body("x").send().await.status, 200);
+    assert_eq!(good.hits(), 1);
+    let m = tg.metrics().await;
+    assert_eq!(metric(&m, "tollgate_upstream_retries_total", &[("upstream", "svc")]), Some(2.0));
+    let tg = Tollgate::with(&config(&servers, "retries = 0"), &[]).await;
+    assert_eq!(tg.call("POST", "/").body("x").send().await.status, 502);
+    assert_eq!(metric(&tg.metrics().await, "tollgate_upstream_retries_total", &[("upstream", "svc")]), Some(0.0));
+}
+
+#[tokio::test]
+async fn a_server_at_max_inflight_takes_no_more_and_then_the_answer_is_503_upstream_busy() {
+    let (a, b) = (Upstream::start().await, Upstream::start().await);
+    let tg = Arc::new(Tollgate::with(&config(&[url(a.addr), url(b.addr)], "max_inflight = 1"), &[]).await);
+    let hold = |tg: Arc<Tollgate>| tokio::spawn(async move { tg.get("/").header("x-echo-hold", "1").send().await });
+    let h1 = hold(tg.clone());
+    let h2 = hold(tg.clone());
+    eventually("both servers hold one", || async { a.held() + b.held() == 2 }).await;
+    assert_eq!((a.held(), b.held()), (1, 1));
+    let reply = tg.get("/").send().await;
+    assert_eq!(reply.status, 503);
+    assert_eq!(reply.json()["error"], "upstream_busy");
+    assert_eq!(reply.header("retry-after"), Some("1"));
+    assert_eq!(metric(&tg.metrics().await, "tollgate_upstream_busy_total", &[("upstream", "svc")]), Some(1.0));
+    a.release(1);
+    b.release(1);
+    assert_eq!(h1.await.expect("held").status, 200);
+    assert_eq!(h2.await.expect("held").status, 200);
+    assert_eq!(tg.get("/").send().await.status, 200);
+}
+
+#[tokio::test]
+async fn a_pooled_connection_idle_past_pool_idle_timeout_is_not_reused() {
+    let a = Upstream::start().await;
+    let tg = Tollgate::with(&config(&[url(a.addr)], "pool_idle_timeout = \"200ms\""), &[]).await;
+    assert_eq!(tg.get("/").send().await.status, 200);
+    assert_eq!(tg.get("/").send().await.status, 200);
+    assert_eq!(a.connections(), 1, "reused while fresh");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(tg.get("/").send().await.status, 200);
+    assert_eq!(a.connections(), 2, "a new connection after the idle timeout");
+}
+
+#[tokio::test]
+async fn connection_cannot_name_host_or_the_request_id_away() {
+    let a = Upstream::start().await;
+    let tg = Tollgate::with(&config(&[url(a.addr)], ""), &[]).await;
+    let reply = tg
+        .get("/")
+        .header("host", "shop.example")
+        .header("connection", "host, x-request-id, x-drop-me")
+        .header("x-drop-me", "1")
+        .send()
+        .await;
+    assert_eq!(reply.status, 200);
+    let echo = reply.echo();
+    assert_eq!(echo.header("host"), Some("shop.example"));
+    assert!(echo.header("x-request-id").is_some_and(|id| !id.is_empty()), "{:?}", echo.headers);
+    assert_eq!(echo.header("x-drop-me"), None);
+}
+
+#[tokio::test]
+async fn an_upstream_tls_handshake_that_never_completes_falls_under_connect_timeout() {
+    // Accepts TCP, never speaks TLS.
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let _silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            held.push(s);
+        }
+    });
+    let extra = "connect_timeout = \"200ms\"\ntimeout = \"20s\"";
+    let text = config(&[format!("\"https://{addr}\"")], extra).replace("timeout = \"10s\"\n", "");
+    let tg = Tollgate::with(&text, &[]).await;
+    let started = Instant::now();
+    let reply = tg.get("/").send().await;
+    assert_eq!(reply.status, 504, "{}", reply.text());
+    // Far below the request timeout of 20 s.
+    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+}
+
+/// A server whose `/healthz` answers `status` and notes the `Host` it got.
+struct Checked {
+    addr: SocketAddr,
+    status: Arc<AtomicU16>,
+    hosts: Arc<std::sync::Mutex<Vec<String>>>,
+    task: JoinHandle<()>,
+}
+
+impl Checked {
+    async fn start(status: u16) -> Checked {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let (status, hosts) = (Arc::new(AtomicU16::new(status)), Arc::new(std::sync::Mutex::new(Vec::new())));
+        let task = tokio::spawn({
+            let (status, hosts) = (status.clone(), hosts.clone());
+            async move {
+                loop {
+                    let Ok((mut stream, _)) = listener.accept().await else { continue };
+                    let (status, hosts) = (status.clone(), hosts.clone());
+                    tokio::spawn(async move {
+                        let mut head = Vec::new();
+                        let mut buf = [0u8; 1024];
+                        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match stream.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => head.extend_from_slice(&buf[..n]),
+                            }
+                        }
+                        let text = String::from_utf8_lossy(&head).to_string();
+                        let host = text
+                            .lines()
+                            .find_map(|l| l.strip_prefix("host: ").or_else(|| l.strip_prefix("Host: ")))
+                            .unwrap_or("")
+                            .to_string();
+                        hosts.lock().unwrap_or_else(|p| p.into_inner()).push(host);
+                        let code = status.load(Ordering::SeqCst);
+                        let answer = format!("HTTP/1.1 {code} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+                        let _ = stream.write_all(answer.as_bytes()).await;
+                    });
+                }
+            }
+        });
+        Checked { addr, status, hosts, task }
+    }
+}
+
+impl Drop for Checked {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[tokio::test]
+async fn health_checks_send_their_host_and_pass_on_the_expected_statuses() {
+    let (a, b) = (Checked::start(204).await, Checked::start(204).await);
+    let check = r#"health_check = { path = "/healthz", interval = "100ms", timeout = "100ms", healthy = 1, unhealthy = 1, host = "health.internal", expect_status = [204] }"#;
+    let tg = Tollgate::with(&config(&[url(a.addr), url(b.addr)], check), &[]).await;
+    eventually("checks ran", || async { a.hosts.lock().unwrap_or_else(|p| p.into_inner()).len() >= 3 }).await;
+    assert!(a.hosts.lock().unwrap_or_else(|p| p.into_inner()).iter().all(|h| h == "health.internal"));
+    let m = tg.metrics().await;
+    assert_eq!(server_metric(&m, "tollgate_upstream_server_healthy", a.addr), Some(1.0));
+    // 200 is not in the list: out.
+    b.status.store(200, Ordering::SeqCst);
+    eventually("b is out on a 200", || async {
+        server_metric(&tg.metrics().await, "tollgate_upstream_server_healthy", b.addr) == Some(0.0)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_reload_keeps_unchanged_servers_health_and_connections_and_drops_removed_servers_series() {
+    let (a, b) = (Upstream::start().await, Upstream::start().await);
+    let refusing = Upstream::refusing_addr().await;
+    let extra = "eject_after = 1\nretries = 0";
+    let tg = Tollgate::with(&config(&[url(a.addr), url(refusing), url(b.addr)], extra), &[]).await;
+    let main = tg.dir.path().join("tollgate.toml");
+    let mut statuses = BTreeMap::new();
+    for _ in 0..3 {
+        *statuses.entry(tg.get("/").send().await.status.as_u16()).or_insert(0) += 1;
+    }
+    assert_eq!(statuses, BTreeMap::from([(200, 2), (502, 1)]));
+    assert_eq!(server_metric(&tg.metrics().await, "tollgate_upstream_server_healthy", refusing), Some(0.0));
+    let connections = (a.connections(), b.connections());
+
+    // b goes away from the config; a and the refusing server stay as they
+    // were, and a new timeout line changes nothing about them.
+    write_atomic(&main, &config(&[url(a.addr), url(refusing)], extra));
+    tg.reloader.reload_config().expect("the new config loads");
+    let m = tg.metrics().await;
+    assert_eq!(server_metric(&m, "tollgate_upstream_server_healthy", b.addr), None, "b's series is gone");
+    assert_eq!(server_metric(&m, "tollgate_upstream_server_healthy", refusing), Some(0.0), "still out");
+    // Every request goes to a, over the connection it had.
+    for _ in 0..4 {
+        assert_eq!(tg.get("/").send().await.status, 200);
+    }
+    assert_eq!(a.connections(), connections.0);
+}
