@@ -83,6 +83,9 @@ pub struct Downstream<'a> {
     /// The protocol the client asked to switch to, when tollgate will
     /// tunnel it (see [`crate::tunnel::requested`]).
     pub upgrade: Option<HeaderValue>,
+    /// The client connection's budget for bodies read ahead (HTTP/2
+    /// only: an HTTP/1.1 connection has one request at a time).
+    pub ahead_budget: Option<AheadBudget>,
     /// Where the body bytes read from the client are counted, for the
     /// access log; `None` when it is off.
     pub bytes_in: Option<Arc<AtomicU64>>,
@@ -254,6 +257,51 @@ pub struct RequestBody {
     watch: Arc<BodyWatch>,
     /// See [`Downstream::bytes_in`].
     bytes_in: Option<Arc<AtomicU64>>,
+    /// The connection's budget for bodies read ahead, and how much of it
+    /// the frames in `ahead` hold (the first ones: the frame that did not
+    /// fit ends the reading ahead).
+    budget: Option<AheadBudget>,
+    held: u64,
+}
+
+/// What one client connection's requests may hold of their bodies read
+/// ahead, together (`[listen] connection_body_buffer`). `buffer_body`
+/// bounds one request; an HTTP/2 connection carries up to 100 at once, and
+/// without this bound 100 streams each sending just under `buffer_body`
+/// would pin 100 times it. Past the budget a request stops reading ahead
+/// and is streamed: the rest of its body waits in the client, under HTTP/2
+/// flow control.
+#[derive(Debug, Clone)]
+pub struct AheadBudget(Arc<AtomicU64>);
+
+impl AheadBudget {
+    pub fn new(bytes: u64) -> AheadBudget {
+        AheadBudget(Arc::new(AtomicU64::new(bytes)))
+    }
+
+    /// Takes `n` bytes of the budget, if that many are left.
+    fn take(&self, n: u64) -> bool {
+        self.0.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| left.checked_sub(n)).is_ok()
+    }
+
+    fn give(&self, n: u64) {
+        if n > 0 {
+            self.0.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Bytes left.
+    pub fn left(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for RequestBody {
+    fn drop(&mut self) {
+        if let Some(b) = &self.budget {
+            b.give(self.held);
+        }
+    }
 }
 
 /// The error a [`RequestBody`] ends with; [`BodyWatch`] says why.
@@ -272,6 +320,8 @@ impl RequestBody {
             timer: None,
             watch,
             bytes_in: down.bytes_in.clone(),
+            budget: down.ahead_budget.clone(),
+            held: 0,
         }
     }
 
@@ -295,6 +345,8 @@ impl RequestBody {
             timer: None,
             watch: self.watch.clone(),
             bytes_in: None,
+            budget: None,
+            held: 0,
         })
     }
 
@@ -318,6 +370,14 @@ impl RequestBody {
                     self.ahead.push_back(frame);
                     if self.rest.as_ref().is_some_and(Incoming::is_end_stream) {
                         self.rest = None;
+                    }
+                    // The connection's budget: a frame that does not fit
+                    // is the last one read ahead.
+                    if let Some(budget) = &self.budget {
+                        if !budget.take(len) {
+                            break;
+                        }
+                        self.held += len;
                     }
                 }
             }
@@ -356,6 +416,13 @@ impl Body for RequestBody {
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         if let Some(frame) = self.ahead.pop_front() {
+            if self.held > 0 {
+                let len = frame.data_ref().map_or(0, |d| d.len() as u64).min(self.held);
+                self.held -= len;
+                if let Some(b) = &self.budget {
+                    b.give(len);
+                }
+            }
             return Poll::Ready(Some(Ok(frame)));
         }
         let Some(rest) = self.rest.as_mut() else { return Poll::Ready(None) };

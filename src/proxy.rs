@@ -606,6 +606,7 @@ impl Proxy {
             max_body: routing.routes[route].0.max_body,
             buffer_body: routing.routes[route].0.buffer_body,
             body_read_timeout: self.body_read_timeout,
+            ahead_budget: req.extensions().get::<crate::forward::AheadBudget>().cloned(),
             upgrade,
             bytes_in: note.bytes_in(),
             chosen: note.enabled().then_some(&chosen),

@@ -313,6 +313,7 @@ async fn serve_proxy(
         idle_timeout: config.listen.idle_timeout,
         header_read_timeout: config.listen.header_read_timeout,
         send_timeout: config.listen.send_timeout,
+        connection_body_buffer: config.listen.connection_body_buffer,
         tunnels,
     });
     let graceful = Drain::new();
@@ -385,6 +386,8 @@ struct ConnectionSetup {
     idle_timeout: Duration,
     header_read_timeout: Duration,
     send_timeout: Duration,
+    /// `[listen] connection_body_buffer`.
+    connection_body_buffer: u64,
     tunnels: Tunnels,
 }
 
@@ -430,14 +433,21 @@ async fn serve_connection<IO>(
 {
     let inflight = Inflight::counting_gone(proxy.metrics.client_gone_total.clone());
     let budget = SendBudget::default();
+    let ahead = crate::forward::AheadBudget::new(setup.connection_body_buffer);
     let io = IdleIo::new(stream, setup.idle_timeout, setup.send_timeout, inflight.clone(), budget.clone())
         .with_header_timeout(setup.header_read_timeout);
     // What a request of this connection may need besides the proxy: one
     // shared value, so a request clones one `Arc`, not each part.
     let conn = Arc::new(Conn { peer: client, tunnels: setup.tunnels.clone(), slot });
-    let svc = service_fn(move |req| {
+    let svc = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
         let proxy = proxy.clone();
         let conn = conn.clone();
+        // HTTP/2's streams share one budget for bodies read ahead; an
+        // HTTP/1.1 connection has one request at a time (and no
+        // extension map allocated for it).
+        if req.version() == hyper::Version::HTTP_2 {
+            req.extensions_mut().insert(ahead.clone());
+        }
         // In flight until the response body ends: a streaming response
         // is not an idle connection (see `InflightBody`).
         let mut busy = inflight.start();

@@ -44,12 +44,17 @@ impl Process {
     /// Starts the binary in front of `upstream` with `listen` added to its
     /// `[listen]` section, and reads its address from its JSON log line.
     fn start(upstream: &BigUpstream, listen: &str) -> Process {
+        Process::start_with(upstream, listen, "")
+    }
+
+    /// [`Process::start`] with `route` added to its route.
+    fn start_with(upstream: &BigUpstream, listen: &str, route: &str) -> Process {
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
         let cfg = format!(
             "[listen]\nproxy = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n{listen}\n\n[rules]\npath = \"rules\"\n\n\
              [[upstream]]\nname = \"big\"\nurl = \"http://{}\"\ntimeout = \"10s\"\n\n\
-             [[route]]\npath_prefix = \"/\"\nupstream = \"big\"\n",
+             [[route]]\npath_prefix = \"/\"\nupstream = \"big\"\n{route}\n",
             upstream.addr
         );
         std::fs::write(dir.path().join("tollgate.toml"), cfg).expect("config");
@@ -236,4 +241,56 @@ async fn a_normal_h2_client_downloads_many_large_responses_on_one_connection() {
         assert_eq!(len, 16 * MIB);
     }
     println!("8 x 16 MiB on one h2 connection in {:?}", started.elapsed());
+}
+
+/// tollgate's growth while `n` HTTP/2 connections of 100 streams each
+/// upload `per_stream` bytes and stall, with `listen` in `[listen]` and a
+/// route `buffer_body` of 128 KiB; and the bytes the clients got to send.
+async fn upload_growth(n: usize, per_stream: usize, listen: &str) -> (usize, usize) {
+    let upstream = BigUpstream::start(MIB).await;
+    let tg = Process::start_with(&upstream, listen, "buffer_body = \"128KiB\"");
+    let r = Call::new("GET", tg.proxy, "/warm").h2().send().await;
+    assert_eq!(r.body.len(), MIB);
+    let before = tg.rss();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/h2_upload_client.py");
+    let mut clients = Vec::new();
+    let mut sent = 0;
+    for _ in 0..n {
+        let mut child = Command::new("python3")
+            .arg(script)
+            .args([tg.proxy.port().to_string(), "100".to_string(), per_stream.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 runs (scripts/test installs its h2 package)");
+        let stdout = child.stdout.take().expect("stdout");
+        let line = tokio::task::spawn_blocking(move || BufReader::new(stdout).lines().next())
+            .await
+            .expect("reader")
+            .and_then(Result::ok)
+            .unwrap_or_default();
+        let bytes: usize =
+            line.strip_prefix("settled ").and_then(|b| b.parse().ok()).unwrap_or_else(|| panic!("{line:?}"));
+        sent += bytes;
+        clients.push(child);
+    }
+    let grown = tg.rss().saturating_sub(before);
+    println!("uploads ({listen}): clients sent {} KiB, tollgate grew {} KiB", sent / 1024, grown / 1024);
+    for mut c in clients {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    (grown, sent)
+}
+
+#[tokio::test]
+async fn h2_uploads_that_stall_hold_at_most_the_connection_body_buffer_per_connection() {
+    const CONNS: usize = 5;
+    // Each stream sends just under its route's buffer_body and stalls.
+    let (grown, sent) = upload_growth(CONNS, 127 * 1024, "connection_body_buffer = \"1MiB\"").await;
+    // Without the connection's budget, every stream's body would be read
+    // ahead: 5 x 100 x 127 KiB, about 62 MiB (measured: the test fails
+    // with connection_body_buffer = "1GiB").
+    assert!(grown < CONNS * PER_CONNECTION, "grew {} KiB for {CONNS} connections", grown / 1024);
+    assert!(sent >= CONNS * MIB, "the clients sent only {} KiB", sent / 1024);
 }

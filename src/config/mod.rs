@@ -108,6 +108,10 @@ pub struct Listen {
     pub normalization: Normalization,
     /// Longest wait for the next piece of a request body (408 after it).
     pub body_read_timeout: Duration,
+    /// The most request body bytes one client connection's requests hold
+    /// read ahead together (`buffer_body` is per request; an HTTP/2
+    /// connection carries many).
+    pub connection_body_buffer: u64,
     /// A client that takes none of the response's bytes for this long is
     /// disconnected.
     pub send_timeout: Duration,
@@ -393,6 +397,14 @@ impl Validator<'_> {
                 "listen.body_read_timeout",
                 Duration::from_secs(60),
             ),
+            connection_body_buffer: match listen.connection_body_buffer.as_ref().map(|s| (s, parse_size(s.get_ref()))) {
+                None => DEFAULT_CONNECTION_BODY_BUFFER,
+                Some((_, Some(n))) if n <= MAX_BUFFER_BODY * 16 => n,
+                Some((s, _)) => {
+                    self.error(s.span(), "listen.connection_body_buffer must be a size from 0 to 1GiB: a whole number of bytes, or a string such as \"4MiB\"");
+                    DEFAULT_CONNECTION_BODY_BUFFER
+                }
+            },
             send_timeout: self.opt_duration(
                 listen.send_timeout.as_ref(),
                 "listen.send_timeout",
@@ -697,6 +709,9 @@ impl Validator<'_> {
 
 /// `buffer_body` when a route does not set it.
 const DEFAULT_BUFFER_BODY: u64 = 1024 * 1024;
+/// `connection_body_buffer` when not set: four requests' default
+/// `buffer_body` at once.
+const DEFAULT_CONNECTION_BODY_BUFFER: u64 = 4 * 1024 * 1024;
 /// The largest `buffer_body`: each request in flight may hold this much.
 const MAX_BUFFER_BODY: u64 = 64 * 1024 * 1024;
 

@@ -46,6 +46,7 @@ pub struct RawListen {
     pub encoded_slashes: Option<EncodedSlashes>,
     pub underscores_in_headers: Option<bool>,
     pub body_read_timeout: Option<Spanned<String>>,
+    pub connection_body_buffer: Option<Spanned<RawSize>>,
     pub send_timeout: Option<Spanned<String>>,
     pub tunnel_idle_timeout: Option<Spanned<String>>,
     pub tls: Option<Vec<Spanned<RawTls>>>,
