@@ -612,3 +612,80 @@ fn local_failure(e: &PoolError) -> bool {
 fn is_server_failure(status: StatusCode) -> bool {
     matches!(status.as_u16(), 502..=504)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client(extra: &str) -> UpstreamClient {
+        let text = format!(
+            "[[upstream]]\nname = \"svc\"\nservers = [\"http://127.0.0.1:1\", \"http://127.0.0.1:2\", \"http://127.0.0.1:3\", \"http://127.0.0.1:4\"]\n{extra}\n"
+        );
+        let config = crate::config::Config::parse(std::path::Path::new("t.toml"), &text).expect("valid config");
+        UpstreamClient::new(&config.upstreams[0], &Metrics::new(), 64, None)
+    }
+
+    #[test]
+    fn retries_in_flight_stay_within_the_budget_with_a_floor_of_three() {
+        let u = client("retry_budget_percent = 20");
+        // Nothing in flight: the floor.
+        let floor: Vec<RetryGuard<'_>> = (0..3).map_while(|_| u.retry_budget()).collect();
+        assert_eq!(floor.len(), 3);
+        assert!(u.retry_budget().is_none());
+        drop(floor);
+        // 100 requests in flight: 20 retries.
+        let inflight: Vec<Answered> = (0..100).map(|i| u.servers[i % 4].start()).collect();
+        let budget: Vec<RetryGuard<'_>> = (0..50).map_while(|_| u.retry_budget()).collect();
+        assert_eq!(budget.len(), 20);
+        drop(budget);
+        drop(inflight);
+        assert_eq!(u.inflight(), 0);
+    }
+
+    #[test]
+    fn at_most_max_ejected_percent_of_the_servers_go_out_and_never_the_last() {
+        let u = client("eject_after = 1");
+        // Four servers at 50%: two may go out, not a third.
+        let out: Vec<bool> = (0..4).map(|i| u.servers[i].health.failed(1, || u.may_eject(i))).collect();
+        assert_eq!(out, [true, true, false, false]);
+        let all = client("eject_after = 1\nmax_ejected_percent = 100");
+        let out: Vec<bool> = (0..4).map(|i| all.servers[i].health.failed(1, || all.may_eject(i))).collect();
+        assert_eq!(out, [true, true, true, false], "the last one in stays");
+        let none = client("eject_after = 1\nmax_ejected_percent = 0");
+        assert!(!none.servers[0].health.failed(1, || none.may_eject(0)));
+    }
+
+    #[test]
+    fn more_servers_out_than_the_cap_is_panic_mode_every_server_a_candidate() {
+        let u = client("");
+        // Three of four out (as active health checks can take them): fewer
+        // in than 50% allows, so requests go to all four.
+        for i in 0..3 {
+            assert!(u.servers[i].health.failed(1, || true));
+        }
+        let mut picked = [0; 4];
+        for _ in 0..8 {
+            let Ok(i) = u.pick(None, &Tried::default()) else { panic!("a server is picked") };
+            picked[i] += 1;
+        }
+        assert_eq!(picked, [2, 2, 2, 2]);
+        assert_eq!(u.counters.panic.get(), 8);
+    }
+
+    #[test]
+    fn running_out_of_descriptors_or_ports_is_not_the_servers_fault() {
+        let u = client("eject_after = 1");
+        let local = |code| PoolError::Connect(Box::new(std::io::Error::from_raw_os_error(code)));
+        // EMFILE, ENFILE, EADDRNOTAVAIL: 503, counted as local, no failure.
+        for code in [24, 23, 99] {
+            assert_eq!(u.upstream_error_at(0, Some(&local(code))), ProxyError::ProxyOverloaded);
+        }
+        assert_eq!(u.counters.local.get(), 3);
+        assert_eq!(u.servers[0].failures.get(), 0);
+        assert!(u.servers[0].health.is_up(u.servers[0].health.now_ms()));
+        // ECONNREFUSED is the server's.
+        assert_eq!(u.upstream_error_at(0, Some(&local(111))), ProxyError::BadGateway);
+        assert_eq!(u.servers[0].failures.get(), 1);
+        assert!(!u.servers[0].health.is_up(u.servers[0].health.now_ms()));
+    }
+}

@@ -462,3 +462,123 @@ async fn a_reload_keeps_unchanged_servers_health_and_connections_and_drops_remov
     }
     assert_eq!(a.connections(), connections.0);
 }
+
+fn errors(upstream: &str) -> Vec<String> {
+    let text = format!("[[upstream]]\nname = \"a\"\n{upstream}\n");
+    match tollgate::config::Config::parse(std::path::Path::new("t.toml"), &text) {
+        Ok(_) => Vec::new(),
+        Err(e) => e.0.iter().map(ToString::to_string).collect(),
+    }
+}
+
+#[test]
+fn new_upstream_settings_are_checked_with_the_place() {
+    assert_eq!(
+        errors("servers = [{ url = \"http://b\", weight = 0 }]"),
+        ["t.toml:3:12: an upstream server's weight must be a whole number between 1 and 1000"]
+    );
+    assert_eq!(
+        errors("servers = [{ url = \"http://b\", primary = true }]"),
+        [
+            "t.toml:3:12: unknown key \"primary\" in an upstream server: an upstream server is \"http://host:port\" or { url = \"http://host:port\", weight = 2, backup = true }"
+        ]
+    );
+    assert_eq!(
+        errors("servers = [{ url = \"http://b\", backup = true }]"),
+        ["t.toml:3:12: an upstream needs at least one server that is not a backup"]
+    );
+    assert_eq!(
+        errors("servers = [\"http://b\", 7]"),
+        [
+            "t.toml:3:24: an upstream server is \"http://host:port\" or { url = \"http://host:port\", weight = 2, backup = true }"
+        ]
+    );
+    assert_eq!(
+        errors(
+            "url = \"http://b\"\neject_after = 0\nmax_ejected_percent = 101\nretries = 11\nretry_budget_percent = -1"
+        ),
+        [
+            "t.toml:4:15: upstream.eject_after must be between 1 and 1000",
+            "t.toml:5:23: upstream.max_ejected_percent must be between 0 and 100",
+            "t.toml:6:11: upstream.retries must be between 0 and 10",
+            "t.toml:7:24: upstream.retry_budget_percent must be between 0 and 100",
+        ]
+    );
+    assert_eq!(
+        errors("url = \"http://b\"\nmax_inflight = 0"),
+        ["t.toml:4:16: upstream.max_inflight must be between 1 and 1000000"]
+    );
+    let idle = errors("url = \"http://b\"\npool_idle_timeout = \"0s\"");
+    assert_eq!(idle, ["t.toml:4:21: upstream.pool_idle_timeout must be longer than zero"]);
+    assert_eq!(
+        errors("url = \"http://b\"\nhealth_check = { path = \"/h\", expect_status = \"2zz\" }"),
+        [
+            "t.toml:4:47: health_check.expect_status is a status (200), a class (\"2xx\"), a range (\"200-299\") or a list of those"
+        ]
+    );
+    assert_eq!(
+        errors("url = \"http://b\"\nhealth_check = { path = \"/h\", host = \"a b\" }"),
+        ["t.toml:4:38: health_check.host \"a b\" is not a host name"]
+    );
+    assert!(
+        errors(
+            "servers = [{ url = \"http://b\", weight = 3 }, { url = \"http://c\", backup = true }]\nhealth_check = { path = \"/h\", expect_status = [200, \"3xx\", \"400-404\"], host = \"svc.internal\" }"
+        )
+        .is_empty()
+    );
+}
+
+/// The open-files limits (soft, hard) of a process, from /proc (Linux).
+fn open_files_limits(pid: u32) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("/proc limits");
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).expect("an open files line");
+    let mut parts = line["Max open files".len()..].split_whitespace();
+    (parts.next().unwrap_or_default().to_string(), parts.next().unwrap_or_default().to_string())
+}
+
+/// Starts the real binary under `sh` with `ulimit` arguments applied
+/// first, and waits for its listening line; returns it and its log.
+fn spawn_limited(ulimit: &str, upstream: SocketAddr) -> (std::process::Child, Vec<String>, tempfile::TempDir) {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
+    std::fs::write(dir.path().join("tollgate.toml"), config(&[url(upstream)], "")).expect("config");
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit {ulimit} && exec \"$0\" --config \"$1\" --log-format json"))
+        .arg(env!("CARGO_BIN_EXE_tollgate"))
+        .arg(dir.path().join("tollgate.toml"))
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("sh starts tollgate");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut log = Vec::new();
+    for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+        let listening = line.contains("tollgate listening");
+        log.push(line);
+        if listening {
+            break;
+        }
+    }
+    (child, log, dir)
+}
+
+#[tokio::test]
+async fn the_open_files_soft_limit_is_raised_to_the_hard_limit_and_a_low_hard_limit_is_warned_about() {
+    let a = Upstream::start().await;
+    let (mut child, _log, _dir) = spawn_limited("-Sn 256", a.addr);
+    let (soft, hard) = open_files_limits(child.id());
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(soft, hard, "soft {soft}, hard {hard}");
+    assert_ne!(soft, "256");
+
+    // A hard limit below two per connection (max_connections defaults to
+    // 10,000): a warning names the limit.
+    let (mut child, log, _dir) = spawn_limited("-n 512", a.addr);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(log.iter().any(|l| l.contains("open files limit is below") && l.contains("512")), "no warning in {log:?}");
+}
