@@ -22,8 +22,9 @@ use tokio::sync::Semaphore;
 
 use crate::error::ProxyError;
 
-/// Serves redirects until the task is dropped. `https_port` is the proxy
-/// listener's port: written into the redirect unless it is 443.
+/// Serves redirects until the task is dropped. `https_port` is
+/// `listen.redirect_port`, the HTTPS port clients reach: written into the
+/// redirect unless it is 443.
 pub async fn serve(listener: TcpListener, https_port: u16, slots: Arc<Semaphore>, header_read_timeout: Duration) {
     loop {
         let stream = match listener.accept().await {

@@ -162,7 +162,6 @@ impl Server {
 
     /// Serves until `shutdown` completes, then drains.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
-        let https_port = self.proxy_addr().port();
         let Server {
             config,
             proxy,
@@ -214,7 +213,8 @@ impl Server {
             tokio::spawn(Arc::new(watcher).watch())
         });
         let redirect_task = redirect_listener.map(|l| {
-            tokio::spawn(crate::redirect::serve(l, https_port, slots.clone(), config.listen.header_read_timeout))
+            let port = config.listen.redirect_port;
+            tokio::spawn(crate::redirect::serve(l, port, slots.clone(), config.listen.header_read_timeout))
         });
         let decision_task = decision_listener
             .map(|l| tokio::spawn(crate::decision::serve(l, proxy.clone(), config.listen.header_read_timeout)));

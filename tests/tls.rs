@@ -8,72 +8,11 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Output;
 
-use support::tls::{Issued, TestCa};
-use support::{DEADLINE, Tollgate, Upstream, eventually, metric, write_atomic};
+use support::tls::{Site, TestCa, site, site_for};
+use support::{DEADLINE, eventually, metric, write_atomic};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::process::Command;
-
-/// A tollgate with two certificates: `a.test` (the first, so the default)
-/// and `*.wild.test`, in front of an echo upstream.
-struct Site {
-    ca: TestCa,
-    a: Issued,
-    wild: Issued,
-    tollgate: Tollgate,
-    _upstream: Option<Upstream>,
-}
-
-/// `extra` goes into `[listen]`.
-async fn site(extra: &str) -> Site {
-    let upstream = Upstream::start().await;
-    let mut site = site_for(upstream.addr, extra).await;
-    site._upstream = Some(upstream);
-    site
-}
-
-/// [`site`] in front of the upstream at `upstream`.
-async fn site_for(upstream: SocketAddr, extra: &str) -> Site {
-    let ca = TestCa::new();
-    let a = ca.issue("a", &["a.test"]);
-    let wild = ca.issue("wild", &["*.wild.test"]);
-    let dir = tempfile::tempdir().expect("temp dir");
-    std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
-    ca.write(dir.path());
-    a.write(dir.path(), "a");
-    wild.write(dir.path(), "wild");
-    let tls = "[[listen.tls]]\ncert_file = \"a.crt\"\nkey_file = \"a.key\"\n\n\
-               [[listen.tls]]\ncert_file = \"wild.crt\"\nkey_file = \"wild.key\"\n\n[rules]";
-    let config = support::config(upstream).replacen("[rules]", &format!("{extra}\n{tls}"), 1);
-    let tollgate = Tollgate::start_in(dir, &config).await;
-    Site { ca, a, wild, tollgate, _upstream: None }
-}
-
-impl Site {
-    fn dir(&self) -> &Path {
-        self.tollgate.dir.path()
-    }
-
-    fn port(&self) -> u16 {
-        self.tollgate.proxy_addr.port()
-    }
-
-    /// curl with the test CA, every `*.test` name used here resolving to
-    /// the proxy listener.
-    async fn curl(&self, args: &[&str]) -> Output {
-        let mut cmd = Command::new("curl");
-        cmd.arg("--silent").arg("--show-error").arg("--max-time").arg("10");
-        cmd.arg("--cacert").arg(self.dir().join("ca.crt"));
-        for name in ["a.test", "x.wild.test", "other.test"] {
-            cmd.arg("--resolve").arg(format!("{name}:{}:127.0.0.1", self.port()));
-        }
-        cmd.args(args).output().await.expect("curl runs")
-    }
-
-    fn url(&self, host: &str, path: &str) -> String {
-        format!("https://{host}:{}{path}", self.port())
-    }
-}
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -291,11 +230,9 @@ async fn a_silent_handshake_is_cut_after_header_read_timeout_and_frees_its_slot(
     assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_redirect_listener_answers_308_to_the_https_url() {
-    let site = site("http_redirect = \"127.0.0.1:0\"").await;
+/// curl's `--write-out` of a request to the redirect listener of `site`.
+async fn redirected(site: &Site, host: &str, target: &str) -> String {
     let redirect: SocketAddr = site.tollgate.redirect_addr.expect("redirect listener");
-    let port = site.port();
     let out = site
         .curl(&[
             "--output",
@@ -303,17 +240,33 @@ async fn the_redirect_listener_answers_308_to_the_https_url() {
             "--write-out",
             "%{http_code} %{redirect_url}",
             "--header",
-            "host: shop.test:8080",
-            &format!("http://{redirect}/cart/add?item=7&n=2"),
+            &format!("host: {host}"),
+            &format!("http://{redirect}{target}"),
         ])
         .await;
-    assert_eq!(text(&out.stdout), format!("308 https://shop.test:{port}/cart/add?item=7&n=2"), "{}", text(&out.stderr));
-    // Followed, it reaches the upstream over TLS, method kept.
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redirect_listener_answers_308_to_the_https_url_on_port_443() {
+    let site = site("http_redirect = \"127.0.0.1:0\"").await;
+    let redirect: SocketAddr = site.tollgate.redirect_addr.expect("redirect listener");
+    // The public HTTPS port defaults to 443, whatever port the proxy
+    // listener has (behind a load balancer or a port mapping): left out.
+    assert_eq!(
+        redirected(&site, "shop.test:8080", "/cart/add?item=7&n=2").await,
+        "308 https://shop.test/cart/add?item=7&n=2"
+    );
+    // Followed, it reaches the upstream over TLS, method kept: curl's
+    // connection to a.test:443 goes to the proxy listener.
     let out = site
         .curl(&[
             "--location",
             "--resolve",
             &format!("a.test:{}:127.0.0.1", redirect.port()),
+            "--connect-to",
+            &format!("a.test:443:127.0.0.1:{}", site.port()),
             "--request",
             "POST",
             "--data",
@@ -324,6 +277,14 @@ async fn the_redirect_listener_answers_308_to_the_https_url() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let echo: serde_json::Value = serde_json::from_slice(&out.stdout).expect("echo JSON");
     assert_eq!((echo["method"].as_str(), echo["path"].as_str()), (Some("POST"), Some("/orders")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redirect_port_names_the_public_https_port_in_the_redirect() {
+    let named = site("http_redirect = \"127.0.0.1:0\"\nredirect_port = 8443").await;
+    assert_eq!(redirected(&named, "shop.test", "/a?b=c").await, "308 https://shop.test:8443/a?b=c");
+    let standard = site("http_redirect = \"127.0.0.1:0\"\nredirect_port = 443").await;
+    assert_eq!(redirected(&standard, "[::1]:80", "/").await, "308 https://[::1]/");
 }
 
 fn tollgate_check(config: &Path) -> Output {

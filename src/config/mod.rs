@@ -117,6 +117,10 @@ pub struct Listen {
     pub tls: Vec<crate::tls::Certificate>,
     /// A plain-HTTP listener answering 308 to the `https://` URL.
     pub http_redirect: Option<SocketAddr>,
+    /// The public HTTPS port the redirects name (left out when 443): the
+    /// proxy listener's own port is often not the one clients reach, behind
+    /// a load balancer or a port mapping.
+    pub redirect_port: u16,
     /// `[listen] decision`: the decision API's listener (`POST /v1/check`,
     /// see [`crate::decision`]); none when not set.
     pub decision: Option<SocketAddr>,
@@ -353,12 +357,13 @@ impl Validator<'_> {
             Some(n) => *n.get_ref() as usize,
             None => 16 * 1024,
         };
-        let (tls, http_redirect) = self.listen_tls(&listen);
+        let (tls, http_redirect, redirect_port) = self.listen_tls(&listen);
         let decision = listen.decision.as_ref().and_then(|v| self.socket_addr(v, "listen.decision"));
         let envoy_rls = listen.envoy_rls.as_ref().and_then(|v| self.socket_addr(v, "listen.envoy_rls"));
         let listen = Listen {
             tls,
             http_redirect,
+            redirect_port,
             decision,
             envoy_rls,
             max_uri_bytes,

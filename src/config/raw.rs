@@ -50,6 +50,7 @@ pub struct RawListen {
     pub tunnel_idle_timeout: Option<Spanned<String>>,
     pub tls: Option<Vec<Spanned<RawTls>>>,
     pub http_redirect: Option<Spanned<String>>,
+    pub redirect_port: Option<Spanned<i64>>,
     pub decision: Option<Spanned<String>>,
     pub envoy_rls: Option<Spanned<String>>,
 }
