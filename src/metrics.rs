@@ -49,6 +49,7 @@ pub struct Metrics {
     pub upstream_server_healthy: IntGaugeVec,
     pub upstream_unavailable_total: IntCounterVec,
     pub tls_reload_failures_total: IntCounter,
+    pub tls_plain_http_total: IntCounter,
     pub access_log_dropped_total: IntCounter,
 }
 
@@ -320,6 +321,14 @@ impl Metrics {
                 IntCounter::new(
                     "tollgate_tls_reload_failures_total",
                     "Changed [[listen.tls]] certificate or key files that did not load; the previous certificate stays in force.",
+                )
+                .expect("valid metric definition"),
+            ),
+            tls_plain_http_total: reg(
+                &registry,
+                IntCounter::new(
+                    "tollgate_tls_plain_http_total",
+                    "Connections to the TLS proxy listener that sent plain HTTP, answered 400 plain_http_to_https_port.",
                 )
                 .expect("valid metric definition"),
             ),

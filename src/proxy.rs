@@ -238,8 +238,8 @@ impl Proxy {
     }
 
     /// The access log entry of a request refused before the request path
-    /// (over `max_connections`), read from the first bytes of its
-    /// connection; `None` when the log is off.
+    /// (over `max_connections`, or plain HTTP to the TLS port), read from
+    /// the first bytes of its connection; `None` when the log is off.
     pub fn log_refused(
         &self,
         head: &[u8],

@@ -359,11 +359,11 @@ async fn serve_proxy(
                 let acceptor = tls.acceptor.clone();
                 tokio::spawn(async move {
                     // The handshake holds a connection slot: bounded like the
-                    // request headers that follow it.
-                    match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                        Ok(Ok(stream)) => serve_connection(stream, peer, proxy, client, &setup, watcher, slot).await,
-                        Ok(Err(e)) => tracing::debug!(error = %e, %peer, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    // request headers that follow it. Plain HTTP is answered
+                    // 400 there.
+                    let accepted = crate::handshake::accept(stream, &acceptor, &proxy, peer, handshake_timeout).await;
+                    if let Some(stream) = accepted {
+                        serve_connection(stream, peer, proxy, client, &setup, watcher, slot).await;
                     }
                 });
             }

@@ -154,27 +154,76 @@ with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10) as ra
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn plain_http_to_the_tls_port_gets_no_http_answer() {
-    let site = site("").await;
+async fn plain_http_to_the_tls_port_gets_a_400_saying_so() {
+    let site = site("[log]\naccess = \"access.log\"\n").await;
+    // curl speaking plain HTTP to the HTTPS port, as a mistyped URL does.
+    let out = site
+        .curl(&[
+            "--write-out",
+            "\n%{http_code}",
+            "--header",
+            "user-agent: plain",
+            &format!("http://a.test:{}/orders?x=1", site.port()),
+        ])
+        .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let (body, status) = stdout.rsplit_once('\n').expect("status line");
+    assert_eq!(status, "400", "{stdout}");
+    let body: serde_json::Value = serde_json::from_str(body).expect("a JSON body");
+    assert_eq!(body["error"], "plain_http_to_https_port", "{body}");
+    assert!(body["message"].as_str().is_some_and(|m| m.contains("https://")), "{body}");
+    let counted = || async {
+        metric(&site.tollgate.metrics().await, "tollgate_tls_plain_http_total", &[]).expect("metric exported")
+    };
+    assert_eq!(counted().await, 1.0);
+
+    // A head larger than the bound is answered once the bound is read.
     let mut stream = TcpStream::connect(site.tollgate.proxy_addr).await.expect("connect");
-    stream.write_all(b"GET / HTTP/1.1\r\nhost: a.test\r\n\r\n").await.expect("write");
+    let mut big = b"POST /upload HTTP/1.1\r\nhost: a.test\r\nx-filler: ".to_vec();
+    big.resize(256 * 1024, b'a');
+    // The server stops reading at its bound: what it leaves unsent is fine.
+    let _ = tokio::time::timeout(DEADLINE, stream.write_all(&big)).await;
     let mut answer = Vec::new();
-    tokio::time::timeout(DEADLINE, async {
-        let mut buf = [0u8; 4096];
-        // Until the server closes (or resets) the connection.
-        while let Ok(n) = stream.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
-            answer.extend_from_slice(&buf[..n]);
-        }
+    let _ = tokio::time::timeout(DEADLINE, stream.read_to_end(&mut answer)).await.expect("the connection is closed");
+    assert!(text(&answer).starts_with("HTTP/1.1 400 Bad Request\r\n"), "{:?}", text(&answer));
+    assert_eq!(counted().await, 2.0);
+
+    // Both are in the access log, as the requests they were.
+    let log = site.dir().join("access.log");
+    eventually("two access log lines", || async {
+        std::fs::read_to_string(&log).unwrap_or_default().lines().count() == 2
     })
-    .await
-    .expect("the connection is closed");
-    assert!(!text(&answer).contains("HTTP/"), "an HTTP answer on the TLS port: {:?}", text(&answer));
+    .await;
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .expect("access log")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    assert_eq!(
+        (lines[0]["method"].as_str(), lines[0]["path"].as_str(), lines[0]["status"].as_u64()),
+        (Some("GET"), Some("/orders"), Some(400))
+    );
+    assert_eq!(
+        (lines[1]["method"].as_str(), lines[1]["path"].as_str(), lines[1]["status"].as_u64()),
+        (Some("POST"), Some("/upload"), Some(400))
+    );
+    assert_eq!(lines[0]["request_id"], body["request_id"]);
+
     // Whereas a TLS client on the same port is served.
     let (_, status) = site.ca.get(site.tollgate.proxy_addr, "a.test").await.expect("TLS GET");
     assert_eq!(status, "HTTP/1.1 200 OK");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_request_head_that_never_ends_is_answered_at_header_read_timeout() {
+    let site = site("header_read_timeout = \"1s\"").await;
+    let mut stream = TcpStream::connect(site.tollgate.proxy_addr).await.expect("connect");
+    stream.write_all(b"GET /slow HTTP/1.1\r\nhost: a.test\r\n").await.expect("write");
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(DEADLINE, stream.read_to_end(&mut answer)).await.expect("the connection is closed");
+    assert!(text(&answer).starts_with("HTTP/1.1 400 Bad Request\r\n"), "{:?}", text(&answer));
+    assert!(text(&answer).contains("plain_http_to_https_port"), "{:?}", text(&answer));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
