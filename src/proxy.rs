@@ -229,7 +229,12 @@ impl Proxy {
             None => Note::off(),
         };
         let (mut held, mut on_trailers) = (None, None);
-        let resp = self.serve(req, peer, &request_id, note, &mut held, &mut on_trailers).await;
+        let mut resp = self.serve(req, peer, &request_id, note, &mut held, &mut on_trailers).await;
+        if self.client.request_id_in_response {
+            // Replaces an upstream's own: one id for the client, the
+            // upstream and the access log. tollgate's answers have it already.
+            resp.headers_mut().insert(request_id::X_REQUEST_ID, request_id.clone());
+        }
         self.metrics.request_duration_seconds.observe(started.elapsed().as_secs_f64());
         if let Some(p) = &mut pending {
             p.respond(resp.status().as_u16());

@@ -177,6 +177,10 @@ pub struct ClientConfig {
     pub ipv6_prefix: u8,
     pub user_header: HeaderName,
     pub api_key_header: HeaderName,
+    /// Responses relayed from upstreams carry the request's `X-Request-Id`
+    /// (Envoy's `always_set_request_id_in_response`), so that a client
+    /// can quote the id the access log and the upstream saw.
+    pub request_id_in_response: bool,
 }
 
 /// `[[route]]`
@@ -559,6 +563,7 @@ impl Validator<'_> {
             ipv6_prefix,
             user_header: user_header.unwrap_or(HeaderName::from_static("x-user-id")),
             api_key_header: api_key_header.unwrap_or(HeaderName::from_static("x-api-key")),
+            request_id_in_response: client.request_id_in_response.unwrap_or(true),
         };
 
         let mut upstreams: Vec<Upstream> = Vec::new();

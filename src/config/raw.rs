@@ -95,6 +95,7 @@ pub struct RawClient {
     pub ipv6_prefix: Option<Spanned<i64>>,
     pub user_header: Option<Spanned<String>>,
     pub api_key_header: Option<Spanned<String>>,
+    pub request_id_in_response: Option<bool>,
 }
 
 /// `[[upstream]]` as serde reads it.

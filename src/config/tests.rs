@@ -534,6 +534,16 @@ fn bad_identity_headers() {
 }
 
 #[test]
+fn request_id_in_response_is_on_unless_turned_off() {
+    assert!(parse("").client.request_id_in_response);
+    assert!(parse("[client]\nrequest_id_in_response = true\n").client.request_id_in_response);
+    assert!(!parse("[client]\nrequest_id_in_response = false\n").client.request_id_in_response);
+    let errs = errors("[client]\nrequest_id_in_response = \"no\"\n");
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(errs[0].starts_with("t.toml:2:26: invalid type: string \"no\", expected a boolean"), "{errs:?}");
+}
+
+#[test]
 fn redis_needs_a_url_and_the_error_points_at_the_backend() {
     assert_eq!(
         errors("[listen]\nproxy = \"0.0.0.0:8080\"\n\n[store]\nbackend = \"redis\"\n"),
