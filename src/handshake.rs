@@ -76,6 +76,16 @@ pub async fn accept(
     }
 }
 
+/// The TLS version `stream` negotiated, as OpenSSL and nginx's
+/// `$ssl_protocol` name it.
+pub fn version(stream: &TlsStream<TcpStream>) -> Option<&'static str> {
+    match stream.get_ref().1.protocol_version()? {
+        rustls::ProtocolVersion::TLSv1_3 => Some("TLSv1.3"),
+        rustls::ProtocolVersion::TLSv1_2 => Some("TLSv1.2"),
+        _ => None,
+    }
+}
+
 /// Reads the plain request's head (until its blank line, [`MAX_HEAD`]
 /// bytes or `deadline`), answers it 400, logs and counts it, and closes.
 async fn answer_plain(mut stream: TcpStream, proxy: &Proxy, peer: SocketAddr, deadline: Instant) {

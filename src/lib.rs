@@ -37,7 +37,7 @@
 //! | [`error`] | every status tollgate answers itself, with its JSON body |
 //! | [`request_id`] | `X-Request-Id`: kept from a trusted proxy or generated, sent upstream and in every answer |
 //! | [`via`] | the `Via` hop tollgate adds to forwarded requests and responses |
-//! | [`access_log`] | one JSON line per request, written off the request path by a thread behind a bounded queue |
+//! | [`access_log`] | one JSON line per request, written off the request path by a thread behind a bounded queue, never a torn line |
 //!
 //! Around it:
 //!

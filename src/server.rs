@@ -214,7 +214,13 @@ impl Server {
         });
         let redirect_task = redirect_listener.map(|l| {
             let port = config.listen.redirect_port;
-            tokio::spawn(crate::redirect::serve(l, port, slots.clone(), config.listen.header_read_timeout))
+            tokio::spawn(crate::redirect::serve(
+                l,
+                port,
+                slots.clone(),
+                config.listen.header_read_timeout,
+                proxy.clone(),
+            ))
         });
         let decision_task = decision_listener
             .map(|l| tokio::spawn(crate::decision::serve(l, proxy.clone(), config.listen.header_read_timeout)));
@@ -344,7 +350,6 @@ async fn serve_proxy(
         let _ = stream.set_nodelay(true);
         let mut client = proxy.peer(peer);
         client.https = tls.is_some();
-        let client = Arc::new(client);
         let watcher = graceful.watcher();
         let slot = Arc::new(Slot::new(permit, proxy.metrics.connections_active.clone()));
         let proxy = proxy.clone();
@@ -352,7 +357,7 @@ async fn serve_proxy(
         match &tls {
             None => {
                 tokio::spawn(async move {
-                    serve_connection(stream, peer, proxy, client, &setup, watcher, slot).await;
+                    serve_connection(stream, peer, proxy, Arc::new(client), &setup, watcher, slot).await;
                 });
             }
             Some(tls) => {
@@ -363,6 +368,7 @@ async fn serve_proxy(
                     // 400 there.
                     let accepted = crate::handshake::accept(stream, &acceptor, &proxy, peer, handshake_timeout).await;
                     if let Some(stream) = accepted {
+                        let client = Arc::new(Peer { tls: crate::handshake::version(&stream), ..client });
                         serve_connection(stream, peer, proxy, client, &setup, watcher, slot).await;
                     }
                 });
