@@ -50,6 +50,7 @@ pub struct Metrics {
     pub upstream_unavailable_total: IntCounterVec,
     pub tls_reload_failures_total: IntCounter,
     pub tls_plain_http_total: IntCounter,
+    pub tls_certificate_expiry_timestamp_seconds: IntGaugeVec,
     pub access_log_dropped_total: IntCounter,
 }
 
@@ -331,6 +332,12 @@ impl Metrics {
                     "Connections to the TLS proxy listener that sent plain HTTP, answered 400 plain_http_to_https_port.",
                 )
                 .expect("valid metric definition"),
+            ),
+            tls_certificate_expiry_timestamp_seconds: gauge_vec(
+                &registry,
+                "tollgate_tls_certificate_expiry_timestamp_seconds",
+                "When each [[listen.tls]] certificate in force expires (notAfter), in seconds since the epoch, by its first DNS name.",
+                &["name"],
             ),
             registry,
         };

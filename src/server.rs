@@ -209,7 +209,7 @@ impl Server {
             tracing::info!(certificates = ?names, http_redirect = ?config.listen.http_redirect, "the proxy listener speaks TLS");
         }
         let cert_watch = tls.as_ref().map(|tls| {
-            let watcher = CertWatcher::new(tls.resolver.clone(), proxy.metrics.tls_reload_failures_total.clone());
+            let watcher = CertWatcher::new(tls.resolver.clone(), &proxy.metrics);
             tokio::spawn(Arc::new(watcher).watch())
         });
         let redirect_task = redirect_listener.map(|l| {

@@ -69,6 +69,17 @@ impl TestCa {
         Issued { cert: cert.pem(), key: key.serialize_pem() }
     }
 
+    /// [`TestCa::issue`] valid until midnight (UTC) of `year-month-day`.
+    pub fn issue_until(&self, cn: &str, names: &[&str], (year, month, day): (i32, u8, u8)) -> Issued {
+        let key = KeyPair::generate().unwrap_or_else(|e| fail(e));
+        let mut params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap_or_else(|e| fail(e));
+        params.distinguished_name.push(DnType::CommonName, cn);
+        params.not_after = rcgen::date_time_ymd(year, month, day);
+        let cert = params.signed_by(&key, &self.issuer).unwrap_or_else(|e| fail(e));
+        Issued { cert: cert.pem(), key: key.serialize_pem() }
+    }
+
     /// Writes the CA certificate as `ca.crt` in `dir`.
     pub fn write(&self, dir: &Path) -> PathBuf {
         let path = dir.join("ca.crt");
