@@ -98,6 +98,9 @@ async fn tls_connections_log_their_version_and_the_redirect_listener_logs_its_re
             "host: a.test",
             "-A",
             "agent/1",
+            // The test client is a trusted proxy: the client it names is logged.
+            "-H",
+            "x-forwarded-for: 203.0.113.9",
             &format!("http://{redirect}/cart?x=1"),
         ])
         .await;
@@ -122,6 +125,7 @@ async fn tls_connections_log_their_version_and_the_redirect_listener_logs_its_re
     assert_eq!(
         [
             &line["status"],
+            &line["client"],
             &line["method"],
             &line["path"],
             &line["host"],
@@ -131,6 +135,7 @@ async fn tls_connections_log_their_version_and_the_redirect_listener_logs_its_re
         ],
         [
             &Value::from(308),
+            &"203.0.113.9".into(),
             &"GET".into(),
             &"/cart".into(),
             &"a.test".into(),
