@@ -6,34 +6,34 @@
 //! the client goes away ([`Logged`] and [`Pending`] send it when dropped).
 //! A full queue drops the line and counts it in
 //! `tollgate_access_log_dropped_total`: a slow disk costs log lines, never
-//! latency. The writer renders the lines, writes what is queued in one go,
-//! and reopens its file after a SIGHUP, so logrotate can move the file away
+//! latency. The writer ([`writer`]) renders the lines, writes what is
+//! queued in one go, leaves no torn line when a write is cut short, and
+//! reopens its file after a SIGHUP, so logrotate can move the file away
 //! and the next lines land in a new one at the configured path.
 //!
 //! With `[log] access = "off"` there is no [`AccessLog`]: the request path
 //! allocates nothing and pays one `None` check per hook.
 
-use std::fs::OpenOptions;
-use std::io::Write;
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
-use http::header::HeaderValue;
+use http::header::{HOST, HeaderValue, REFERER, USER_AGENT};
 use http::uri::Authority;
-use http::{Method, Uri};
+use http::{Method, Request, Uri, Version};
 use hyper::body::{Body, Frame, SizeHint};
 use prometheus::IntCounter;
 
 use crate::config::AccessLogTarget;
 
 mod line;
-use line::render;
+mod writer;
+use writer::Writer;
 
 /// Lines waiting for the writer at most. At 50 000 requests a second this
 /// is some 80 ms of disk stall absorbed before lines are dropped; each
@@ -76,7 +76,8 @@ impl AccessLog {
         }
         let (queue, rx) = sync_channel(QUEUE);
         let reopen = Arc::new(AtomicBool::new(false));
-        let writer = Writer { target: target.clone(), reopen: reopen.clone(), dropped: dropped.clone(), out: None };
+        let writer =
+            Writer { target: target.clone(), reopen: reopen.clone(), dropped: dropped.clone(), out: None, torn: false };
         std::thread::Builder::new().name("access-log".into()).spawn(move || writer.run(rx))?;
         Ok(Some(AccessLog { shared: Arc::new(Shared { queue, reopen, dropped }) }))
     }
@@ -99,8 +100,69 @@ impl AccessLog {
                 upstream: None,
                 rule: None,
                 request_id: request_id.clone(),
+                host: None,
+                version: None,
+                user_agent: None,
+                referer: None,
+                upstream_answer: None,
+                tls: None,
             })),
         }
+    }
+
+    /// [`AccessLog::begin`] for a request hyper parsed: its protocol, host
+    /// (the `Host` header, or HTTP/2's `:authority`), user agent and
+    /// referer too; `tls` is the connection's TLS version, if any.
+    pub fn begin_request<B>(
+        &self,
+        req: &Request<B>,
+        client: IpAddr,
+        request_id: &HeaderValue,
+        tls: Option<&'static str>,
+    ) -> Pending {
+        let mut pending = self.begin(req.method(), req.uri(), client, request_id);
+        if let Some(e) = &mut pending.entry {
+            let h = req.headers();
+            e.host = h
+                .get(HOST)
+                .cloned()
+                .or_else(|| req.uri().authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
+            e.version = Some(req.version());
+            e.user_agent = h.get(USER_AGENT).cloned();
+            e.referer = h.get(REFERER).cloned();
+            e.tls = tls;
+        }
+        pending
+    }
+
+    /// [`AccessLog::begin`] for a request answered before hyper parsed it,
+    /// from the first bytes of its connection (`head`, HTTP/1): its request
+    /// line, `Host`, `User-Agent` and `Referer` as far as they arrived.
+    pub fn begin_raw(&self, head: &[u8], client: IpAddr, request_id: &HeaderValue) -> Pending {
+        let (method, uri) = request_line(head);
+        let mut pending = self.begin(&method, &uri, client, request_id);
+        if let Some(e) = &mut pending.entry {
+            let mut lines = head.split(|&b| b == b'\n').map(|l| l.strip_suffix(b"\r").unwrap_or(l));
+            e.version = match lines.next().and_then(|l| l.rsplit(|&b| b == b' ').next()) {
+                Some(b"HTTP/1.1") => Some(Version::HTTP_11),
+                Some(b"HTTP/1.0") => Some(Version::HTTP_10),
+                _ => None,
+            };
+            // Up to the blank line; a header cut off by the read is left out.
+            for line in lines.take_while(|l| !l.is_empty()) {
+                let Some(colon) = line.iter().position(|&b| b == b':') else { continue };
+                let Ok(value) = HeaderValue::from_bytes(line[colon + 1..].trim_ascii()) else { continue };
+                let name = &line[..colon];
+                let field = match () {
+                    _ if name.eq_ignore_ascii_case(b"host") => &mut e.host,
+                    _ if name.eq_ignore_ascii_case(b"user-agent") => &mut e.user_agent,
+                    _ if name.eq_ignore_ascii_case(b"referer") => &mut e.referer,
+                    _ => continue,
+                };
+                field.get_or_insert(value);
+            }
+        }
+        pending
     }
 
     /// Makes the writer reopen its file before the next line (SIGHUP).
@@ -144,6 +206,18 @@ pub struct Entry {
     upstream: Option<Authority>,
     rule: Option<String>,
     request_id: HeaderValue,
+    /// What the client sent: `None` when it sent none, or for a request
+    /// answered before hyper parsed it (over `max_connections`).
+    host: Option<HeaderValue>,
+    version: Option<Version>,
+    user_agent: Option<HeaderValue>,
+    referer: Option<HeaderValue>,
+    /// The upstream's status (`None`: it gave no response head) and the
+    /// time from sending the request to that head or to the failure;
+    /// `None` for a request never sent upstream.
+    upstream_answer: Option<(Option<u16>, Duration)>,
+    /// The connection's TLS version (`"TLSv1.3"`); `None` over plain TCP.
+    tls: Option<&'static str>,
 }
 
 /// A line not yet sent to the writer: sent when dropped, whether the
@@ -220,6 +294,14 @@ impl Note<'_> {
         }
     }
 
+    /// What the upstream answered (its status, or `None` when it gave no
+    /// response head) and how long it took.
+    pub fn upstream_answer(&mut self, status: Option<u16>, took: Duration) {
+        if let Some(e) = &mut self.0 {
+            e.upstream_answer = Some((status, took));
+        }
+    }
+
     /// A counter of the request body bytes read from the client, for the
     /// forwarding side to add to; `None` when the log is off.
     pub fn bytes_in(&mut self) -> Option<Arc<AtomicU64>> {
@@ -288,84 +370,6 @@ pub fn request_line(head: &[u8]) -> (Method, Uri) {
     (method, uri)
 }
 
-/// The writer thread's state.
-struct Writer {
-    target: AccessLogTarget,
-    reopen: Arc<AtomicBool>,
-    dropped: IntCounter,
-    /// `None` until opened, and after a failed open or write.
-    out: Option<Box<dyn Write + Send>>,
-}
-
-impl Writer {
-    /// Writes until every [`AccessLog`] and [`Pending`] is gone.
-    fn run(mut self, rx: Receiver<Message>) {
-        let mut buf: Vec<u8> = Vec::with_capacity(BATCH_BYTES + 4096);
-        let mut failing = false;
-        while let Ok(first) = rx.recv() {
-            buf.clear();
-            let mut lines = 0u64;
-            let mut acks = Vec::new();
-            let mut next = Some(first);
-            while let Some(msg) = next.take() {
-                match msg {
-                    Message::Line(entry) => {
-                        render(&entry, &mut buf);
-                        lines += 1;
-                    }
-                    Message::Flush(ack) => acks.push(ack),
-                }
-                if buf.len() < BATCH_BYTES {
-                    next = rx.try_recv().ok();
-                }
-            }
-            if lines > 0 {
-                match self.write(&buf) {
-                    Ok(()) => {
-                        if failing {
-                            tracing::info!("access log: writing again");
-                        }
-                        failing = false;
-                    }
-                    Err(e) => {
-                        // Said once per failure, not once per line.
-                        if !failing {
-                            tracing::error!(error = %e, "access log: cannot write; lines are dropped and counted");
-                        }
-                        failing = true;
-                        self.dropped.inc_by(lines);
-                    }
-                }
-            }
-            for ack in acks {
-                let _ = ack.send(());
-            }
-        }
-    }
-
-    /// Writes one batch, (re)opening the output first when it is not open
-    /// or SIGHUP asked for it.
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<()> {
-        if self.reopen.swap(false, Ordering::Relaxed) {
-            self.out = None;
-        }
-        if self.out.is_none() {
-            self.out = Some(match &self.target {
-                AccessLogTarget::File(path) => Box::new(OpenOptions::new().append(true).create(true).open(path)?),
-                _ => Box::new(std::io::stdout()),
-            });
-        }
-        let Some(out) = self.out.as_mut() else { return Ok(()) };
-        let written = out.write_all(buf).and_then(|()| out.flush());
-        if written.is_err() {
-            // Opened again for the next batch: the file may have been
-            // replaced, or the disk freed.
-            self.out = None;
-        }
-        written
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -378,5 +382,40 @@ mod tests {
         assert_eq!((m.as_str(), u.path()), ("-", "/"));
         let (m, u) = request_line(b"");
         assert_eq!((m.as_str(), u.path()), ("-", "/"));
+    }
+
+    #[test]
+    fn a_raw_head_gives_its_protocol_host_agent_and_referer() {
+        let (tx, _rx) = sync_channel(1);
+        let log = AccessLog {
+            shared: Arc::new(Shared {
+                queue: tx,
+                reopen: Arc::new(AtomicBool::new(false)),
+                dropped: IntCounter::new("t", "t").expect("counter"),
+            }),
+        };
+        let id = HeaderValue::from_static("id");
+        let ip = IpAddr::from([192, 0, 2, 1]);
+        let mut p = log.begin_raw(
+            b"GET /x HTTP/1.0\r\nHOST: a.test\r\nUser-Agent:  ua/1 \r\nX: y\r\n\r\nReferer: body",
+            ip,
+            &id,
+        );
+        let e = p.entry.take().expect("an entry");
+        assert_eq!(
+            (e.version, e.host, e.user_agent, e.referer),
+            (
+                Some(Version::HTTP_10),
+                Some(HeaderValue::from_static("a.test")),
+                Some(HeaderValue::from_static("ua/1")),
+                None
+            )
+        );
+        let mut p = log.begin_raw(b"GET / HTTP/1.1\r\nreferer: https://r.test/\r\nho", ip, &id);
+        let e = p.entry.take().expect("an entry");
+        assert_eq!(
+            (e.version, e.host, e.referer),
+            (Some(Version::HTTP_11), None, Some(HeaderValue::from_static("https://r.test/")))
+        );
     }
 }

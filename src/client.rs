@@ -51,6 +51,9 @@ pub struct Peer {
     pub forwarded_for: HeaderValue,
     /// Whether it reached tollgate over TLS (`X-Forwarded-Proto: https`).
     pub https: bool,
+    /// The TLS version its connection negotiated (`"TLSv1.3"`), for the
+    /// access log; `None` over plain TCP.
+    pub tls: Option<&'static str>,
 }
 
 impl Peer {
@@ -59,7 +62,7 @@ impl Peer {
         let ip = canonical(addr);
         // An address's text is always a valid header value.
         let forwarded_for = HeaderValue::try_from(ip.to_string()).unwrap_or(HeaderValue::from_static("unknown"));
-        Peer { ip, trusted: is_trusted(ip, trusted), forwarded_for, https: false }
+        Peer { ip, trusted: is_trusted(ip, trusted), forwarded_for, https: false, tls: None }
     }
 }
 

@@ -31,6 +31,9 @@ pub enum ProxyError {
     /// The request is malformed in a way only tollgate checks (e.g. a bad
     /// `cost_header` value).
     BadRequest(String),
+    /// Plain HTTP sent to the proxy listener, which speaks TLS only
+    /// (nginx's "plain HTTP request was sent to HTTPS port").
+    PlainHttpToTls,
     /// The body is larger than the route allows.
     PayloadTooLarge,
     /// The client stopped sending its body for `listen.body_read_timeout`.
@@ -63,7 +66,7 @@ impl ProxyError {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::Forbidden => StatusCode::FORBIDDEN,
             ProxyError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ProxyError::BadRequest(_) | ProxyError::PlainHttpToTls => StatusCode::BAD_REQUEST,
             ProxyError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ProxyError::UnsupportedTransferEncoding => StatusCode::NOT_IMPLEMENTED,
@@ -103,6 +106,10 @@ impl ProxyError {
                 json!({"error": "invalid_token", "message": format!("The bearer token was refused: {reason}.")})
             }
             ProxyError::BadRequest(reason) => json!({"error": "bad_request", "message": reason}),
+            ProxyError::PlainHttpToTls => json!({
+                "error": "plain_http_to_https_port",
+                "message": "A plain HTTP request was sent to this HTTPS port; use an https:// URL."
+            }),
             ProxyError::UriTooLong => {
                 json!({"error": "uri_too_long", "message": "The request target is longer than this proxy accepts."})
             }
@@ -218,7 +225,10 @@ impl ProxyError {
         if let Some(secs) = retry {
             headers::write_retry_after(resp.headers_mut(), secs);
         }
-        if matches!(self, ProxyError::RequestTimeout | ProxyError::UnsupportedTransferEncoding) {
+        if matches!(
+            self,
+            ProxyError::RequestTimeout | ProxyError::UnsupportedTransferEncoding | ProxyError::PlainHttpToTls
+        ) {
             // The rest of the body was not read: the connection cannot carry
             // another request.
             resp.headers_mut().insert(http::header::CONNECTION, HeaderValue::from_static("close"));

@@ -14,6 +14,7 @@
 //! | [`server`] | listeners, connection limits, graceful shutdown |
 //! | [`drain`] | graceful shutdown's signal to each connection, polled only once it is sent |
 //! | [`tls`] | TLS on the proxy listener: certificates chosen by SNI, re-read when their files change |
+//! | [`handshake`] | a TLS connection's first byte: its handshake, or plain HTTP answered 400 |
 //! | [`redirect`] | `listen.http_redirect`: a plain-HTTP listener answering 308 to the `https://` URL |
 //! | [`idle`] | closes connections idle for `listen.idle_timeout`, and clients that read nothing for `listen.send_timeout` |
 //! | [`send_budget`] | at most 128 KiB of response bodies held per client connection, whatever its HTTP/2 streams |
@@ -36,7 +37,7 @@
 //! | [`error`] | every status tollgate answers itself, with its JSON body |
 //! | [`request_id`] | `X-Request-Id`: kept from a trusted proxy or generated, sent upstream and in every answer |
 //! | [`via`] | the `Via` hop tollgate adds to forwarded requests and responses |
-//! | [`access_log`] | one JSON line per request, written off the request path by a thread behind a bounded queue |
+//! | [`access_log`] | one JSON line per request, written off the request path by a thread behind a bounded queue, never a torn line |
 //!
 //! Around it:
 //!
@@ -71,6 +72,7 @@ pub mod envoy_rls;
 pub mod error;
 pub mod floor;
 pub mod forward;
+pub mod handshake;
 pub mod headers;
 pub mod health;
 pub mod held;

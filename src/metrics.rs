@@ -53,6 +53,8 @@ pub struct Metrics {
     pub upstream_retries_total: IntCounterVec,
     pub upstream_retry_budget_exhausted_total: IntCounterVec,
     pub tls_reload_failures_total: IntCounter,
+    pub tls_plain_http_total: IntCounter,
+    pub tls_certificate_expiry_timestamp_seconds: IntGaugeVec,
     pub access_log_dropped_total: IntCounter,
 }
 
@@ -350,6 +352,20 @@ impl Metrics {
                     "Changed [[listen.tls]] certificate or key files that did not load; the previous certificate stays in force.",
                 )
                 .expect("valid metric definition"),
+            ),
+            tls_plain_http_total: reg(
+                &registry,
+                IntCounter::new(
+                    "tollgate_tls_plain_http_total",
+                    "Connections to the TLS proxy listener that sent plain HTTP, answered 400 plain_http_to_https_port.",
+                )
+                .expect("valid metric definition"),
+            ),
+            tls_certificate_expiry_timestamp_seconds: gauge_vec(
+                &registry,
+                "tollgate_tls_certificate_expiry_timestamp_seconds",
+                "When each [[listen.tls]] certificate in force expires (notAfter), in seconds since the epoch, by its first DNS name.",
+                &["name"],
             ),
             registry,
         };

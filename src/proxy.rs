@@ -252,13 +252,18 @@ impl Proxy {
     pub async fn handle(&self, mut req: Request<Incoming>, peer: &Peer) -> Response<LoggedBody> {
         let started = Instant::now();
         let request_id = request_id::assign(req.headers_mut(), peer.trusted);
-        let mut pending = self.access_log.as_ref().map(|log| log.begin(req.method(), req.uri(), peer.ip, &request_id));
+        let mut pending = self.access_log.as_ref().map(|log| log.begin_request(&req, peer.ip, &request_id, peer.tls));
         let note = match &mut pending {
             Some(p) => p.note(),
             None => Note::off(),
         };
         let (mut held, mut on_trailers) = (None, None);
-        let resp = self.serve(req, peer, &request_id, note, &mut held, &mut on_trailers).await;
+        let mut resp = self.serve(req, peer, &request_id, note, &mut held, &mut on_trailers).await;
+        if self.client.request_id_in_response {
+            // Replaces an upstream's own: one id for the client, the
+            // upstream and the access log. tollgate's answers have it already.
+            resp.headers_mut().insert(request_id::X_REQUEST_ID, request_id.clone());
+        }
         self.metrics.request_duration_seconds.observe(started.elapsed().as_secs_f64());
         if let Some(p) = &mut pending {
             p.respond(resp.status().as_u16());
@@ -267,17 +272,21 @@ impl Proxy {
     }
 
     /// The access log entry of a request refused before the request path
-    /// (over `max_connections`), read from the first bytes of its
-    /// connection; `None` when the log is off.
+    /// (over `max_connections`, or plain HTTP to the TLS port), read from
+    /// the first bytes of its connection; `None` when the log is off.
     pub fn log_refused(
         &self,
         head: &[u8],
         peer: std::net::IpAddr,
         request_id: &http::HeaderValue,
     ) -> Option<crate::access_log::Pending> {
-        let log = self.access_log.as_ref()?;
-        let (method, uri) = crate::access_log::request_line(head);
-        Some(log.begin(&method, &uri, client::canonical(peer), request_id))
+        Some(self.access_log.as_ref()?.begin_raw(head, client::canonical(peer), request_id))
+    }
+
+    /// The access log, unless `[log] access = "off"`: for the listeners
+    /// outside the request path (the redirect listener).
+    pub fn access_log(&self) -> Option<&AccessLog> {
+        self.access_log.as_ref()
     }
 
     /// Makes the access log reopen its file (SIGHUP).
@@ -611,7 +620,12 @@ impl Proxy {
             bytes_in: note.bytes_in(),
             chosen: note.enabled().then_some(&chosen),
         };
+        // No clock read for the access log when it is off.
+        let sent = note.enabled().then(Instant::now);
         let result = upstream.forward(req, down).await;
+        if let Some(sent) = sent {
+            note.upstream_answer(result.as_ref().ok().map(|r| r.status().as_u16()), sent.elapsed());
+        }
         if let Some(server) = upstream.server_authority(chosen.load(std::sync::atomic::Ordering::Relaxed)) {
             note.upstream(server);
         }

@@ -4,7 +4,9 @@
 //!
 //! It forwards nothing and counts nothing; its connections share the proxy
 //! listener's `max_connections` slots, answer one request each, and a
-//! client gets `header_read_timeout` to send its request.
+//! client gets `header_read_timeout` to send its request. Each request gets
+//! its `X-Request-Id` (see [`crate::request_id`]) and, when the access log
+//! is on, its line there.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -21,13 +23,21 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::error::ProxyError;
+use crate::proxy::Proxy;
 
-/// Serves redirects until the task is dropped. `https_port` is the proxy
-/// listener's port: written into the redirect unless it is 443.
-pub async fn serve(listener: TcpListener, https_port: u16, slots: Arc<Semaphore>, header_read_timeout: Duration) {
+/// Serves redirects until the task is dropped. `https_port` is
+/// `listen.redirect_port`, the HTTPS port clients reach: written into the
+/// redirect unless it is 443.
+pub async fn serve(
+    listener: TcpListener,
+    https_port: u16,
+    slots: Arc<Semaphore>,
+    header_read_timeout: Duration,
+    proxy: Arc<Proxy>,
+) {
     loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(e) => {
                 tracing::warn!(error = %e, "accept failed on the redirect listener");
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -36,8 +46,24 @@ pub async fn serve(listener: TcpListener, https_port: u16, slots: Arc<Semaphore>
         };
         // Over max_connections: closed at once, as nothing is lost.
         let Ok(permit) = slots.clone().try_acquire_owned() else { continue };
+        let (proxy, peer) = (proxy.clone(), proxy.peer(peer));
         tokio::spawn(async move {
-            let svc = service_fn(move |req| async move { Ok::<_, Infallible>(redirect(&req, https_port)) });
+            let svc = service_fn(move |mut req| {
+                let request_id = crate::request_id::assign(req.headers_mut(), peer.trusted);
+                let pending = proxy.access_log().map(|log| {
+                    // As the proxy resolves it; a forwarding header naming
+                    // no client is not worth refusing a redirect for.
+                    let trusted = &proxy.client_config().trusted_proxies;
+                    let client = crate::client::client_addr(peer.ip, req.headers(), trusted).unwrap_or(peer.ip);
+                    log.begin_request(&req, client, &request_id, None)
+                });
+                let resp = redirect(&req, https_port, &request_id);
+                if let Some(mut p) = pending {
+                    p.respond(resp.status().as_u16());
+                    p.sent(hyper::body::Body::size_hint(resp.body()).exact().unwrap_or(0));
+                }
+                async move { Ok::<_, Infallible>(resp) }
+            });
             let _ = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_read_timeout)
@@ -50,16 +76,15 @@ pub async fn serve(listener: TcpListener, https_port: u16, slots: Arc<Semaphore>
 }
 
 /// The 308 answer to `req`: `https://<host>[:port]<path and query>`, or 400
-/// when the request names no usable host.
-pub fn redirect<B>(req: &Request<B>, https_port: u16) -> Response<Full<Bytes>> {
+/// when the request names no usable host; with `X-Request-Id`.
+pub fn redirect<B>(req: &Request<B>, https_port: u16, request_id: &HeaderValue) -> Response<Full<Bytes>> {
     let authority = req
         .uri()
         .authority()
         .cloned()
         .or_else(|| req.headers().get(HOST).and_then(|h| Authority::try_from(h.as_bytes()).ok()));
     let Some(host) = authority.as_ref().map(Authority::host).filter(|h| !h.is_empty()) else {
-        return ProxyError::BadRequest("a Host header is needed to redirect to HTTPS".into())
-            .into_response(&crate::request_id::generate());
+        return ProxyError::BadRequest("a Host header is needed to redirect to HTTPS".into()).into_response(request_id);
     };
     let target = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
     let location = if https_port == 443 {
@@ -70,13 +95,13 @@ pub fn redirect<B>(req: &Request<B>, https_port: u16) -> Response<Full<Bytes>> {
     // The host passed Authority's grammar and the target hyper's: a valid
     // value; a failure still gets an answer.
     let Ok(location) = HeaderValue::try_from(location) else {
-        return ProxyError::BadRequest("the Host header cannot be redirected to".into())
-            .into_response(&crate::request_id::generate());
+        return ProxyError::BadRequest("the Host header cannot be redirected to".into()).into_response(request_id);
     };
     let mut resp = Response::new(Full::new(Bytes::new()));
     *resp.status_mut() = StatusCode::PERMANENT_REDIRECT;
     resp.headers_mut().insert(LOCATION, location);
     resp.headers_mut().insert(CONTENT_LENGTH, HeaderValue::from_static("0"));
+    resp.headers_mut().insert(crate::request_id::X_REQUEST_ID, request_id.clone());
     resp
 }
 
@@ -89,7 +114,7 @@ mod tests {
         if let Some(h) = host {
             req = req.header(HOST, h);
         }
-        let resp = redirect(&req.body(()).expect("request"), port);
+        let resp = redirect(&req.body(()).expect("request"), port, &HeaderValue::from_static("id"));
         let loc = resp.headers().get(LOCATION).map(|v| v.to_str().expect("text").to_string());
         (resp.status(), loc)
     }

@@ -162,7 +162,6 @@ impl Server {
 
     /// Serves until `shutdown` completes, then drains.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
-        let https_port = self.proxy_addr().port();
         let Server {
             config,
             proxy,
@@ -210,11 +209,18 @@ impl Server {
             tracing::info!(certificates = ?names, http_redirect = ?config.listen.http_redirect, "the proxy listener speaks TLS");
         }
         let cert_watch = tls.as_ref().map(|tls| {
-            let watcher = CertWatcher::new(tls.resolver.clone(), proxy.metrics.tls_reload_failures_total.clone());
+            let watcher = CertWatcher::new(tls.resolver.clone(), &proxy.metrics);
             tokio::spawn(Arc::new(watcher).watch())
         });
         let redirect_task = redirect_listener.map(|l| {
-            tokio::spawn(crate::redirect::serve(l, https_port, slots.clone(), config.listen.header_read_timeout))
+            let port = config.listen.redirect_port;
+            tokio::spawn(crate::redirect::serve(
+                l,
+                port,
+                slots.clone(),
+                config.listen.header_read_timeout,
+                proxy.clone(),
+            ))
         });
         let decision_task = decision_listener
             .map(|l| tokio::spawn(crate::decision::serve(l, proxy.clone(), config.listen.header_read_timeout)));
@@ -294,8 +300,26 @@ pub(crate) fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor
     // (one response at a time), and HTTP/2 by `SendBudget` (its response
     // bodies are wrapped in `serve_proxy`), of which a stream holds at most
     // `H2_SEND_BUFFER`.
-    builder.http2().timer(TokioTimer::new()).max_concurrent_streams(H2_MAX_STREAMS).max_send_buf_size(H2_SEND_BUFFER);
     builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(H2_MAX_STREAMS)
+        .max_send_buf_size(H2_SEND_BUFFER)
+        .max_header_list_size(h2_header_list_size(config));
+    builder
+}
+
+/// HTTP/2's bound on a request's header list, above which h2 answers a
+/// bare 431 itself. HTTP/2 counts a field as name + value + 32 bytes (RFC
+/// 9113 §6.5.2), `max_header_bytes` as name + value + 4: the smallest field
+/// (`x: `, 5 bytes) weighs 6.6 times more to HTTP/2. Seven times
+/// `max_header_bytes`, and room for the pseudo-headers, lets every request
+/// within `max_header_bytes` reach the proxy, whose JSON 431 then decides
+/// as it does for HTTP/1.1; h2's own only catches what does not fit at all.
+fn h2_header_list_size(config: &Config) -> u32 {
+    let listen = &config.listen;
+    let bytes = listen.max_header_bytes.saturating_mul(7).saturating_add(listen.max_uri_bytes + 1024);
+    u32::try_from(bytes).unwrap_or(u32::MAX)
 }
 
 async fn serve_proxy(
@@ -345,7 +369,6 @@ async fn serve_proxy(
         let _ = stream.set_nodelay(true);
         let mut client = proxy.peer(peer);
         client.https = tls.is_some();
-        let client = Arc::new(client);
         let watcher = graceful.watcher();
         let slot = Arc::new(Slot::new(permit, proxy.metrics.connections_active.clone()));
         let proxy = proxy.clone();
@@ -353,18 +376,19 @@ async fn serve_proxy(
         match &tls {
             None => {
                 tokio::spawn(async move {
-                    serve_connection(stream, peer, proxy, client, &setup, watcher, slot).await;
+                    serve_connection(stream, peer, proxy, Arc::new(client), &setup, watcher, slot).await;
                 });
             }
             Some(tls) => {
                 let acceptor = tls.acceptor.clone();
                 tokio::spawn(async move {
                     // The handshake holds a connection slot: bounded like the
-                    // request headers that follow it.
-                    match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                        Ok(Ok(stream)) => serve_connection(stream, peer, proxy, client, &setup, watcher, slot).await,
-                        Ok(Err(e)) => tracing::debug!(error = %e, %peer, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    // request headers that follow it. Plain HTTP is answered
+                    // 400 there.
+                    let accepted = crate::handshake::accept(stream, &acceptor, &proxy, peer, handshake_timeout).await;
+                    if let Some(stream) = accepted {
+                        let client = Arc::new(Peer { tls: crate::handshake::version(&stream), ..client });
+                        serve_connection(stream, peer, proxy, client, &setup, watcher, slot).await;
                     }
                 });
             }

@@ -15,14 +15,22 @@
 //! `tollgate_tls_reload_failures_total`.
 //!
 //! rustls with the ring provider (the one the Redis client already links),
-//! TLS 1.2 and 1.3 only, ALPN `h2` and `http/1.1`.
+//! TLS 1.2 and 1.3 only, ALPN `h2` and `http/1.1`. Session tickets are on
+//! (rustls's ring [`Ticketer`](rustls::crypto::ring::Ticketer): a random
+//! key of this process, rotated every 6 hours), so a returning client
+//! resumes its session without a full handshake, on TLS 1.2 as on 1.3 and
+//! with no session cache to share between connections. Each certificate's
+//! expiry is `tollgate_tls_certificate_expiry_timestamp_seconds{name}`,
+//! kept current as certificates are re-read.
+
+mod expiry;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use prometheus::IntCounter;
+use prometheus::{IntCounter, IntGaugeVec};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
@@ -39,6 +47,9 @@ pub struct Certificate {
     /// Lower-case DNS names of the end-entity certificate, wildcards as
     /// `*.example.com`.
     pub names: Vec<String>,
+    /// When the end-entity certificate expires (`notAfter`), in seconds
+    /// since the epoch; `None` if it could not be read.
+    pub not_after: Option<i64>,
 }
 
 impl Certificate {
@@ -61,6 +72,7 @@ impl Certificate {
         let end_entity = webpki::EndEntityCert::try_from(leaf)
             .map_err(|e| format!("the first certificate in {} cannot be parsed ({e})", cert_path.display()))?;
         let names = end_entity.valid_dns_names().map(str::to_ascii_lowercase).collect();
+        let not_after = expiry::not_after(leaf);
         let private = PrivateKeyDer::from_pem_slice(key)
             .map_err(|e| format!("{} holds no PEM private key ({e})", key_path.display()))?;
         let signing = provider()
@@ -80,7 +92,14 @@ impl Certificate {
             key_path: key_path.to_path_buf(),
             key: Arc::new(certified),
             names,
+            not_after,
         })
+    }
+
+    /// The `name` label of its expiry metric: its first DNS name, or for a
+    /// certificate without one its file.
+    pub fn metric_name(&self) -> String {
+        self.names.first().cloned().unwrap_or_else(|| self.cert_path.display().to_string())
     }
 
     /// Whether this certificate carries `name` (already known to be a DNS
@@ -155,6 +174,8 @@ impl Tls {
             .with_no_client_auth()
             .with_cert_resolver(resolver.clone());
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        config.ticketer =
+            rustls::crypto::ring::Ticketer::new().map_err(|e| format!("cannot set up TLS session tickets: {e}"))?;
         Ok(Tls { acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)), resolver })
     }
 }
@@ -170,15 +191,45 @@ const POLL: Duration = crate::reload::POLL;
 pub struct CertWatcher {
     resolver: Arc<CertResolver>,
     failures: IntCounter,
+    /// `tollgate_tls_certificate_expiry_timestamp_seconds`, by name.
+    expiry: IntGaugeVec,
     /// Per table, the fingerprints of its certificate and key files when
     /// last read (0: read again at the next look).
     seen: Mutex<Vec<(u64, u64)>>,
 }
 
 impl CertWatcher {
-    pub fn new(resolver: Arc<CertResolver>, failures: IntCounter) -> CertWatcher {
+    /// Watches `resolver`'s files; `metrics` counts failed reloads and
+    /// shows each certificate's expiry, from now on.
+    pub fn new(resolver: Arc<CertResolver>, metrics: &crate::metrics::Metrics) -> CertWatcher {
         let seen = resolver.current().iter().map(fingerprints).collect();
-        CertWatcher { resolver, failures, seen: Mutex::new(seen) }
+        let expiry = metrics.tls_certificate_expiry_timestamp_seconds.clone();
+        let watcher = CertWatcher {
+            resolver,
+            failures: metrics.tls_reload_failures_total.clone(),
+            expiry,
+            seen: Mutex::new(seen),
+        };
+        watcher.show_expiry(&[]);
+        watcher
+    }
+
+    /// Sets each current certificate's expiry, and drops the series of
+    /// `before`'s names no certificate carries any more.
+    fn show_expiry(&self, before: &[Certificate]) {
+        let current = self.resolver.current();
+        let names: Vec<String> = current.iter().map(Certificate::metric_name).collect();
+        for gone in before.iter().map(Certificate::metric_name).filter(|n| !names.contains(n)) {
+            let _ = self.expiry.remove_label_values(&[&gone]);
+        }
+        for (cert, name) in current.iter().zip(&names) {
+            match cert.not_after {
+                Some(t) => self.expiry.with_label_values(&[name]).set(t),
+                None => {
+                    let _ = self.expiry.remove_label_values(&[name]);
+                }
+            }
+        }
     }
 
     /// Re-reads every table whose files changed since the last look and
@@ -217,6 +268,7 @@ impl CertWatcher {
         }
         if replaced > 0 {
             self.resolver.certs.store(Arc::new(next));
+            self.show_expiry(&current);
         }
         replaced
     }

@@ -1,12 +1,12 @@
 //! The access log (`[log] access`): one valid JSON line per request under
 //! concurrent load, whatever answered it (the upstream, a 429, an error
 //! tollgate wrote, a client that went away); nothing waits on a log nobody
-//! reads (lines are dropped and counted instead); and SIGHUP reopens the
-//! file, as logrotate needs.
+//! reads (lines are dropped and counted instead); SIGHUP reopens the
+//! file, as logrotate needs; and a write cut short (a full disk) leaves no
+//! torn line behind.
 
 mod support;
 
-use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
@@ -15,7 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::{Call, Reply, Tollgate, Upstream, config, eventually, metric};
+use support::access_log::{lines_by_id, logging, read_log};
+use support::{Call, Reply, Tollgate, Upstream, eventually, metric};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const RULE: &str = "five-per-minute";
@@ -27,63 +28,6 @@ key = ["ip"]
 limit = 5
 window = "1m"
 "#;
-
-const FIELDS: [&str; 11] = [
-    "time",
-    "client",
-    "method",
-    "path",
-    "status",
-    "bytes_in",
-    "bytes_out",
-    "duration_ms",
-    "upstream",
-    "rule",
-    "request_id",
-];
-
-/// The default test config writing its access log to `access`.
-fn logging(upstream: &Upstream, access: &str) -> String {
-    format!("{}\n[log]\naccess = {access:?}\n", config(upstream.addr))
-}
-
-/// Every line of the log at `path`, each checked to be one JSON object
-/// with exactly the documented fields.
-fn read_log(path: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines()
-        .map(|line| {
-            let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
-            let keys: Vec<&str> = v.as_object().expect("an object").keys().map(String::as_str).collect();
-            assert_eq!(keys, FIELDS, "{line}");
-            let time = v["time"].as_str().expect("time");
-            let b = time.as_bytes();
-            assert!(
-                b.len() == 24 && b[4] == b'-' && b[10] == b'T' && b[19] == b'.' && time.ends_with('Z'),
-                "RFC 3339 UTC with milliseconds: {time}"
-            );
-            for n in ["status", "bytes_in", "bytes_out"] {
-                assert!(v[n].is_u64(), "{n}: {line}");
-            }
-            assert!(v["duration_ms"].as_f64().is_some_and(|d| d >= 0.0), "{line}");
-            v
-        })
-        .collect()
-}
-
-/// Waits until the log at `path` has `n` lines, and returns them by
-/// request id (checking that no id is there twice).
-async fn lines_by_id(path: &Path, n: usize) -> HashMap<String, Value> {
-    eventually(&format!("{n} lines in {}", path.display()), || async { read_log(path).len() >= n }).await;
-    let lines = read_log(path);
-    assert_eq!(lines.len(), n, "exactly one line per request");
-    let mut by_id = HashMap::new();
-    for v in lines {
-        let id = v["request_id"].as_str().expect("request_id").to_string();
-        assert!(by_id.insert(id.clone(), v).is_none(), "request id {id} logged twice");
-    }
-    by_id
-}
 
 /// The id of a request: tollgate's answers carry it, the upstream echoes
 /// the one it received.
@@ -263,7 +207,21 @@ impl Drop for Process {
 /// Starts the real binary on the config in `dir` and reads its listening
 /// addresses from its JSON log.
 fn spawn(dir: &Path) -> Process {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+    spawn_via(dir, &[])
+}
+
+/// [`spawn`] through `wrapper`, a command that runs the one after it.
+fn spawn_via(dir: &Path, wrapper: &[&str]) -> Process {
+    let binary = env!("CARGO_BIN_EXE_tollgate");
+    let mut command = match wrapper.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(binary);
+            c
+        }
+        None => Command::new(binary),
+    };
+    let mut child = command
         .arg("--config")
         .arg(dir.join("tollgate.toml"))
         .args(["--log-format", "json"])
@@ -349,4 +307,60 @@ async fn a_connection_refused_over_max_connections_is_logged() {
     assert_eq!((&line["method"], &line["path"], &line["status"]), (&"POST".into(), &"/refused".into(), &503.into()));
     assert_eq!(line["bytes_out"], r.body.len() as u64);
     assert_eq!(log["held-1"]["status"], 200);
+}
+
+#[tokio::test]
+async fn a_batch_cut_short_by_a_file_size_limit_leaves_no_torn_line() {
+    // The file-size limit (RLIMIT_FSIZE) stands in for a full disk: a write
+    // crossing it is cut short, the next fails with EFBIG (SIGXFSZ ignored,
+    // so the process lives on, as on ENOSPC).
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
+    std::fs::write(dir.path().join("rules/r.toml"), "").expect("rules");
+    std::fs::write(dir.path().join("tollgate.toml"), logging(&upstream, "access.log")).expect("config");
+    let wrapper = ["sh", "-c", "trap '' XFSZ; exec prlimit --fsize=4000:unlimited -- \"$@\"", "sh"];
+    let p = spawn_via(dir.path(), &wrapper);
+    let log = dir.path().join("access.log");
+    let dropped = || async {
+        let m = Call::new("GET", p.admin, "/metrics").send().await;
+        metric(m.text(), "tollgate_access_log_dropped_total", &[]).unwrap_or(0.0)
+    };
+    // Lines of uneven lengths until one does not fit.
+    let mut sent = 0;
+    while dropped().await == 0.0 {
+        assert!(sent < 200, "4000 bytes of log never filled");
+        let path = format!("/{}", "p".repeat(sent % 7 * 13));
+        let r = Call::new("GET", p.proxy, &path).header("x-request-id", &format!("before-{sent}")).send().await;
+        assert_eq!(r.status, 200);
+        sent += 1;
+        eventually("the line written or dropped", || async {
+            dropped().await > 0.0
+                || std::fs::read_to_string(&log).unwrap_or_default().contains(&format!("\"before-{}\"", sent - 1))
+        })
+        .await;
+    }
+    // Room again (the disk freed): later lines land whole, each on its own.
+    let pid = p.child.id().to_string();
+    let raised = Command::new("prlimit").args(["--pid", &pid, "--fsize=unlimited"]).status().expect("prlimit runs");
+    assert!(raised.success());
+    for i in 0..3 {
+        let r = Call::new("GET", p.proxy, "/").header("x-request-id", &format!("after-{i}")).send().await;
+        assert_eq!(r.status, 200);
+    }
+    eventually("the later lines", || async {
+        std::fs::read_to_string(&log).unwrap_or_default().contains("\"after-2\"")
+    })
+    .await;
+    let text = std::fs::read_to_string(&log).expect("log");
+    assert!(text.ends_with('\n'), "{text}");
+    // Every line one whole JSON object: none torn, none glued to another.
+    let lines = read_log(&log);
+    let ids: Vec<&str> = lines.iter().map(|v| v["request_id"].as_str().expect("id")).collect();
+    assert!(ids.ends_with(&["after-0", "after-1", "after-2"]), "{ids:?}");
+    assert_eq!(
+        ids.len() as f64 + dropped().await,
+        (sent + 3) as f64,
+        "every line written or counted as dropped: {ids:?}"
+    );
 }

@@ -124,3 +124,43 @@ async fn via_names_tollgate_on_requests_and_responses() {
     assert_eq!(echo["headers"]["via"], serde_json::json!(["1.0 tollgate"]));
     assert!(raw.to_ascii_lowercase().contains("\r\nvia: 1.1 tollgate\r\n"), "{raw}");
 }
+
+#[tokio::test]
+async fn relayed_responses_carry_the_request_id() {
+    let upstream = Upstream::start().await;
+    let tg = Tollgate::start(&upstream, "").await;
+    // A trusted proxy's id, over HTTP/1.1 and HTTP/2.
+    for h2 in [false, true] {
+        let call = tg.get("/").header("x-request-id", "lb-7f3a");
+        let r = if h2 { call.h2() } else { call }.send().await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("x-request-id"), Some("lb-7f3a"), "h2: {h2}");
+    }
+    // A generated one: the id the upstream received.
+    let r = tg.get("/").send().await;
+    let id = r.header("x-request-id").expect("an id on the relayed response").to_string();
+    assert!(generated(&id), "{id}");
+    assert_eq!(r.echo().header("x-request-id"), Some(id.as_str()));
+    // An upstream's own id is replaced: the client, the upstream and the
+    // access log see one id.
+    let r = tg.get("/").header("x-request-id", "lb-1").header("x-echo-header", "x-request-id: svc-9").send().await;
+    let ids: Vec<_> = r.headers.get_all("x-request-id").iter().map(|v| v.to_str().expect("text")).collect();
+    assert_eq!(ids, ["lb-1"]);
+}
+
+#[tokio::test]
+async fn request_id_in_response_false_leaves_relayed_responses_as_they_came() {
+    let upstream = Upstream::start().await;
+    let cfg = config(upstream.addr)
+        .replace("[client]\n", "[client]\nrequest_id_in_response = false\n")
+        .replace("path_prefix = \"/\"", "path_prefix = \"/routed\"");
+    let tg = Tollgate::with(&cfg, &[("r.toml", "")]).await;
+    let r = tg.get("/routed").send().await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-request-id"), None);
+    let r = tg.get("/routed").header("x-echo-header", "x-request-id: svc-9").send().await;
+    assert_eq!(r.header("x-request-id"), Some("svc-9"));
+    // tollgate's own answers still carry theirs.
+    let r = tg.get("/elsewhere").header("x-request-id", "lb-2").send().await;
+    assert_eq!((r.status.as_u16(), r.header("x-request-id")), (404, Some("lb-2")));
+}

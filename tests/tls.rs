@@ -8,72 +8,11 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Output;
 
-use support::tls::{Issued, TestCa};
-use support::{DEADLINE, Tollgate, Upstream, eventually, metric, write_atomic};
+use support::tls::{Site, TestCa, site, site_for};
+use support::{DEADLINE, eventually, metric, write_atomic};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::process::Command;
-
-/// A tollgate with two certificates: `a.test` (the first, so the default)
-/// and `*.wild.test`, in front of an echo upstream.
-struct Site {
-    ca: TestCa,
-    a: Issued,
-    wild: Issued,
-    tollgate: Tollgate,
-    _upstream: Option<Upstream>,
-}
-
-/// `extra` goes into `[listen]`.
-async fn site(extra: &str) -> Site {
-    let upstream = Upstream::start().await;
-    let mut site = site_for(upstream.addr, extra).await;
-    site._upstream = Some(upstream);
-    site
-}
-
-/// [`site`] in front of the upstream at `upstream`.
-async fn site_for(upstream: SocketAddr, extra: &str) -> Site {
-    let ca = TestCa::new();
-    let a = ca.issue("a", &["a.test"]);
-    let wild = ca.issue("wild", &["*.wild.test"]);
-    let dir = tempfile::tempdir().expect("temp dir");
-    std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
-    ca.write(dir.path());
-    a.write(dir.path(), "a");
-    wild.write(dir.path(), "wild");
-    let tls = "[[listen.tls]]\ncert_file = \"a.crt\"\nkey_file = \"a.key\"\n\n\
-               [[listen.tls]]\ncert_file = \"wild.crt\"\nkey_file = \"wild.key\"\n\n[rules]";
-    let config = support::config(upstream).replacen("[rules]", &format!("{extra}\n{tls}"), 1);
-    let tollgate = Tollgate::start_in(dir, &config).await;
-    Site { ca, a, wild, tollgate, _upstream: None }
-}
-
-impl Site {
-    fn dir(&self) -> &Path {
-        self.tollgate.dir.path()
-    }
-
-    fn port(&self) -> u16 {
-        self.tollgate.proxy_addr.port()
-    }
-
-    /// curl with the test CA, every `*.test` name used here resolving to
-    /// the proxy listener.
-    async fn curl(&self, args: &[&str]) -> Output {
-        let mut cmd = Command::new("curl");
-        cmd.arg("--silent").arg("--show-error").arg("--max-time").arg("10");
-        cmd.arg("--cacert").arg(self.dir().join("ca.crt"));
-        for name in ["a.test", "x.wild.test", "other.test"] {
-            cmd.arg("--resolve").arg(format!("{name}:{}:127.0.0.1", self.port()));
-        }
-        cmd.args(args).output().await.expect("curl runs")
-    }
-
-    fn url(&self, host: &str, path: &str) -> String {
-        format!("https://{host}:{}{path}", self.port())
-    }
-}
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -215,27 +154,76 @@ with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10) as ra
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn plain_http_to_the_tls_port_gets_no_http_answer() {
-    let site = site("").await;
+async fn plain_http_to_the_tls_port_gets_a_400_saying_so() {
+    let site = site("[log]\naccess = \"access.log\"\n").await;
+    // curl speaking plain HTTP to the HTTPS port, as a mistyped URL does.
+    let out = site
+        .curl(&[
+            "--write-out",
+            "\n%{http_code}",
+            "--header",
+            "user-agent: plain",
+            &format!("http://a.test:{}/orders?x=1", site.port()),
+        ])
+        .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let (body, status) = stdout.rsplit_once('\n').expect("status line");
+    assert_eq!(status, "400", "{stdout}");
+    let body: serde_json::Value = serde_json::from_str(body).expect("a JSON body");
+    assert_eq!(body["error"], "plain_http_to_https_port", "{body}");
+    assert!(body["message"].as_str().is_some_and(|m| m.contains("https://")), "{body}");
+    let counted = || async {
+        metric(&site.tollgate.metrics().await, "tollgate_tls_plain_http_total", &[]).expect("metric exported")
+    };
+    assert_eq!(counted().await, 1.0);
+
+    // A head larger than the bound is answered once the bound is read.
     let mut stream = TcpStream::connect(site.tollgate.proxy_addr).await.expect("connect");
-    stream.write_all(b"GET / HTTP/1.1\r\nhost: a.test\r\n\r\n").await.expect("write");
+    let mut big = b"POST /upload HTTP/1.1\r\nhost: a.test\r\nx-filler: ".to_vec();
+    big.resize(256 * 1024, b'a');
+    // The server stops reading at its bound: what it leaves unsent is fine.
+    let _ = tokio::time::timeout(DEADLINE, stream.write_all(&big)).await;
     let mut answer = Vec::new();
-    tokio::time::timeout(DEADLINE, async {
-        let mut buf = [0u8; 4096];
-        // Until the server closes (or resets) the connection.
-        while let Ok(n) = stream.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
-            answer.extend_from_slice(&buf[..n]);
-        }
+    let _ = tokio::time::timeout(DEADLINE, stream.read_to_end(&mut answer)).await.expect("the connection is closed");
+    assert!(text(&answer).starts_with("HTTP/1.1 400 Bad Request\r\n"), "{:?}", text(&answer));
+    assert_eq!(counted().await, 2.0);
+
+    // Both are in the access log, as the requests they were.
+    let log = site.dir().join("access.log");
+    eventually("two access log lines", || async {
+        std::fs::read_to_string(&log).unwrap_or_default().lines().count() == 2
     })
-    .await
-    .expect("the connection is closed");
-    assert!(!text(&answer).contains("HTTP/"), "an HTTP answer on the TLS port: {:?}", text(&answer));
+    .await;
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .expect("access log")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    assert_eq!(
+        (lines[0]["method"].as_str(), lines[0]["path"].as_str(), lines[0]["status"].as_u64()),
+        (Some("GET"), Some("/orders"), Some(400))
+    );
+    assert_eq!(
+        (lines[1]["method"].as_str(), lines[1]["path"].as_str(), lines[1]["status"].as_u64()),
+        (Some("POST"), Some("/upload"), Some(400))
+    );
+    assert_eq!(lines[0]["request_id"], body["request_id"]);
+
     // Whereas a TLS client on the same port is served.
     let (_, status) = site.ca.get(site.tollgate.proxy_addr, "a.test").await.expect("TLS GET");
     assert_eq!(status, "HTTP/1.1 200 OK");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_request_head_that_never_ends_is_answered_at_header_read_timeout() {
+    let site = site("header_read_timeout = \"1s\"").await;
+    let mut stream = TcpStream::connect(site.tollgate.proxy_addr).await.expect("connect");
+    stream.write_all(b"GET /slow HTTP/1.1\r\nhost: a.test\r\n").await.expect("write");
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(DEADLINE, stream.read_to_end(&mut answer)).await.expect("the connection is closed");
+    assert!(text(&answer).starts_with("HTTP/1.1 400 Bad Request\r\n"), "{:?}", text(&answer));
+    assert!(text(&answer).contains("plain_http_to_https_port"), "{:?}", text(&answer));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -291,11 +279,9 @@ async fn a_silent_handshake_is_cut_after_header_read_timeout_and_frees_its_slot(
     assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_redirect_listener_answers_308_to_the_https_url() {
-    let site = site("http_redirect = \"127.0.0.1:0\"").await;
+/// curl's `--write-out` of a request to the redirect listener of `site`.
+async fn redirected(site: &Site, host: &str, target: &str) -> String {
     let redirect: SocketAddr = site.tollgate.redirect_addr.expect("redirect listener");
-    let port = site.port();
     let out = site
         .curl(&[
             "--output",
@@ -303,17 +289,33 @@ async fn the_redirect_listener_answers_308_to_the_https_url() {
             "--write-out",
             "%{http_code} %{redirect_url}",
             "--header",
-            "host: shop.test:8080",
-            &format!("http://{redirect}/cart/add?item=7&n=2"),
+            &format!("host: {host}"),
+            &format!("http://{redirect}{target}"),
         ])
         .await;
-    assert_eq!(text(&out.stdout), format!("308 https://shop.test:{port}/cart/add?item=7&n=2"), "{}", text(&out.stderr));
-    // Followed, it reaches the upstream over TLS, method kept.
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redirect_listener_answers_308_to_the_https_url_on_port_443() {
+    let site = site("http_redirect = \"127.0.0.1:0\"").await;
+    let redirect: SocketAddr = site.tollgate.redirect_addr.expect("redirect listener");
+    // The public HTTPS port defaults to 443, whatever port the proxy
+    // listener has (behind a load balancer or a port mapping): left out.
+    assert_eq!(
+        redirected(&site, "shop.test:8080", "/cart/add?item=7&n=2").await,
+        "308 https://shop.test/cart/add?item=7&n=2"
+    );
+    // Followed, it reaches the upstream over TLS, method kept: curl's
+    // connection to a.test:443 goes to the proxy listener.
     let out = site
         .curl(&[
             "--location",
             "--resolve",
             &format!("a.test:{}:127.0.0.1", redirect.port()),
+            "--connect-to",
+            &format!("a.test:443:127.0.0.1:{}", site.port()),
             "--request",
             "POST",
             "--data",
@@ -324,6 +326,14 @@ async fn the_redirect_listener_answers_308_to_the_https_url() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let echo: serde_json::Value = serde_json::from_slice(&out.stdout).expect("echo JSON");
     assert_eq!((echo["method"].as_str(), echo["path"].as_str()), (Some("POST"), Some("/orders")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redirect_port_names_the_public_https_port_in_the_redirect() {
+    let named = site("http_redirect = \"127.0.0.1:0\"\nredirect_port = 8443").await;
+    assert_eq!(redirected(&named, "shop.test", "/a?b=c").await, "308 https://shop.test:8443/a?b=c");
+    let standard = site("http_redirect = \"127.0.0.1:0\"\nredirect_port = 443").await;
+    assert_eq!(redirected(&standard, "[::1]:80", "/").await, "308 https://[::1]/");
 }
 
 fn tollgate_check(config: &Path) -> Output {

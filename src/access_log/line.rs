@@ -5,6 +5,9 @@
 use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
+use http::Version;
+use http::header::HeaderValue;
+
 use super::Entry;
 
 /// Appends `e` as one JSON line.
@@ -16,8 +19,12 @@ pub(super) fn render(e: &Entry, out: &mut Vec<u8>) {
     out.extend_from_slice(e.client.to_string().as_bytes());
     out.extend_from_slice(b"\",\"method\":");
     json_string(e.method.as_str().as_bytes(), out);
+    out.extend_from_slice(b",\"host\":");
+    json_or_null(e.host.as_ref().map(|h| h.as_bytes()), out);
     out.extend_from_slice(b",\"path\":");
     json_string(e.uri.path().as_bytes(), out);
+    out.extend_from_slice(b",\"protocol\":");
+    json_or_null(e.version.and_then(protocol).map(str::as_bytes), out);
     out.extend_from_slice(b",\"status\":");
     out.extend_from_slice(num.format(e.status).as_bytes());
     out.extend_from_slice(b",\"bytes_in\":");
@@ -26,24 +33,60 @@ pub(super) fn render(e: &Entry, out: &mut Vec<u8>) {
     out.extend_from_slice(b",\"bytes_out\":");
     out.extend_from_slice(num.format(e.bytes_out).as_bytes());
     out.extend_from_slice(b",\"duration_ms\":");
-    let micros = e.duration.as_micros();
+    millis(e.duration, out);
+    out.extend_from_slice(b",\"upstream\":");
+    json_or_null(e.upstream.as_ref().map(|a| a.as_str().as_bytes()), out);
+    out.extend_from_slice(b",\"upstream_status\":");
+    match e.upstream_answer.and_then(|(status, _)| status) {
+        Some(s) => out.extend_from_slice(num.format(s).as_bytes()),
+        None => out.extend_from_slice(b"null"),
+    }
+    out.extend_from_slice(b",\"upstream_ms\":");
+    match e.upstream_answer {
+        Some((_, took)) => millis(took, out),
+        None => out.extend_from_slice(b"null"),
+    }
+    out.extend_from_slice(b",\"rule\":");
+    json_or_null(e.rule.as_ref().map(String::as_bytes), out);
+    out.extend_from_slice(b",\"request_id\":");
+    json_string(e.request_id.as_bytes(), out);
+    out.extend_from_slice(b",\"user_agent\":");
+    json_or_null(e.user_agent.as_ref().map(HeaderValue::as_bytes), out);
+    out.extend_from_slice(b",\"referer\":");
+    json_or_null(e.referer.as_ref().map(HeaderValue::as_bytes), out);
+    out.extend_from_slice(b",\"tls\":");
+    json_or_null(e.tls.map(str::as_bytes), out);
+    out.extend_from_slice(b"}\n");
+}
+
+/// `d` in milliseconds with three decimals: `1234.567`.
+fn millis(d: std::time::Duration, out: &mut Vec<u8>) {
+    let mut num = itoa::Buffer::new();
+    let micros = d.as_micros();
     out.extend_from_slice(num.format(micros / 1000).as_bytes());
     out.push(b'.');
     let frac = (micros % 1000) as u16;
     out.extend_from_slice(&[b'0' + (frac / 100) as u8, b'0' + (frac / 10 % 10) as u8, b'0' + (frac % 10) as u8]);
-    out.extend_from_slice(b",\"upstream\":");
-    match &e.upstream {
-        Some(a) => json_string(a.as_str().as_bytes(), out),
+}
+
+/// The request's protocol as nginx's `$server_protocol` writes it.
+fn protocol(v: Version) -> Option<&'static str> {
+    Some(match v {
+        Version::HTTP_09 => "HTTP/0.9",
+        Version::HTTP_10 => "HTTP/1.0",
+        Version::HTTP_11 => "HTTP/1.1",
+        Version::HTTP_2 => "HTTP/2",
+        Version::HTTP_3 => "HTTP/3",
+        _ => return None,
+    })
+}
+
+/// `s` as a JSON string, or `null`.
+fn json_or_null(s: Option<&[u8]>, out: &mut Vec<u8>) {
+    match s {
+        Some(s) => json_string(s, out),
         None => out.extend_from_slice(b"null"),
     }
-    out.extend_from_slice(b",\"rule\":");
-    match &e.rule {
-        Some(r) => json_string(r.as_bytes(), out),
-        None => out.extend_from_slice(b"null"),
-    }
-    out.extend_from_slice(b",\"request_id\":");
-    json_string(e.request_id.as_bytes(), out);
-    out.extend_from_slice(b"}\n");
 }
 
 /// `s` as a JSON string: quotes, backslashes and control bytes escaped,
@@ -160,6 +203,12 @@ mod tests {
             upstream: None,
             rule: Some("per-ip".into()),
             request_id: HeaderValue::from_static("abc"),
+            host: Some(HeaderValue::from_static("shop.test")),
+            version: Some(http::Version::HTTP_2),
+            user_agent: Some(HeaderValue::from_static("ua \"q\"")),
+            referer: None,
+            upstream_answer: Some((None, Duration::from_micros(2_500))),
+            tls: Some("TLSv1.3"),
         };
         let mut out = Vec::new();
         render(&entry, &mut out);
@@ -168,8 +217,10 @@ mod tests {
         assert_eq!(
             v,
             serde_json::json!({"time": "1970-01-01T00:00:00.000Z", "client": "2001:db8::1", "method": "GET",
-                "path": "/x%22y", "status": 429, "bytes_in": 7, "bytes_out": 12, "duration_ms": 1234.567,
-                "upstream": null, "rule": "per-ip", "request_id": "abc"})
+                "host": "shop.test", "path": "/x%22y", "protocol": "HTTP/2", "status": 429, "bytes_in": 7,
+                "bytes_out": 12, "duration_ms": 1234.567, "upstream": null, "upstream_status": null,
+                "upstream_ms": 2.5, "rule": "per-ip", "request_id": "abc", "user_agent": "ua \"q\"",
+                "referer": null, "tls": "TLSv1.3"})
         );
     }
 }

@@ -123,6 +123,10 @@ pub struct Listen {
     pub tls: Vec<crate::tls::Certificate>,
     /// A plain-HTTP listener answering 308 to the `https://` URL.
     pub http_redirect: Option<SocketAddr>,
+    /// The public HTTPS port the redirects name (left out when 443): the
+    /// proxy listener's own port is often not the one clients reach, behind
+    /// a load balancer or a port mapping.
+    pub redirect_port: u16,
     /// `[listen] decision`: the decision API's listener (`POST /v1/check`,
     /// see [`crate::decision`]); none when not set.
     pub decision: Option<SocketAddr>,
@@ -179,6 +183,10 @@ pub struct ClientConfig {
     pub ipv6_prefix: u8,
     pub user_header: HeaderName,
     pub api_key_header: HeaderName,
+    /// Responses relayed from upstreams carry the request's `X-Request-Id`
+    /// (Envoy's `always_set_request_id_in_response`), so that a client
+    /// can quote the id the access log and the upstream saw.
+    pub request_id_in_response: bool,
 }
 
 /// `[[route]]`
@@ -359,12 +367,13 @@ impl Validator<'_> {
             Some(n) => *n.get_ref() as usize,
             None => 16 * 1024,
         };
-        let (tls, http_redirect) = self.listen_tls(&listen);
+        let (tls, http_redirect, redirect_port) = self.listen_tls(&listen);
         let decision = listen.decision.as_ref().and_then(|v| self.socket_addr(v, "listen.decision"));
         let envoy_rls = listen.envoy_rls.as_ref().and_then(|v| self.socket_addr(v, "listen.envoy_rls"));
         let listen = Listen {
             tls,
             http_redirect,
+            redirect_port,
             decision,
             envoy_rls,
             max_uri_bytes,
@@ -568,6 +577,7 @@ impl Validator<'_> {
             ipv6_prefix,
             user_header: user_header.unwrap_or(HeaderName::from_static("x-user-id")),
             api_key_header: api_key_header.unwrap_or(HeaderName::from_static("x-api-key")),
+            request_id_in_response: client.request_id_in_response.unwrap_or(true),
         };
 
         let mut upstreams: Vec<Upstream> = Vec::new();

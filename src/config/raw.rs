@@ -51,6 +51,7 @@ pub struct RawListen {
     pub tunnel_idle_timeout: Option<Spanned<String>>,
     pub tls: Option<Vec<Spanned<RawTls>>>,
     pub http_redirect: Option<Spanned<String>>,
+    pub redirect_port: Option<Spanned<i64>>,
     pub decision: Option<Spanned<String>>,
     pub envoy_rls: Option<Spanned<String>>,
 }
@@ -95,6 +96,7 @@ pub struct RawClient {
     pub ipv6_prefix: Option<Spanned<i64>>,
     pub user_header: Option<Spanned<String>>,
     pub api_key_header: Option<Spanned<String>>,
+    pub request_id_in_response: Option<bool>,
 }
 
 /// `[[upstream]]` as serde reads it.

@@ -406,6 +406,52 @@ fn listen_limits_are_checked() {
     );
 }
 
+/// A directory holding `t.toml`'s certificate, `a.crt` and `a.key`
+/// (self-signed for `a.test`), and the `[[listen.tls]]` table naming them.
+fn tls_dir() -> (tempfile::TempDir, &'static str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = rcgen::CertificateParams::new(vec!["a.test".to_string()])
+        .expect("params")
+        .self_signed(&key)
+        .expect("certificate");
+    std::fs::write(dir.path().join("a.crt"), cert.pem()).expect("write certificate");
+    std::fs::write(dir.path().join("a.key"), key.serialize_pem()).expect("write key");
+    (dir, "\n[[listen.tls]]\ncert_file = \"a.crt\"\nkey_file = \"a.key\"\n")
+}
+
+/// [`errors`] of a main file beside the certificates of [`tls_dir`].
+fn errors_in(dir: &Path, source: &str) -> Vec<String> {
+    match Config::parse(&dir.join("t.toml"), source) {
+        Ok(_) => panic!("expected errors for:\n{source}"),
+        Err(e) => e.0.iter().map(|e| e.to_string().replace(&format!("{}/", dir.display()), "")).collect(),
+    }
+}
+
+#[test]
+fn redirect_port_defaults_to_443_and_is_a_port() {
+    let (dir, tls) = tls_dir();
+    let parse_in = |source: &str| Config::parse(&dir.path().join("t.toml"), source).expect("valid");
+    let c = parse_in(&format!("[listen]\nhttp_redirect = \"127.0.0.1:80\"\n{tls}"));
+    assert_eq!((c.listen.http_redirect.map(|a| a.port()), c.listen.redirect_port), (Some(80), 443));
+    let c = parse_in(&format!("[listen]\nhttp_redirect = \"127.0.0.1:80\"\nredirect_port = 8443\n{tls}"));
+    assert_eq!(c.listen.redirect_port, 8443);
+    assert_eq!(
+        errors_in(dir.path(), &format!("[listen]\nhttp_redirect = \"127.0.0.1:80\"\nredirect_port = 0\n{tls}")),
+        ["t.toml:3:17: listen.redirect_port must be a port from 1 to 65535"]
+    );
+    assert_eq!(
+        errors_in(dir.path(), &format!("[listen]\nhttp_redirect = \"127.0.0.1:80\"\nredirect_port = 65536\n{tls}")),
+        ["t.toml:3:17: listen.redirect_port must be a port from 1 to 65535"]
+    );
+    assert_eq!(
+        errors_in(dir.path(), &format!("[listen]\nredirect_port = 8443\n{tls}")),
+        [
+            "t.toml:2:17: listen.redirect_port is the port written into listen.http_redirect's redirects; set listen.http_redirect too, or remove it"
+        ]
+    );
+}
+
 const ORDERS: &str = "[[upstream]]\nname = \"orders\"\nurl = \"http://127.0.0.1:9001\"\n";
 
 #[test]
@@ -485,6 +531,16 @@ fn bad_identity_headers() {
         errors("[client]\nuser_header = \"x user\"\n"),
         ["t.toml:2:15: client.user_header \"x user\" is not a valid HTTP header name"]
     );
+}
+
+#[test]
+fn request_id_in_response_is_on_unless_turned_off() {
+    assert!(parse("").client.request_id_in_response);
+    assert!(parse("[client]\nrequest_id_in_response = true\n").client.request_id_in_response);
+    assert!(!parse("[client]\nrequest_id_in_response = false\n").client.request_id_in_response);
+    let errs = errors("[client]\nrequest_id_in_response = \"no\"\n");
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(errs[0].starts_with("t.toml:2:26: invalid type: string \"no\", expected a boolean"), "{errs:?}");
 }
 
 #[test]

@@ -1,6 +1,6 @@
-//! `[[listen.tls]]` and `[listen] http_redirect`: the certificates are read
-//! and checked here (each parses, each key goes with its certificate), so
-//! `tollgate check` finds what the start would.
+//! `[[listen.tls]]`, `[listen] http_redirect` and `redirect_port`: the
+//! certificates are read and checked here (each parses, each key goes with
+//! its certificate), so `tollgate check` finds what the start would.
 
 use std::net::SocketAddr;
 
@@ -10,10 +10,13 @@ use super::Validator;
 use super::raw::{RawListen, RawTls};
 use crate::tls::Certificate;
 
+/// The HTTPS port redirects name when `redirect_port` is not set.
+const DEFAULT_REDIRECT_PORT: u16 = 443;
+
 impl Validator<'_> {
-    /// The certificates of `[[listen.tls]]`, in order, and the redirect
-    /// listener's address.
-    pub(super) fn listen_tls(&mut self, listen: &RawListen) -> (Vec<Certificate>, Option<SocketAddr>) {
+    /// The certificates of `[[listen.tls]]`, in order, the redirect
+    /// listener's address and the HTTPS port its redirects name.
+    pub(super) fn listen_tls(&mut self, listen: &RawListen) -> (Vec<Certificate>, Option<SocketAddr>, u16) {
         let tables: &[Spanned<RawTls>] = listen.tls.as_deref().unwrap_or_default();
         let mut certs = Vec::with_capacity(tables.len());
         for (i, table) in tables.iter().enumerate() {
@@ -47,6 +50,25 @@ impl Validator<'_> {
             }
             self.socket_addr(r, "listen.http_redirect")
         });
-        (certs, redirect)
+        (certs, redirect, self.redirect_port(listen))
+    }
+
+    /// `listen.redirect_port`: 443 (nginx's `return 308 https://$host...`
+    /// names no port either) unless set.
+    fn redirect_port(&mut self, listen: &RawListen) -> u16 {
+        let Some(port) = &listen.redirect_port else { return DEFAULT_REDIRECT_PORT };
+        if listen.http_redirect.is_none() {
+            self.error(
+                port.span(),
+                "listen.redirect_port is the port written into listen.http_redirect's redirects; set listen.http_redirect too, or remove it",
+            );
+        }
+        match u16::try_from(*port.get_ref()) {
+            Ok(p) if p > 0 => p,
+            _ => {
+                self.error(port.span(), "listen.redirect_port must be a port from 1 to 65535");
+                DEFAULT_REDIRECT_PORT
+            }
+        }
     }
 }

@@ -21,6 +21,7 @@
 //! Some helpers are used by only some test files.
 #![allow(dead_code)]
 
+pub mod access_log;
 pub mod big_upstream;
 pub mod redis;
 pub mod tls;

@@ -1,9 +1,10 @@
 //! TLS for the tests: a certificate authority made in the test, the
-//! certificates it issues, and a rustls client that says which certificate
-//! a server presented.
+//! certificates it issues, a rustls client that says which certificate
+//! a server presented, and [`Site`]: a tollgate serving TLS with two of them.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::process::Output;
 use std::sync::Arc;
 
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
@@ -11,8 +12,9 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::process::Command;
 
-use super::DEADLINE;
+use super::{DEADLINE, Tollgate, Upstream};
 
 /// A test CA.
 pub struct TestCa {
@@ -67,6 +69,17 @@ impl TestCa {
         Issued { cert: cert.pem(), key: key.serialize_pem() }
     }
 
+    /// [`TestCa::issue`] valid until midnight (UTC) of `year-month-day`.
+    pub fn issue_until(&self, cn: &str, names: &[&str], (year, month, day): (i32, u8, u8)) -> Issued {
+        let key = KeyPair::generate().unwrap_or_else(|e| fail(e));
+        let mut params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap_or_else(|e| fail(e));
+        params.distinguished_name.push(DnType::CommonName, cn);
+        params.not_after = rcgen::date_time_ymd(year, month, day);
+        let cert = params.signed_by(&key, &self.issuer).unwrap_or_else(|e| fail(e));
+        Issued { cert: cert.pem(), key: key.serialize_pem() }
+    }
+
     /// Writes the CA certificate as `ca.crt` in `dir`.
     pub fn write(&self, dir: &Path) -> PathBuf {
         let path = dir.join("ca.crt");
@@ -108,5 +121,66 @@ impl TestCa {
             Ok((served, text.lines().next().unwrap_or_default().to_string()))
         };
         tokio::time::timeout(DEADLINE, exchange).await.map_err(|_| "no answer within the deadline".to_string())?
+    }
+}
+
+/// A tollgate with two certificates: `a.test` (the first, so the default)
+/// and `*.wild.test`, in front of an echo upstream.
+pub struct Site {
+    pub ca: TestCa,
+    pub a: Issued,
+    pub wild: Issued,
+    pub tollgate: Tollgate,
+    _upstream: Option<Upstream>,
+}
+
+/// `extra` goes into `[listen]`.
+pub async fn site(extra: &str) -> Site {
+    let upstream = Upstream::start().await;
+    let mut site = site_for(upstream.addr, extra).await;
+    site._upstream = Some(upstream);
+    site
+}
+
+/// [`site`] in front of the upstream at `upstream`.
+pub async fn site_for(upstream: SocketAddr, extra: &str) -> Site {
+    let ca = TestCa::new();
+    let a = ca.issue("a", &["a.test"]);
+    let wild = ca.issue("wild", &["*.wild.test"]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
+    ca.write(dir.path());
+    a.write(dir.path(), "a");
+    wild.write(dir.path(), "wild");
+    let tls = "[[listen.tls]]\ncert_file = \"a.crt\"\nkey_file = \"a.key\"\n\n\
+               [[listen.tls]]\ncert_file = \"wild.crt\"\nkey_file = \"wild.key\"\n\n[rules]";
+    let config = super::config(upstream).replacen("[rules]", &format!("{extra}\n{tls}"), 1);
+    let tollgate = Tollgate::start_in(dir, &config).await;
+    Site { ca, a, wild, tollgate, _upstream: None }
+}
+
+impl Site {
+    pub fn dir(&self) -> &Path {
+        self.tollgate.dir.path()
+    }
+
+    pub fn port(&self) -> u16 {
+        self.tollgate.proxy_addr.port()
+    }
+
+    /// curl with the test CA, every `*.test` name used here resolving to
+    /// the proxy listener.
+    pub async fn curl(&self, args: &[&str]) -> Output {
+        let mut cmd = Command::new("curl");
+        cmd.arg("--silent").arg("--show-error").arg("--max-time").arg("10");
+        cmd.arg("--cacert").arg(self.dir().join("ca.crt"));
+        for name in ["a.test", "x.wild.test", "other.test"] {
+            cmd.arg("--resolve").arg(format!("{name}:{}:127.0.0.1", self.port()));
+        }
+        cmd.args(args).output().await.expect("curl runs")
+    }
+
+    pub fn url(&self, host: &str, path: &str) -> String {
+        format!("https://{host}:{}{path}", self.port())
     }
 }
