@@ -64,6 +64,10 @@ pub enum PoolError {
     /// The connection failed while the request was sent or answered.
     #[error("{0}")]
     Request(#[source] hyper::Error),
+    /// No answer within the upstream's `try_timeout` (the caller's
+    /// deadline for one try; the pool itself never gives it).
+    #[error("no answer within try_timeout")]
+    TryTimeout,
 }
 
 /// Adds one to a server's count of answered requests when dropped: held

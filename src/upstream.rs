@@ -318,10 +318,14 @@ impl UpstreamClient {
                 chosen.store(i, Ordering::Relaxed);
             }
             let answered = server.start();
+            // A try of a request that can be sent again ends at
+            // `try_timeout`, leaving the rest of the deadline to others.
+            let try_ends = self.config.try_timeout.filter(|_| replay.is_some()).map(|t| Instant::now() + t);
             let result = tokio::select! {
                 biased;
                 r = server.pool.try_send(req, replica) => Some(r),
                 () = upstream_deadline(&mut timer, started, self.config.timeout, watch) => None,
+                () = until(try_ends) => Some(Err((PoolError::TryTimeout, None))),
             };
             let (e, unsent) = match result {
                 Some(Ok(mut resp)) => {
@@ -354,7 +358,12 @@ impl UpstreamClient {
             // Unsent (the connection failed first): any request may go
             // elsewhere. Sent: only one that can be replayed.
             let Some(again) = unsent.or_else(|| replay.as_ref().and_then(replica)) else { return Err(answer) };
-            let Ok(next) = self.pick(key, &tried) else { return Err(answer) };
+            // When every server in service has been tried, those out of
+            // service are the last resort: a health check's verdict is
+            // seconds old, the answer of a server that may be up beats an
+            // error that is certain.
+            let next = self.pick(key, &tried).or_else(|_| self.pick_among(key, &tried, &|_| true));
+            let Ok(next) = next else { return Err(answer) };
             let Some(guard) = self.retry_budget() else {
                 self.counters.budget_exhausted.inc();
                 tracing::debug!(upstream = %self.config.name, "retry budget spent: no retry");
@@ -391,6 +400,18 @@ impl UpstreamClient {
             self.counters.panic.inc();
             Box::new(|_| true)
         };
+        self.pick_among(key, tried, &in_service)
+    }
+
+    /// The server for a request with `key` among those `in_service` and
+    /// not tried yet, under their `max_inflight`.
+    fn pick_among(
+        &self,
+        key: Option<u64>,
+        tried: &Tried,
+        in_service: &dyn Fn(usize) -> bool,
+    ) -> Result<usize, NoServer> {
+        let n = self.servers.len();
         let load = |i: usize| self.servers[i].inflight();
         let open = |i: usize| self.config.max_inflight.is_none_or(|max| load(i) < max);
         let pick = self.balancer.pick(n, key, |i| in_service(i) && !tried.contains(i) && open(i), load);
@@ -477,6 +498,12 @@ impl UpstreamClient {
                 tracing::warn!(upstream = %name, server = %address, "upstream timed out");
                 ProxyError::GatewayTimeout
             }
+            Some(PoolError::TryTimeout) => {
+                self.counters.timeouts.inc();
+                self.servers[i].pool.discard_h2();
+                tracing::warn!(upstream = %name, server = %address, "upstream try timed out (try_timeout)");
+                ProxyError::GatewayTimeout
+            }
             Some(e @ PoolError::Connect(_)) if is_timeout(e) => {
                 self.counters.timeouts.inc();
                 tracing::warn!(upstream = %name, server = %address, "upstream connect timed out");
@@ -539,6 +566,14 @@ fn replica(req: &Request<RequestBody>) -> Option<Request<RequestBody>> {
     *r.version_mut() = req.version();
     *r.headers_mut() = req.headers().clone();
     Some(r)
+}
+
+/// Completes at `at`; never when `None`.
+async fn until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Completes once the upstream has had `timeout` to answer, not counting

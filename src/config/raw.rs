@@ -120,6 +120,7 @@ pub struct RawUpstream {
     pub pool_idle_timeout: Option<Spanned<String>>,
     pub h2_keepalive_interval: Option<Spanned<String>>,
     pub max_inflight: Option<Spanned<i64>>,
+    pub try_timeout: Option<Spanned<String>>,
     pub protocol: Option<Spanned<String>>,
     pub tls_ca_file: Option<Spanned<String>>,
     pub tls_cert_file: Option<Spanned<String>>,

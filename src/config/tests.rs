@@ -303,7 +303,7 @@ fn unknown_key_in_a_table() {
     assert_eq!(
         errors("[[upstream]]\nname = \"a\"\nurl = \"http://a\"\nretry = 3\n"),
         [
-            "t.toml:4:1: unknown field `retry`, expected one of `name`, `url`, `servers`, `balance`, `hash_key`, `health_check`, `connect_timeout`, `timeout`, `eject_after`, `max_ejected_percent`, `retries`, `retry_budget_percent`, `pool_idle_timeout`, `h2_keepalive_interval`, `max_inflight`, `protocol`, `tls_ca_file`, `tls_cert_file`, `tls_key_file`, `tls_server_name`"
+            "t.toml:4:1: unknown field `retry`, expected one of `name`, `url`, `servers`, `balance`, `hash_key`, `health_check`, `connect_timeout`, `timeout`, `eject_after`, `max_ejected_percent`, `retries`, `retry_budget_percent`, `pool_idle_timeout`, `h2_keepalive_interval`, `max_inflight`, `try_timeout`, `protocol`, `tls_ca_file`, `tls_cert_file`, `tls_key_file`, `tls_server_name`"
         ]
     );
     let route = errors("[[route]]\npath = \"/\"\nupstream = \"a\"\n");

@@ -42,6 +42,10 @@ pub struct Upstream {
     pub h2_keepalive_interval: Duration,
     /// Requests in flight per server past which it takes no more.
     pub max_inflight: Option<u64>,
+    /// The most one try of a request that may be sent again waits for its
+    /// answer before the next server is tried (Envoy's `per_try_timeout`);
+    /// every try still shares `timeout`.
+    pub try_timeout: Option<Duration>,
 }
 
 /// Retries an upstream may always have in flight, whatever its budget
@@ -223,6 +227,12 @@ impl Validator<'_> {
             "upstream.h2_keepalive_interval",
             Duration::from_secs(30),
         );
+        let try_timeout = u.try_timeout.as_ref().and_then(|t| self.duration(t, "upstream.try_timeout"));
+        if let Some(t) = &u.try_timeout
+            && try_timeout.is_some_and(|d| d >= timeout)
+        {
+            self.error(t.span(), "upstream.try_timeout must be shorter than upstream.timeout");
+        }
         if self.errors.len() > before {
             return None;
         }
@@ -243,6 +253,7 @@ impl Validator<'_> {
             pool_idle_timeout,
             h2_keepalive_interval,
             max_inflight,
+            try_timeout,
         })
     }
 
