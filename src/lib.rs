@@ -20,13 +20,14 @@
 //! | [`send_budget`] | at most 128 KiB of response bodies held per client connection, whatever its HTTP/2 streams |
 //! | [`normalize`] | one spelling per request: canonical path, host, method and header names, or 400 |
 //! | [`proxy`] | the request path: route, decide, forward or reject |
-//! | [`forward`] | hop-by-hop and `X-Forwarded-*` headers, request bodies (read ahead up to `buffer_body`, `max_body`, `body_read_timeout`) |
+//! | [`upstream`] | one upstream's servers and a request's tries on them: servers in service (`eject_after`, `max_ejected_percent`, panic mode, backups, `max_inflight`), retries within one deadline and a budget, what each failure is answered with |
+//! | [`forward`] | hop-by-hop and `X-Forwarded-*` headers, request bodies (read ahead up to `buffer_body` and the connection's `connection_body_buffer`, `max_body`, `body_read_timeout`) |
 //! | [`tunnel`] | WebSocket and other upgrades: after the upstream's 101, bytes copied both ways |
 //! | [`held`] | a request's concurrency slots, held until its response body ends or its client goes away |
 //! | [`settle`] | `cost_response_header`: the reserved cost corrected to the real one from the response's header or trailers |
-//! | [`balance`] | which server of an upstream a request goes to: round robin, least request, consistent hash |
-//! | [`health`] | which servers take requests: passive backoff after failures, active health checks |
-//! | [`pool`] | keep-alive connections to one upstream server, reused request after request |
+//! | [`balance`] | which of the candidate servers a request goes to: smooth weighted round robin, least request, weighted rendezvous hash |
+//! | [`health`] | one server's health: out after `eject_after` failures in a row for a doubling backoff, active health checks |
+//! | [`pool`] | keep-alive connections to one upstream server, reused request after request; a request the server closed a reused connection on is sent once more on a new one |
 //! | [`client`] | who the client is: trusted proxies, `X-Forwarded-For`, IPv6 prefixes |
 //! | [`identity`] | verified user identity from a JWT (`[client] jwt`) |
 //! | [`rules`] | the compiled rule set: which rules match, the bucket key and limits (overrides, tiers) of each |

@@ -26,25 +26,25 @@
 //! request at once (ALPN `h2` over TLS, prior knowledge over cleartext),
 //! opened again when it closes.
 
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::header::{HOST, HeaderValue};
 use http::{Request, Response, Uri};
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::Body;
 use hyper::client::conn::{http1, http2};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use prometheus::IntCounter;
 use rustls::pki_types::ServerName;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 use tokio_rustls::TlsConnector;
 use tower_service::Service;
 
 use crate::config::{Server, Upstream};
+
+mod body;
+pub use body::UpstreamBody;
 
 /// TCP keepalive probes on upstream connections start after this long idle.
 const KEEPALIVE: Duration = Duration::from_secs(60);
@@ -68,6 +68,32 @@ pub enum PoolError {
     /// deadline for one try; the pool itself never gives it).
     #[error("no answer within try_timeout")]
     TryTimeout,
+}
+
+impl PoolError {
+    /// Whether connecting (TCP or TLS) timed out.
+    pub fn is_timeout(&self) -> bool {
+        self.chain().any(|err| {
+            err.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+                || err.to_string().contains("timed out")
+        })
+    }
+
+    /// Whether a connect failed for want of tollgate's own resources: file
+    /// descriptors (`EMFILE`, `ENFILE`), ephemeral ports
+    /// (`EADDRNOTAVAIL`) or kernel buffers (`ENOBUFS`, `ENOMEM`).
+    pub fn is_local(&self) -> bool {
+        matches!(self, PoolError::Connect(_))
+            && self.chain().any(|err| {
+                err.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| matches!(io.raw_os_error(), Some(24 | 23 | 99 | 105 | 12)))
+            })
+    }
+
+    /// This error and its sources.
+    fn chain(&self) -> impl Iterator<Item = &(dyn std::error::Error + 'static)> {
+        std::iter::successors(Some(self as &(dyn std::error::Error + 'static)), |e| e.source())
+    }
 }
 
 /// Adds one to a server's count of answered requests when dropped: held
@@ -277,14 +303,7 @@ where
                         Sender::H2(_) => None,
                     };
                     let shared = self.shared.clone();
-                    return Ok(resp.map(|body| UpstreamBody {
-                        body,
-                        shared,
-                        sender,
-                        silence: None,
-                        moved: false,
-                        answered: None,
-                    }));
+                    return Ok(resp.map(|body| UpstreamBody::new(body, shared, sender)));
                 }
                 Err(mut e) => match e.take_message() {
                     // Not sent: the idle connection closed under it. A new
@@ -471,108 +490,4 @@ fn stale(e: &hyper::Error) -> bool {
         cur = err.source();
     }
     false
-}
-
-/// An upstream response body. Its connection goes back to the pool once
-/// the body has been read to its end, and is closed if it never is (its
-/// rest is unread on the wire).
-pub struct UpstreamBody<B: Send + 'static> {
-    body: Incoming,
-    shared: Arc<Shared<B>>,
-    /// `None` once released, or when the connection ends with the body.
-    sender: Option<http1::SendRequest<B>>,
-    /// Armed while the upstream sends nothing ([`Pool::limit_silence`]).
-    silence: Option<Pin<Box<Sleep>>>,
-    /// Bytes came since `silence` was armed: re-armed from now when next
-    /// needed (one timer per body, reset, rather than one per wait).
-    moved: bool,
-    /// Dropped (counting the request answered) when the body ends.
-    answered: Option<Answered>,
-}
-
-impl<B: Send + 'static> UpstreamBody<B> {
-    /// Takes the request's timer, registered with the runtime already, as
-    /// the silence timer: moved to `now + timeout` when the body first
-    /// waits (a later deadline only updates the registered one), rather
-    /// than a second timer registered and removed per response.
-    pub fn keep_timer(&mut self, timer: Pin<Box<Sleep>>) {
-        self.silence = Some(timer);
-        self.moved = true;
-    }
-
-    /// Counts the request answered once this body ends or is dropped.
-    pub fn count_until_end(&mut self, answered: Answered) {
-        self.answered = Some(answered);
-    }
-
-    /// The count of [`UpstreamBody::count_until_end`], for a tunnel that
-    /// outlives the body.
-    pub fn take_answered(&mut self) -> Option<Answered> {
-        self.answered.take()
-    }
-
-    fn release(&mut self) {
-        self.answered = None;
-        if let Some(sender) = self.sender.take() {
-            self.shared.put(sender);
-        }
-    }
-}
-
-impl<B: Send + 'static> Body for UpstreamBody<B> {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) else {
-            let Some((limit, timeouts)) = &this.shared.silence else { return Poll::Pending };
-            let timer = match &mut this.silence {
-                Some(timer) if this.moved => {
-                    timer.as_mut().reset(Instant::now() + *limit);
-                    timer
-                }
-                Some(timer) => timer,
-                None => this.silence.insert(Box::pin(tokio::time::sleep(*limit))),
-            };
-            this.moved = false;
-            if timer.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
-            }
-            timeouts.inc();
-            this.silence = None;
-            this.answered = None;
-            // The connection ends with the body: its rest is unread.
-            this.sender = None;
-            let e = std::io::Error::new(std::io::ErrorKind::TimedOut, "the upstream sent nothing for its timeout");
-            return Poll::Ready(Some(Err(e.into())));
-        };
-        this.moved = true;
-        match &frame {
-            None => this.release(),
-            Some(Ok(_)) if this.body.is_end_stream() => this.release(),
-            // An error ends the connection with it.
-            Some(Err(_)) => (this.sender, this.answered) = (None, None),
-            Some(Ok(_)) => {}
-        }
-        Poll::Ready(frame.map(|f| f.map_err(Into::into)))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
-}
-
-impl<B: Send + 'static> Drop for UpstreamBody<B> {
-    fn drop(&mut self) {
-        // A body with nothing to read (HEAD, 204, 304, an empty one) may
-        // never be polled.
-        if self.body.is_end_stream() {
-            self.release();
-        }
-    }
 }
