@@ -66,7 +66,9 @@ pub struct Server {
     envoy_rls_listener: Option<TcpListener>,
     /// SIGHUP, caught from `bind` on: reopens the access log and reloads
     /// the rules.
-    hangup: Option<crate::process::Hangup>,
+    hangup: Option<crate::process::Caught>,
+    /// SIGUSR1, caught from `bind` on: reopens the access log only.
+    reopen: Option<crate::process::Caught>,
 }
 
 /// How often idle keys are swept from the memory store (and from the Redis
@@ -111,6 +113,7 @@ impl Server {
             None => None,
         };
         let hangup = crate::process::hangup_signal();
+        let reopen = crate::process::reopen_signal();
         Ok(Server {
             config,
             proxy,
@@ -122,6 +125,7 @@ impl Server {
             decision_listener,
             envoy_rls_listener,
             hangup,
+            reopen,
         })
     }
 
@@ -174,9 +178,11 @@ impl Server {
             decision_listener,
             envoy_rls_listener,
             hangup,
+            reopen,
         } = self;
         let watch = tokio::spawn(reloader.clone().watch());
         let hangups = hangup.map(|h| tokio::spawn(h.each(on_hangup(proxy.clone(), reloader.clone()))));
+        let reopens = reopen.map(|r| tokio::spawn(r.each(on_reopen(proxy.clone()))));
         let _summary = crate::summary::spawn(&proxy.metrics);
         let sweep = tokio::spawn({
             let proxy = proxy.clone();
@@ -223,12 +229,14 @@ impl Server {
         serve_proxy(proxy_listener, proxy.clone(), &config, tls, slots, shutdown).await;
         proxy.store.close().await;
         proxy.flush_access_log(ACCESS_LOG_FLUSH).await;
-        if let Some(h) = hangups {
-            h.abort();
-        }
-
-        for task in
-            cert_watch.into_iter().chain(redirect_task).chain(decision_task).chain(envoy_rls_task).chain(top_tick)
+        for task in hangups
+            .into_iter()
+            .chain(reopens)
+            .chain(cert_watch)
+            .chain(redirect_task)
+            .chain(decision_task)
+            .chain(envoy_rls_task)
+            .chain(top_tick)
         {
             task.abort();
         }
@@ -240,6 +248,16 @@ impl Server {
 
 /// How long shutdown waits for the access log's last lines to be written.
 const ACCESS_LOG_FLUSH: Duration = Duration::from_secs(2);
+
+/// What a SIGUSR1 does: the access log's file is reopened (logrotate has
+/// moved it away), and nothing else, as nginx does: rotating a log must not
+/// put an edited main file or rules in force.
+fn on_reopen(proxy: Arc<Proxy>) -> impl FnMut() {
+    move || {
+        tracing::info!("SIGUSR1: reopening the access log");
+        proxy.reopen_access_log();
+    }
+}
 
 /// What a SIGHUP does: the access log's file is reopened (logrotate has
 /// moved it away), and the main file and the rules are reloaded as a change
