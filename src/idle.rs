@@ -1,9 +1,14 @@
 //! Closing connections that sit idle.
 //!
-//! [`IdleIo`] wraps a connection's socket: when no byte has moved in either
-//! direction for the idle timeout and no request on it is in flight, its next
-//! read reports end-of-file, which hyper treats as the client closing an idle
-//! connection, the cleanest way out for both HTTP/1.1 and HTTP/2.
+//! [`IdleIo`] wraps a connection's socket: when no request on it has been in
+//! flight for the idle timeout, its next read reports end-of-file, which
+//! hyper treats as the client closing an idle connection, the cleanest way
+//! out for both HTTP/1.1 and HTTP/2. Bytes alone do not keep a connection
+//! open: an HTTP/2 client sending a PING (or a SETTINGS, or a
+//! WINDOW_UPDATE) every few seconds would hold its place under
+//! `max_connections` forever. Bytes count only while a request is in
+//! flight, or when one has ended since the last bytes (its response's last
+//! bytes may leave just after it ends).
 //!
 //! The same timer bounds how long a client may take to send a request head
 //! (slowloris), `listen.header_read_timeout`: from the connection's start
@@ -75,8 +80,13 @@ impl Inflight {
     }
 
     /// Requests started on the connection so far.
-    fn started(&self) -> usize {
+    pub fn started(&self) -> usize {
         self.0.started.load(Ordering::Relaxed)
+    }
+
+    /// Requests ended on the connection so far.
+    fn ended(&self) -> usize {
+        self.0.ended.load(Ordering::Relaxed)
     }
 
     fn busy(&self) -> bool {
@@ -189,7 +199,12 @@ pub struct IdleIo<T> {
     inner: T,
     timeout: Duration,
     inflight: Inflight,
+    /// The last bytes moved: where a wait for a request head starts.
     last_activity: Instant,
+    /// The last bytes moved for a request: where the idle timeout starts.
+    last_request: Instant,
+    /// Requests ended as of `last_request`.
+    ended_seen: usize,
     /// `listen.header_read_timeout`; `None`: heads are not timed.
     header_timeout: Option<Duration>,
     protocol: Protocol,
@@ -221,6 +236,8 @@ impl<T> IdleIo<T> {
             timeout,
             inflight,
             last_activity: now,
+            last_request: now,
+            ended_seen: 0,
             header_timeout: None,
             protocol: Protocol::Undecided(0),
             waiting: None,
@@ -319,9 +336,16 @@ impl<T> IdleIo<T> {
     }
 
     fn touch(&mut self) {
-        // Only the timestamp moves here; the timer is re-armed lazily when it
+        // Only the timestamps move here; the timer is re-armed lazily when it
         // fires, so busy connections do not reset a timer on every read.
-        self.last_activity = Instant::now();
+        let now = Instant::now();
+        self.last_activity = now;
+        // `ended` first: it never passes `started`.
+        let ended = self.inflight.ended();
+        if ended != self.ended_seen || self.inflight.started() != ended {
+            self.ended_seen = ended;
+            self.last_request = now;
+        }
     }
 
     /// Whether the connection has been idle for the timeout. Registers the
@@ -357,15 +381,19 @@ impl<T> IdleIo<T> {
                 return false;
             }
             let now = Instant::now();
-            let idle = self.last_activity + self.timeout;
+            let idle = self.last_request + self.timeout;
             let deadline = head.map_or(idle, |h| h.min(idle));
             let soonest = |d: Instant| heads_later.map_or(d, |h| d.min(now + h));
             if deadline > now {
                 self.timer.as_mut().reset(soonest(deadline));
                 continue;
             }
-            if head.is_none() && self.inflight.busy() {
-                self.last_activity = now;
+            // In flight, or ended with no bytes since (a stream the client
+            // reset, say): the idle time starts now at the earliest.
+            let ended = self.inflight.ended();
+            if head.is_none() && (self.inflight.busy() || ended != self.ended_seen) {
+                self.ended_seen = ended;
+                (self.last_activity, self.last_request) = (now, now);
                 self.timer.as_mut().reset(soonest(now + self.timeout));
                 continue;
             }
@@ -495,11 +523,63 @@ mod tests {
         });
         assert_eq!(io.read(&mut buf).await.expect("read"), 0);
         release.await.expect("release");
-        // Never while the request was in flight (until t = 24 s); within one
-        // timeout after it (in real use the response's bytes count as
-        // activity too).
+        // Never while the request was in flight (until t = 24 s), nor within
+        // a timeout after it; no bytes marked its end, so the timer noticed
+        // it late, by up to one timeout (in real use the response's bytes
+        // mark it, see the next tests).
         let closed = started.elapsed();
-        assert!(closed >= Duration::from_secs(24) && closed <= Duration::from_secs(29), "closed at {closed:?}");
+        assert!(closed >= Duration::from_secs(29) && closed <= Duration::from_secs(34), "closed at {closed:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bytes_without_a_request_do_not_keep_it_open() {
+        let (mut client, server) = tokio::io::duplex(64);
+        let mut io = IdleIo::new(
+            server,
+            Duration::from_secs(5),
+            Duration::from_secs(60),
+            Inflight::default(),
+            SendBudget::default(),
+        );
+        let started = Instant::now();
+        // A PING every second, each answered: bytes both ways, no request.
+        let pinger = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if client.write_all(b"p").await.is_err() {
+                    break;
+                }
+            }
+        });
+        let mut buf = [0u8; 8];
+        while io.read(&mut buf).await.expect("read") > 0 {
+            io.write_all(b"a").await.expect("answer");
+        }
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+        pinger.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_idle_time_starts_with_the_last_response_bytes() {
+        let (client, server) = tokio::io::duplex(64);
+        let inflight = Inflight::default();
+        let mut io = IdleIo::new(
+            server,
+            Duration::from_secs(5),
+            Duration::from_secs(60),
+            inflight.clone(),
+            SendBudget::default(),
+        );
+        let started = Instant::now();
+        // A request in flight for 3 s, whose response leaves after it ended.
+        let guard = inflight.start();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        drop(guard);
+        io.write_all(b"response").await.expect("answer");
+        let mut buf = [0u8; 8];
+        assert_eq!(io.read(&mut buf).await.expect("read"), 0);
+        assert_eq!(started.elapsed(), Duration::from_secs(8));
+        drop(client);
     }
 
     /// An `IdleIo` with a 60 s idle timeout and a 5 s header timeout.

@@ -12,10 +12,10 @@
 //! | module | responsibility |
 //! |---|---|
 //! | [`server`] | listeners, connection limits, graceful shutdown |
-//! | [`drain`] | graceful shutdown's signal to each connection, polled only once it is sent |
+//! | [`drain`] | graceful shutdown's signal to each connection, polled only once it is sent, and a connection's own (`max_requests_per_connection`, `max_connection_age`) |
 //! | [`tls`] | TLS on the proxy listener: certificates chosen by SNI, re-read when their files change |
 //! | [`redirect`] | `listen.http_redirect`: a plain-HTTP listener answering 308 to the `https://` URL |
-//! | [`idle`] | closes connections idle for `listen.idle_timeout`, and clients that read nothing for `listen.send_timeout` |
+//! | [`idle`] | closes connections with no request in flight for `listen.idle_timeout`, and clients that read nothing for `listen.send_timeout` |
 //! | [`send_budget`] | at most 128 KiB of response bodies held per client connection, whatever its HTTP/2 streams |
 //! | [`normalize`] | one spelling per request: canonical path, host, method and header names, or 400 |
 //! | [`proxy`] | the request path: route, decide, forward or reject |

@@ -25,7 +25,7 @@ use crate::admin::Admin;
 use crate::client::Peer;
 use crate::clock::SharedClock;
 use crate::config::{Backend, Config, ConfigErrors, load_rules};
-use crate::drain::{Drain, Watcher};
+use crate::drain::{Drain, Retire, Watcher};
 use crate::idle::{IdleIo, Inflight, InflightBody};
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
@@ -331,6 +331,8 @@ async fn serve_proxy(
         idle_timeout: config.listen.idle_timeout,
         header_read_timeout: config.listen.header_read_timeout,
         send_timeout: config.listen.send_timeout,
+        max_requests: config.listen.max_requests_per_connection,
+        max_age: config.listen.max_connection_age,
         tunnels,
     });
     let graceful = Drain::new();
@@ -407,6 +409,10 @@ struct ConnectionSetup {
     idle_timeout: Duration,
     header_read_timeout: Duration,
     send_timeout: Duration,
+    /// `listen.max_requests_per_connection`.
+    max_requests: usize,
+    /// `listen.max_connection_age`.
+    max_age: Option<Duration>,
     tunnels: Tunnels,
 }
 
@@ -457,12 +463,31 @@ async fn serve_connection<IO>(
     // What a request of this connection may need besides the proxy: one
     // shared value, so a request clones one `Arc`, not each part.
     let conn = Arc::new(Conn { peer: client, tunnels: setup.tunnels.clone(), slot });
+    let retire = Retire::default();
+    // A connection is asked to close at its age from a timer of its own:
+    // nothing per request or per poll.
+    let aging = setup.max_age.map(|age| {
+        let retire = retire.clone();
+        AbortOnDrop(tokio::spawn(async move {
+            tokio::time::sleep(age).await;
+            retire.ask();
+        }))
+    });
+    let (max_requests, asked) = (setup.max_requests, retire.clone());
     let svc = service_fn(move |req| {
         let proxy = proxy.clone();
         let conn = conn.clone();
         // In flight until the response body ends: a streaming response
         // is not an idle connection (see `InflightBody`).
         let mut busy = inflight.start();
+        // The connection's last request: HTTP/2 gets a GOAWAY (streams
+        // already open finish); HTTP/1.1 closes after this response, which
+        // says so (hyper would say it only if told before its head).
+        let last = inflight.started() >= max_requests;
+        if last {
+            asked.ask();
+        }
+        let close = last && req.version() < hyper::Version::HTTP_2;
         // HTTP/1.1 sends one response at a time and hyper bounds what
         // it queues: only HTTP/2's streams share a budget (and the
         // per-piece count costs HTTP/1.1 nothing).
@@ -479,6 +504,9 @@ async fn serve_connection<IO>(
                 tokio::spawn(pending.run(conn.tunnels.clone(), (conn.slot.clone(), busy)));
                 return Ok(resp.map(|body| Either::Right(InflightBody::untracked(body))));
             }
+            if close {
+                resp.headers_mut().insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
+            }
             Ok::<_, Infallible>(resp.map(|body| match budget {
                 Some(budget) => Either::Left(budget.body(InflightBody::new(body, busy))),
                 None => Either::Right(InflightBody::new(body, busy)),
@@ -486,8 +514,18 @@ async fn serve_connection<IO>(
         }
     });
     let conn = setup.builder.serve_connection_with_upgrades(TokioIo::new(io), svc).into_owned();
-    if let Err(e) = watcher.watch(conn).await {
+    if let Err(e) = watcher.watch_retiring(conn, retire).await {
         tracing::debug!(error = %e, %peer, "connection ended with an error");
+    }
+    drop(aging);
+}
+
+/// A task that ends with its owner: a connection's age timer.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

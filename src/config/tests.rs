@@ -406,6 +406,27 @@ fn listen_limits_are_checked() {
     );
 }
 
+#[test]
+fn connection_lifetime_limits() {
+    let c = parse("");
+    assert_eq!((c.listen.max_requests_per_connection, c.listen.max_connection_age), (10_000, None));
+    let c = parse("[listen]\nmax_requests_per_connection = 1\nmax_connection_age = \"10m\"\n");
+    assert_eq!((c.listen.max_requests_per_connection, c.listen.max_connection_age), (1, Some(600 * SEC)));
+    assert_eq!(
+        errors("[listen]\nmax_requests_per_connection = 0\nmax_connection_age = \"0s\"\n"),
+        [
+            "t.toml:2:31: listen.max_requests_per_connection must be at least 1",
+            "t.toml:3:22: listen.max_connection_age must be longer than zero; leave it out for no age limit"
+        ]
+    );
+    assert_eq!(
+        errors("[listen]\nmax_connection_age = \"forever\"\n"),
+        [
+            "t.toml:2:22: listen.max_connection_age \"forever\" is not a duration (expected number at 0); write e.g. \"250ms\", \"1s\", \"5m\", \"1h\", \"1d\""
+        ]
+    );
+}
+
 const ORDERS: &str = "[[upstream]]\nname = \"orders\"\nurl = \"http://127.0.0.1:9001\"\n";
 
 #[test]
