@@ -12,6 +12,7 @@
 //! | module | responsibility |
 //! |---|---|
 //! | [`server`] | listeners, connection limits, graceful shutdown |
+//! | [`connection`] | one client connection: hyper over [`idle::IdleIo`], its requests handed to the proxy, the limits on its life |
 //! | [`drain`] | graceful shutdown's signal to each connection, polled only once it is sent, and a connection's own (`max_requests_per_connection`, `max_connection_age`) |
 //! | [`tls`] | TLS on the proxy listener: certificates chosen by SNI, re-read when their files change |
 //! | [`redirect`] | `listen.http_redirect`: a plain-HTTP listener answering 308 to the `https://` URL |
@@ -65,6 +66,7 @@ pub mod cli;
 pub mod client;
 pub mod clock;
 pub mod config;
+pub mod connection;
 pub mod decision;
 pub mod drain;
 pub mod envoy_rls;
