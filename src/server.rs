@@ -10,6 +10,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use hyper::service::service_fn;
@@ -202,7 +203,8 @@ impl Server {
                 }
             })
         });
-        let admin = Arc::new(Admin { proxy: proxy.clone(), reloader });
+        let stopping = Arc::new(AtomicBool::new(false));
+        let admin = Arc::new(Admin { proxy: proxy.clone(), reloader, stopping: stopping.clone() });
         let admin_task = tokio::spawn(serve_admin(admin_listener, admin));
 
         let slots = Arc::new(Semaphore::new(config.listen.max_connections));
@@ -221,6 +223,7 @@ impl Server {
             .map(|l| tokio::spawn(crate::decision::serve(l, proxy.clone(), config.listen.header_read_timeout)));
         let envoy_rls_task = envoy_rls_listener.map(|l| tokio::spawn(crate::envoy_rls::serve(l, proxy.clone())));
 
+        let shutdown = lame_duck(shutdown, stopping, config.listen.shutdown_delay);
         serve_proxy(proxy_listener, proxy.clone(), &config, tls, slots, shutdown).await;
         proxy.store.close().await;
         proxy.flush_access_log(ACCESS_LOG_FLUSH).await;
@@ -238,6 +241,19 @@ impl Server {
         watch.abort();
         sweep.abort();
         admin_task.abort();
+    }
+}
+
+/// `shutdown`, then `/readyz` answering 503 for `delay` while the listeners
+/// still serve: a load balancer (or kube-proxy, which drops a terminating
+/// pod's endpoints a moment after SIGTERM) keeps sending new connections
+/// for a while, and they should be answered, not refused.
+async fn lame_duck(shutdown: impl Future<Output = ()>, stopping: Arc<AtomicBool>, delay: Duration) {
+    shutdown.await;
+    stopping.store(true, Ordering::Relaxed);
+    if !delay.is_zero() {
+        tracing::info!(?delay, "shutting down: /readyz answers 503; serving for listen.shutdown_delay first");
+        tokio::time::sleep(delay).await;
     }
 }
 

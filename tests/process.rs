@@ -38,8 +38,13 @@ fn spawn_logging(upstream: &Upstream, rules: &str, level: &str) -> (Process, Arc
     spawn_with(upstream, "", rules, level)
 }
 
-/// [`spawn_logging`] with `listen` added to the `[listen]` table.
+/// [`spawn_logging`] with `listen` added to the `[listen]` table; no
+/// `shutdown_delay` unless `listen` sets one, so that SIGTERM drains at once.
 fn spawn_with(upstream: &Upstream, listen: &str, rules: &str, level: &str) -> (Process, Arc<Mutex<Vec<String>>>) {
+    let listen = match listen.contains("shutdown_delay") {
+        true => listen.to_string(),
+        false => format!("shutdown_delay = \"0s\"\n{listen}"),
+    };
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
     std::fs::write(dir.path().join("rules/r.toml"), rules).expect("rules");
@@ -110,6 +115,40 @@ async fn sigterm_finishes_in_flight_requests_then_exits_0() {
     assert!(status.success(), "exit status {status}");
     // ...and no longer accepts connections.
     assert!(tokio::net::TcpStream::connect(p.proxy).await.is_err());
+}
+
+/// Lame duck: on SIGTERM `/readyz` turns 503 at once, so that load
+/// balancers stop sending, while the proxy still answers new connections
+/// for `shutdown_delay`; then it stops accepting and drains.
+#[tokio::test]
+async fn sigterm_makes_readyz_503_and_serves_through_the_shutdown_delay_then_stops_accepting() {
+    let upstream = Upstream::start().await;
+    let (mut p, _log) = spawn_with(&upstream, "shutdown_delay = \"4s\"\n", "", "info");
+    let ready = || async { Call::new("GET", p.admin, "/readyz").send().await.status };
+    assert_eq!(ready().await, 200);
+    // In flight through the delay and the drain, to keep the process there.
+    let held = tokio::spawn(Call::new("GET", p.proxy, "/held").header("x-echo-hold", "1").send());
+    upstream.wait_held(1).await;
+    signal(&p.child, "TERM");
+    support::eventually("/readyz answers 503", || async { ready().await == 503 }).await;
+    // A new connection, during the delay: served.
+    let r = Call::new("GET", p.proxy, "/during").send().await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // After it: refused, while the held request is still being drained.
+    support::eventually("new connections refused", || async { tokio::net::TcpStream::connect(p.proxy).await.is_err() })
+        .await;
+    assert!(p.child.try_wait().expect("wait").is_none(), "tollgate ended before its drain");
+    upstream.release(1);
+    assert_eq!(held.await.expect("held request").status, 200);
+    let deadline = Instant::now() + support::DEADLINE;
+    let status = loop {
+        if let Some(status) = p.child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "tollgate did not exit after its drain");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "exit status {status}");
 }
 
 #[tokio::test]

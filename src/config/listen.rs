@@ -1,5 +1,6 @@
-//! `[listen]`'s limits on how long one client connection lives, checked
-//! here to keep `mod.rs` to the table's older keys.
+//! `[listen]`'s limits on how long one client connection lives, and on how
+//! the listeners stop, checked here to keep `mod.rs` to the table's older
+//! keys.
 
 use std::time::Duration;
 
@@ -11,6 +12,11 @@ use super::{Validator, parse_duration};
 /// notices, low enough that a connection's memory is given back now and
 /// then and a load balancer's shares move.
 const MAX_REQUESTS_PER_CONNECTION: usize = 10_000;
+
+/// `shutdown_delay` when not set: long enough for a load balancer probing
+/// `/readyz` every second or two, and for kube-proxy to drop the endpoint,
+/// before new connections are refused.
+const SHUTDOWN_DELAY: Duration = Duration::from_secs(5);
 
 impl Validator<'_> {
     /// `max_requests_per_connection` (at least 1) and `max_connection_age`
@@ -37,5 +43,23 @@ impl Validator<'_> {
             Err(_) => self.duration(v, "listen.max_connection_age"),
         });
         (max_requests, max_age)
+    }
+
+    /// `shutdown_delay`: zero is allowed (stop accepting at once).
+    pub(super) fn shutdown_delay(&mut self, listen: &RawListen) -> Duration {
+        let Some(v) = &listen.shutdown_delay else { return SHUTDOWN_DELAY };
+        match parse_duration(v.get_ref()) {
+            Ok(d) => d,
+            Err(e) => {
+                self.error(
+                    v.span(),
+                    format!(
+                        "listen.shutdown_delay {:?} is not a duration ({e}); write e.g. \"0s\", \"250ms\", \"5s\", \"1m\"",
+                        v.get_ref()
+                    ),
+                );
+                SHUTDOWN_DELAY
+            }
+        }
     }
 }

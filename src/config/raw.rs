@@ -50,6 +50,7 @@ pub struct RawListen {
     pub tunnel_idle_timeout: Option<Spanned<String>>,
     pub max_requests_per_connection: Option<Spanned<i64>>,
     pub max_connection_age: Option<Spanned<String>>,
+    pub shutdown_delay: Option<Spanned<String>>,
     pub tls: Option<Vec<Spanned<RawTls>>>,
     pub http_redirect: Option<Spanned<String>>,
     pub decision: Option<Spanned<String>>,

@@ -427,6 +427,19 @@ fn connection_lifetime_limits() {
     );
 }
 
+#[test]
+fn shutdown_delay_may_be_zero() {
+    assert_eq!(parse("").listen.shutdown_delay, 5 * SEC);
+    assert_eq!(parse("[listen]\nshutdown_delay = \"0s\"\n").listen.shutdown_delay, Duration::ZERO);
+    assert_eq!(parse("[listen]\nshutdown_delay = \"15s\"\n").listen.shutdown_delay, 15 * SEC);
+    assert_eq!(
+        errors("[listen]\nshutdown_delay = \"soon\"\n"),
+        [
+            "t.toml:2:18: listen.shutdown_delay \"soon\" is not a duration (expected number at 0); write e.g. \"0s\", \"250ms\", \"5s\", \"1m\""
+        ]
+    );
+}
+
 const ORDERS: &str = "[[upstream]]\nname = \"orders\"\nurl = \"http://127.0.0.1:9001\"\n";
 
 #[test]
