@@ -21,7 +21,7 @@
 //! | [`normalize`] | one spelling per request: canonical path, host, method and header names, or 400 |
 //! | [`proxy`] | the request path: route, decide, forward or reject |
 //! | [`forward`] | hop-by-hop and `X-Forwarded-*` headers, request bodies (read ahead up to `buffer_body`, `max_body`, `body_read_timeout`) |
-//! | [`tunnel`] | WebSocket and other upgrades: after the upstream's 101, bytes copied both ways |
+//! | [`tunnel`] | WebSocket and other upgrades: after the upstream's 101, bytes copied both ways; at shutdown's end a WebSocket close frame, 1001 |
 //! | [`held`] | a request's concurrency slots, held until its response body ends or its client goes away |
 //! | [`settle`] | `cost_response_header`: the reserved cost corrected to the real one from the response's header or trailers |
 //! | [`balance`] | which server of an upstream a request goes to: round robin, least request, consistent hash |

@@ -595,7 +595,11 @@ impl Proxy {
                     let upstream = hyper::upgrade::on(&mut resp);
                     // The tunnel is the request in flight until it closes.
                     let held = held.take().map(Arc::new);
-                    resp.extensions_mut().insert(tunnel::Pending { client, upstream, held });
+                    let websocket = resp
+                        .headers()
+                        .get(http::header::UPGRADE)
+                        .is_some_and(|p| p.as_bytes().eq_ignore_ascii_case(b"websocket"));
+                    resp.extensions_mut().insert(tunnel::Pending { client, upstream, held, websocket });
                 }
                 if !settling.is_empty() {
                     let ended = hyper::body::Body::is_end_stream(resp.body());

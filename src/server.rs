@@ -3,8 +3,10 @@
 //! [`Server::bind`] validates everything and binds both listeners before
 //! anything is served, so a bad config or a taken port fails the start, not
 //! the first request. [`Server::run`] serves until the shutdown future
-//! completes, then stops accepting, lets in-flight requests finish (up to
-//! `listen.drain_timeout`) and returns.
+//! completes, then answers `/readyz` 503 while it still serves for
+//! `listen.shutdown_delay`, then stops accepting, lets in-flight requests
+//! and tunnels finish (up to `listen.drain_timeout`), closes the tunnels
+//! left, and returns.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -360,12 +362,19 @@ async fn serve_proxy(
         }
     }
     drop(listener);
-    tracing::info!("shutting down: draining in-flight requests");
-    if tokio::time::timeout(config.listen.drain_timeout, graceful.shutdown()).await.is_err() {
-        tracing::warn!("drain timeout reached; closing the remaining connections");
+    // Its `Tunnels`: the drain below waits for the tunnels themselves.
+    drop(setup);
+    tracing::info!("shutting down: draining in-flight requests and tunnels");
+    let mut close_tunnels = close_tunnels;
+    let drained = async {
+        graceful.shutdown().await;
+        close_tunnels.ended().await;
+    };
+    if tokio::time::timeout(config.listen.drain_timeout, drained).await.is_err() {
+        tracing::warn!("drain timeout reached; closing the remaining connections and tunnels");
     }
-    // Tunnels never end the way requests do: they are closed once the
-    // requests have drained.
+    // Tunnels seldom end by themselves: those still open are closed with a
+    // WebSocket close frame, going away.
     close_tunnels.close(Duration::from_secs(1)).await;
 }
 
