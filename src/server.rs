@@ -182,29 +182,7 @@ impl Server {
         let hangups = hangup.map(|h| tokio::spawn(h.each(on_hangup(proxy.clone(), reloader.clone()))));
         let reopens = reopen.map(|r| tokio::spawn(r.each(on_reopen(proxy.clone()))));
         let _summary = crate::summary::spawn(&proxy.metrics);
-        let sweep = tokio::spawn({
-            let proxy = proxy.clone();
-            async move {
-                let mut every = tokio::time::interval(SWEEP_EVERY);
-                loop {
-                    every.tick().await;
-                    proxy.store.sweep();
-                }
-            }
-        });
-        // `/top`'s period, kept current for the request path (see crate::top).
-        let top_tick = proxy.top().is_some().then(|| {
-            let proxy = proxy.clone();
-            tokio::spawn(async move {
-                let mut every = tokio::time::interval(crate::top::TICK);
-                loop {
-                    every.tick().await;
-                    if let Some(top) = proxy.top() {
-                        top.tick();
-                    }
-                }
-            })
-        });
+        let housekeeping = housekeeping(&proxy);
         let stopping = Arc::new(AtomicBool::new(false));
         let admin = Arc::new(Admin { proxy: proxy.clone(), reloader, stopping: stopping.clone() });
         let admin_task = tokio::spawn(serve_admin(admin_listener, admin));
@@ -229,21 +207,39 @@ impl Server {
         serve_proxy(proxy_listener, proxy.clone(), &config, tls, slots, shutdown).await;
         proxy.store.close().await;
         proxy.flush_access_log(ACCESS_LOG_FLUSH).await;
-        for task in hangups
-            .into_iter()
-            .chain(reopens)
-            .chain(cert_watch)
-            .chain(redirect_task)
-            .chain(decision_task)
-            .chain(envoy_rls_task)
-            .chain(top_tick)
-        {
+        let tasks = [hangups, reopens, cert_watch, redirect_task, decision_task, envoy_rls_task];
+        for task in tasks.into_iter().flatten().chain(housekeeping).chain([watch, admin_task]) {
             task.abort();
         }
-        watch.abort();
-        sweep.abort();
-        admin_task.abort();
     }
+}
+
+/// The periodic tasks: idle keys swept from the store, and `/top`'s period
+/// kept current for the request path (see crate::top).
+fn housekeeping(proxy: &Arc<Proxy>) -> Vec<tokio::task::JoinHandle<()>> {
+    let sweep = tokio::spawn({
+        let proxy = proxy.clone();
+        async move {
+            let mut every = tokio::time::interval(SWEEP_EVERY);
+            loop {
+                every.tick().await;
+                proxy.store.sweep();
+            }
+        }
+    });
+    let top_tick = proxy.top().is_some().then(|| {
+        let proxy = proxy.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(crate::top::TICK);
+            loop {
+                every.tick().await;
+                if let Some(top) = proxy.top() {
+                    top.tick();
+                }
+            }
+        })
+    });
+    std::iter::once(sweep).chain(top_tick).collect()
 }
 
 /// `shutdown`, then `/readyz` answering 503 for `delay` while the listeners
