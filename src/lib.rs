@@ -53,7 +53,7 @@
 //! | [`top`] | the heaviest keys of each rule (`/top`, `tollgate top`) in fixed-memory sketches |
 //! | [`clock`] | wall-clock time, or a manual clock for tests |
 //! | [`cli`] | the `tollgate` command line: run, `check`, `explain`, `top` |
-//! | [`process`] | what the binaries share: the async runtime, logging, the shutdown signal, SIGHUP (reload) and SIGUSR1 (reopen the access log) |
+//! | [`process`] | what the binaries share: the async runtime, logging, the shutdown signals (SIGTERM: lame duck first; SIGINT: drain at once), SIGHUP (reload) and SIGUSR1 (reopen the access log) |
 //! | [`floor`] | `tollgate-floor`: the same server setup and upstream pool with nothing between them, a bench target |
 
 #![forbid(unsafe_code)]

@@ -18,27 +18,46 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     }
 }
 
-/// Completes on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
+/// How a shutdown goes, by the signal that asked for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// SIGTERM, an orchestrator's: `/readyz` fails and the listeners serve
+    /// on for `listen.shutdown_delay` before the drain, because load
+    /// balancers learn of the shutdown after the process does.
+    LameDuck,
+    /// SIGINT, a person's Ctrl-C: nothing routes by this instance's
+    /// readiness that would need the delay; the drain starts at once.
+    Now,
+}
+
+/// Completes on SIGTERM or SIGINT, saying which.
+pub async fn stop_signal() -> Stop {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut term) => {
                 tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
+                    _ = ctrl_c => Stop::Now,
+                    _ = term.recv() => Stop::LameDuck,
                 }
             }
             Err(_) => {
                 let _ = ctrl_c.await;
+                Stop::Now
             }
         }
     }
     #[cfg(not(unix))]
     {
         let _ = ctrl_c.await;
+        Stop::Now
     }
+}
+
+/// Completes on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    stop_signal().await;
 }
 
 /// SIGHUP, caught from now on (its default action ends the process):

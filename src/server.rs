@@ -27,6 +27,7 @@ use crate::config::{Backend, Config, ConfigErrors, load_rules};
 use crate::connection::{ConnectionSetup, Slot, serve_connection};
 use crate::drain::Drain;
 use crate::metrics::Metrics;
+use crate::process::Stop;
 use crate::proxy::Proxy;
 use crate::reload::Reloader;
 use crate::rules::RuleSet;
@@ -162,8 +163,18 @@ impl Server {
         self.reloader.clone()
     }
 
-    /// Serves until `shutdown` completes, then drains.
+    /// Serves until `shutdown` completes, then drains as SIGTERM asks
+    /// (lame duck first).
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
+        self.run_until(async {
+            shutdown.await;
+            Stop::LameDuck
+        })
+        .await;
+    }
+
+    /// Serves until `stop` completes, then drains the way it says.
+    pub async fn run_until(self, stop: impl Future<Output = Stop> + Send) {
         let https_port = self.proxy_addr().port();
         let Server {
             config,
@@ -203,7 +214,7 @@ impl Server {
             .map(|l| tokio::spawn(crate::decision::serve(l, proxy.clone(), config.listen.header_read_timeout)));
         let envoy_rls_task = envoy_rls_listener.map(|l| tokio::spawn(crate::envoy_rls::serve(l, proxy.clone())));
 
-        let shutdown = lame_duck(shutdown, stopping, config.listen.shutdown_delay);
+        let shutdown = lame_duck(stop, stopping, config.listen.shutdown_delay);
         serve_proxy(proxy_listener, proxy.clone(), &config, tls, slots, shutdown).await;
         proxy.store.close().await;
         proxy.flush_access_log(ACCESS_LOG_FLUSH).await;
@@ -242,14 +253,15 @@ fn housekeeping(proxy: &Arc<Proxy>) -> Vec<tokio::task::JoinHandle<()>> {
     std::iter::once(sweep).chain(top_tick).collect()
 }
 
-/// `shutdown`, then `/readyz` answering 503 for `delay` while the listeners
+/// `stop`, then `/readyz` answering 503 for `delay` while the listeners
 /// still serve: a load balancer (or kube-proxy, which drops a terminating
 /// pod's endpoints a moment after SIGTERM) keeps sending new connections
-/// for a while, and they should be answered, not refused.
-async fn lame_duck(shutdown: impl Future<Output = ()>, stopping: Arc<AtomicBool>, delay: Duration) {
-    shutdown.await;
+/// for a while, and they should be answered, not refused. No delay when
+/// `stop` says [`Stop::Now`].
+async fn lame_duck(stop: impl Future<Output = Stop>, stopping: Arc<AtomicBool>, delay: Duration) {
+    let how = stop.await;
     stopping.store(true, Ordering::Relaxed);
-    if !delay.is_zero() {
+    if how == Stop::LameDuck && !delay.is_zero() {
         tracing::info!(?delay, "shutting down: /readyz answers 503; serving for listen.shutdown_delay first");
         tokio::time::sleep(delay).await;
     }

@@ -151,6 +151,25 @@ async fn sigterm_makes_readyz_503_and_serves_through_the_shutdown_delay_then_sto
     assert!(status.success(), "exit status {status}");
 }
 
+/// SIGINT is a person at a terminal (Ctrl-C), not an orchestrator: no lame
+/// duck, the drain starts at once.
+#[tokio::test]
+async fn sigint_drains_at_once_without_the_shutdown_delay() {
+    let upstream = Upstream::start().await;
+    let (mut p, _log) = spawn_with(&upstream, "shutdown_delay = \"1h\"\n", "", "info");
+    assert_eq!(Call::new("GET", p.proxy, "/").send().await.status, 200);
+    signal(&p.child, "INT");
+    let deadline = Instant::now() + support::DEADLINE;
+    let status = loop {
+        if let Some(status) = p.child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "tollgate did not exit after SIGINT");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "exit status {status}");
+}
+
 #[tokio::test]
 async fn api_keys_never_appear_in_debug_logs() {
     let upstream = Upstream::start().await;
