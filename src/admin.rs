@@ -6,11 +6,14 @@
 //! `local` tollgate still serves without its store, and a readiness probe
 //! failing on every replica at once would take them all out of a Kubernetes
 //! Service and stop all traffic. `/healthz/store` reports the store itself,
-//! for dashboards and alerts.
+//! for dashboards and alerts. From SIGTERM on it answers 503 whatever the
+//! store (lame duck): load balancers take the instance out while its
+//! listeners still serve for `listen.shutdown_delay`.
 //!
 //! Keep it on a private address: `/rules` shows the whole rule set.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -32,6 +35,8 @@ const READY_PING_TIMEOUT: Duration = Duration::from_millis(500);
 pub struct Admin {
     pub proxy: Arc<Proxy>,
     pub reloader: Arc<Reloader>,
+    /// Set when the shutdown begins: `/readyz` answers 503 from then on.
+    pub stopping: Arc<AtomicBool>,
 }
 
 impl Admin {
@@ -97,6 +102,12 @@ impl Admin {
     /// would be refused for it (`on_error = "deny"`).
     async fn ready(&self) -> Response<Full<Bytes>> {
         let backend = self.proxy.store.backend();
+        if self.stopping.load(Ordering::Relaxed) {
+            return json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({"status": "not_ready", "store": backend, "reason": "shutting down"}),
+            );
+        }
         let policy = self.proxy.default_on_error();
         match self.ping().await {
             Ok(()) => json_response(StatusCode::OK, &json!({"status": "ready", "store": backend})),

@@ -11,10 +11,19 @@
 //! That is sound because a connection future is polled by one task only
 //! (it is spawned, and never moved between tasks), whose waker stays the
 //! one the signal registered first.
+//!
+//! A connection can also be asked to close the same way on its own
+//! ([`Retire`]): its last request under `listen.max_requests_per_connection`
+//! has come, or it is `listen.max_connection_age` old. That costs a poll
+//! one atomic load.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
+
+use futures::task::AtomicWaker;
 
 use tokio::sync::watch;
 
@@ -26,6 +35,32 @@ pub struct Drain {
 /// One connection's end of a [`Drain`].
 pub struct Watcher {
     rx: watch::Receiver<()>,
+}
+
+/// One connection's own request to close gracefully, apart from the drain:
+/// any clone may [`Retire::ask`], from any task.
+#[derive(Debug, Clone, Default)]
+pub struct Retire(Arc<RetireState>);
+
+#[derive(Debug, Default)]
+struct RetireState {
+    asked: AtomicBool,
+    /// The connection task's, registered on its first poll.
+    waker: AtomicWaker,
+}
+
+impl Retire {
+    /// Asks the connection to finish the requests it has and close: an
+    /// HTTP/2 GOAWAY, or HTTP/1.1 closing after the response under way.
+    pub fn ask(&self) {
+        if !self.0.asked.swap(true, Ordering::AcqRel) {
+            self.0.waker.wake();
+        }
+    }
+
+    fn asked(&self) -> bool {
+        self.0.asked.load(Ordering::Acquire)
+    }
 }
 
 /// A connection that can be asked to finish what it is doing and close.
@@ -79,7 +114,13 @@ impl Watcher {
         let signal: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(async move {
             let _ = rx.changed().await;
         });
-        Watched { conn: Box::pin(conn), signal: Some(signal), registered: false, probe: self.rx }
+        Watched { conn: Box::pin(conn), signal: Some(signal), registered: false, probe: self.rx, retire: None }
+    }
+
+    /// `conn`, shut down gracefully once the drain is signalled or `retire`
+    /// is asked, whichever comes first.
+    pub fn watch_retiring<C: Graceful>(self, conn: C, retire: Retire) -> Watched<C> {
+        Watched { retire: Some((retire, false)), ..self.watch(conn) }
     }
 }
 
@@ -96,6 +137,10 @@ pub struct Watched<C> {
     /// polling `signal`. Held to the connection's end, so that
     /// [`Drain::shutdown`] waits for it.
     probe: watch::Receiver<()>,
+    /// The connection's own [`Retire`], and whether the task's waker is
+    /// registered with it; `None` once the connection was told (or when
+    /// there is none).
+    retire: Option<(Retire, bool)>,
 }
 
 impl<C: Graceful> Future for Watched<C> {
@@ -109,7 +154,20 @@ impl<C: Graceful> Future for Watched<C> {
             this.registered = true;
             if signal.as_mut().poll(cx).is_ready() {
                 this.signal = None;
+                this.retire = None;
                 this.conn.as_mut().graceful_shutdown();
+            }
+        }
+        if let Some((retire, registered)) = &mut this.retire {
+            if !*registered {
+                retire.0.waker.register(cx.waker());
+                *registered = true;
+            }
+            if retire.asked() {
+                this.retire = None;
+                if this.signal.is_some() {
+                    this.conn.as_mut().graceful_shutdown();
+                }
             }
         }
         this.conn.as_mut().poll(cx)
@@ -154,6 +212,23 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(5), drain.shutdown()).await.expect("drained");
         task.await.expect("the connection ended");
         assert!(polls.load(Ordering::Relaxed) >= 2);
+    }
+
+    #[tokio::test]
+    async fn a_connection_asked_to_retire_is_told_while_others_are_not() {
+        let drain = Drain::new();
+        let retire = Retire::default();
+        let polls = Arc::new(AtomicUsize::new(0));
+        let retiring =
+            tokio::spawn(drain.watcher().watch_retiring(Conn { told: false, polls: polls.clone() }, retire.clone()));
+        let other = tokio::spawn(drain.watcher().watch(Conn { told: false, polls: polls.clone() }));
+        tokio::task::yield_now().await;
+        assert!(!retiring.is_finished());
+        // Asked from another task, as the age timer does.
+        tokio::spawn(async move { retire.ask() });
+        tokio::time::timeout(std::time::Duration::from_secs(5), retiring).await.expect("told").expect("ended");
+        assert!(!other.is_finished());
+        tokio::time::timeout(std::time::Duration::from_secs(5), drain.shutdown()).await.expect("drained");
     }
 
     #[tokio::test]

@@ -25,9 +25,9 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 
 use crate::config::Config;
+use crate::connection::connection_builder;
 use crate::forward::UPSTREAM_READ_BUFFER;
 use crate::pool::{Pool, UpstreamBody};
-use crate::server::connection_builder;
 
 /// Why the floor could not start.
 #[derive(Debug, thiserror::Error)]

@@ -1,9 +1,14 @@
 //! Closing connections that sit idle.
 //!
-//! [`IdleIo`] wraps a connection's socket: when no byte has moved in either
-//! direction for the idle timeout and no request on it is in flight, its next
-//! read reports end-of-file, which hyper treats as the client closing an idle
-//! connection, the cleanest way out for both HTTP/1.1 and HTTP/2.
+//! [`IdleIo`] wraps a connection's socket: when no request on it has been in
+//! flight for the idle timeout, its next read reports end-of-file, which
+//! hyper treats as the client closing an idle connection, the cleanest way
+//! out for both HTTP/1.1 and HTTP/2. Bytes alone do not keep a connection
+//! open: an HTTP/2 client sending a PING (or a SETTINGS, or a
+//! WINDOW_UPDATE) every few seconds would hold its place under
+//! `max_connections` forever. Bytes count only while a request is in
+//! flight, or when one has ended since the last bytes (its response's last
+//! bytes may leave just after it ends).
 //!
 //! The same timer bounds how long a client may take to send a request head
 //! (slowloris), `listen.header_read_timeout`: from the connection's start
@@ -75,8 +80,13 @@ impl Inflight {
     }
 
     /// Requests started on the connection so far.
-    fn started(&self) -> usize {
+    pub fn started(&self) -> usize {
         self.0.started.load(Ordering::Relaxed)
+    }
+
+    /// Requests ended on the connection so far.
+    fn ended(&self) -> usize {
+        self.0.ended.load(Ordering::Relaxed)
     }
 
     fn busy(&self) -> bool {
@@ -189,7 +199,12 @@ pub struct IdleIo<T> {
     inner: T,
     timeout: Duration,
     inflight: Inflight,
+    /// The last bytes moved: where a wait for a request head starts.
     last_activity: Instant,
+    /// The last bytes moved for a request: where the idle timeout starts.
+    last_request: Instant,
+    /// Requests ended as of `last_request`.
+    ended_seen: usize,
     /// `listen.header_read_timeout`; `None`: heads are not timed.
     header_timeout: Option<Duration>,
     protocol: Protocol,
@@ -221,6 +236,8 @@ impl<T> IdleIo<T> {
             timeout,
             inflight,
             last_activity: now,
+            last_request: now,
+            ended_seen: 0,
             header_timeout: None,
             protocol: Protocol::Undecided(0),
             waiting: None,
@@ -319,9 +336,16 @@ impl<T> IdleIo<T> {
     }
 
     fn touch(&mut self) {
-        // Only the timestamp moves here; the timer is re-armed lazily when it
+        // Only the timestamps move here; the timer is re-armed lazily when it
         // fires, so busy connections do not reset a timer on every read.
-        self.last_activity = Instant::now();
+        let now = Instant::now();
+        self.last_activity = now;
+        // `ended` first: it never passes `started`.
+        let ended = self.inflight.ended();
+        if ended != self.ended_seen || self.inflight.started() != ended {
+            self.ended_seen = ended;
+            self.last_request = now;
+        }
     }
 
     /// Whether the connection has been idle for the timeout. Registers the
@@ -357,15 +381,19 @@ impl<T> IdleIo<T> {
                 return false;
             }
             let now = Instant::now();
-            let idle = self.last_activity + self.timeout;
+            let idle = self.last_request + self.timeout;
             let deadline = head.map_or(idle, |h| h.min(idle));
             let soonest = |d: Instant| heads_later.map_or(d, |h| d.min(now + h));
             if deadline > now {
                 self.timer.as_mut().reset(soonest(deadline));
                 continue;
             }
-            if head.is_none() && self.inflight.busy() {
-                self.last_activity = now;
+            // In flight, or ended with no bytes since (a stream the client
+            // reset, say): the idle time starts now at the earliest.
+            let ended = self.inflight.ended();
+            if head.is_none() && (self.inflight.busy() || ended != self.ended_seen) {
+                self.ended_seen = ended;
+                (self.last_activity, self.last_request) = (now, now);
                 self.timer.as_mut().reset(soonest(now + self.timeout));
                 continue;
             }
@@ -445,155 +473,4 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for IdleIo<T> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    #[tokio::test(start_paused = true)]
-    async fn an_idle_connection_reads_as_closed_after_the_timeout() {
-        let (client, server) = tokio::io::duplex(64);
-        let mut io = IdleIo::new(
-            server,
-            Duration::from_secs(5),
-            Duration::from_secs(60),
-            Inflight::default(),
-            SendBudget::default(),
-        );
-        let started = Instant::now();
-        let mut buf = [0u8; 8];
-        let n = io.read(&mut buf).await.expect("read");
-        assert_eq!(n, 0, "idle connection reads as end of file");
-        assert_eq!(started.elapsed(), Duration::from_secs(5));
-        drop(client);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn activity_and_inflight_requests_keep_it_open() {
-        let (mut client, server) = tokio::io::duplex(64);
-        let inflight = Inflight::default();
-        let mut io = IdleIo::new(
-            server,
-            Duration::from_secs(5),
-            Duration::from_secs(60),
-            inflight.clone(),
-            SendBudget::default(),
-        );
-        let started = Instant::now();
-        let writer = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_secs(4)).await;
-            client.write_all(b"x").await.expect("write");
-            client
-        });
-        let mut buf = [0u8; 8];
-        assert_eq!(io.read(&mut buf).await.expect("read"), 1);
-        let _client = writer.await.expect("writer");
-        // A request in flight for 20 s: not idle, whatever the silence.
-        let guard = inflight.start();
-        let release = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_secs(20)).await;
-            drop(guard);
-        });
-        assert_eq!(io.read(&mut buf).await.expect("read"), 0);
-        release.await.expect("release");
-        // Never while the request was in flight (until t = 24 s); within one
-        // timeout after it (in real use the response's bytes count as
-        // activity too).
-        let closed = started.elapsed();
-        assert!(closed >= Duration::from_secs(24) && closed <= Duration::from_secs(29), "closed at {closed:?}");
-    }
-
-    /// An `IdleIo` with a 60 s idle timeout and a 5 s header timeout.
-    fn timed(server: tokio::io::DuplexStream, inflight: &Inflight) -> IdleIo<tokio::io::DuplexStream> {
-        IdleIo::new(server, Duration::from_secs(60), Duration::from_secs(60), inflight.clone(), SendBudget::default())
-            .with_header_timeout(Duration::from_secs(5))
-    }
-
-    /// Reads until end of file; how long it took.
-    async fn read_to_close(io: &mut IdleIo<tokio::io::DuplexStream>) -> Duration {
-        let started = Instant::now();
-        let mut buf = [0u8; 64];
-        while io.read(&mut buf).await.expect("read") > 0 {}
-        started.elapsed()
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_head_trickled_in_is_cut_at_the_header_timeout_whatever_the_protocol() {
-        for head in [&b"GET / HTTP/1.1\r\nhost: a\r\n"[..], H2_PREFACE] {
-            let (mut client, server) = tokio::io::duplex(64);
-            let mut io = timed(server, &Inflight::default());
-            let trickle = tokio::spawn(async move {
-                for b in head {
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    if client.write_all(&[*b]).await.is_err() {
-                        break;
-                    }
-                }
-                client
-            });
-            assert_eq!(read_to_close(&mut io).await, Duration::from_secs(5), "{:?}", String::from_utf8_lossy(head));
-            drop(trickle);
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn http1_times_the_wait_for_each_next_head_and_http2_only_the_first() {
-        // HTTP/1.1: a request, answered 20 s later; the next head is due 5 s
-        // after the answer.
-        let (mut client, server) = tokio::io::duplex(1024);
-        let inflight = Inflight::default();
-        let mut io = timed(server, &inflight);
-        client.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n").await.expect("write");
-        let mut buf = [0u8; 64];
-        assert!(io.read(&mut buf).await.expect("read") > 0);
-        let guard = inflight.start();
-        tokio::time::sleep(Duration::from_secs(20)).await;
-        io.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.expect("answer");
-        drop(guard);
-        assert_eq!(read_to_close(&mut io).await, Duration::from_secs(5));
-
-        // HTTP/2: after a request, only the idle timeout.
-        let (mut client, server) = tokio::io::duplex(1024);
-        let mut io = timed(server, &inflight);
-        client.write_all(H2_PREFACE).await.expect("write");
-        assert!(io.read(&mut buf).await.expect("read") > 0);
-        drop(inflight.start());
-        io.write_all(b"frames").await.expect("answer");
-        assert_eq!(read_to_close(&mut io).await, Duration::from_secs(60));
-        drop(client);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_write_blocked_for_the_send_timeout_fails() {
-        // The peer never reads: the 64-byte pipe fills up.
-        let (_client, server) = tokio::io::duplex(64);
-        let mut io = IdleIo::new(
-            server,
-            Duration::from_secs(60),
-            Duration::from_secs(3),
-            Inflight::default(),
-            SendBudget::default(),
-        );
-        let started = Instant::now();
-        let err = io.write_all(&[b'x'; 1024]).await.expect_err("a write to a peer that never reads fails");
-        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
-        assert_eq!(started.elapsed(), Duration::from_secs(3));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_connection_holding_response_data_that_never_leaves_fails_after_the_send_timeout() {
-        use http_body_util::{BodyExt, Full};
-        // An HTTP/2 client that grants no window: nothing blocks, nothing
-        // is written, and the response's first piece stays held.
-        let (_client, server) = tokio::io::duplex(64);
-        let budget = SendBudget::default();
-        let mut io =
-            IdleIo::new(server, Duration::from_secs(60), Duration::from_secs(3), Inflight::default(), budget.clone());
-        let started = Instant::now();
-        let piece = budget.body(Full::new(bytes::Bytes::from_static(b"held"))).frame().await;
-        let mut buf = [0u8; 8];
-        let err = io.read(&mut buf).await.expect_err("a connection whose responses stall fails");
-        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
-        assert_eq!(started.elapsed(), Duration::from_secs(3));
-        drop(piece);
-    }
-}
+mod tests;

@@ -12,17 +12,18 @@
 //! | module | responsibility |
 //! |---|---|
 //! | [`server`] | listeners, connection limits, graceful shutdown |
-//! | [`drain`] | graceful shutdown's signal to each connection, polled only once it is sent |
+//! | [`connection`] | one client connection: hyper over [`idle::IdleIo`], its requests handed to the proxy, the limits on its life |
+//! | [`drain`] | graceful shutdown's signal to each connection, polled only once it is sent, and a connection's own (`max_requests_per_connection`, `max_connection_age`) |
 //! | [`tls`] | TLS on the proxy listener: certificates chosen by SNI, re-read when their files change |
 //! | [`handshake`] | a TLS connection's first byte: its handshake, or plain HTTP answered 400 |
 //! | [`redirect`] | `listen.http_redirect`: a plain-HTTP listener answering 308 to the `https://` URL |
-//! | [`idle`] | closes connections idle for `listen.idle_timeout`, and clients that read nothing for `listen.send_timeout` |
+//! | [`idle`] | closes connections with no request in flight for `listen.idle_timeout`, and clients that read nothing for `listen.send_timeout` |
 //! | [`send_budget`] | at most 128 KiB of response bodies held per client connection, whatever its HTTP/2 streams |
 //! | [`normalize`] | one spelling per request: canonical path, host, method and header names, or 400 |
 //! | [`proxy`] | the request path: route, decide, forward or reject |
 //! | [`upstream`] | one upstream's servers and a request's tries on them: servers in service (`eject_after`, `max_ejected_percent`, panic mode, backups, `max_inflight`), retries within one deadline and a budget, what each failure is answered with |
 //! | [`forward`] | hop-by-hop and `X-Forwarded-*` headers, request bodies (read ahead up to `buffer_body` and the connection's `connection_body_buffer`, `max_body`, `body_read_timeout`) |
-//! | [`tunnel`] | WebSocket and other upgrades: after the upstream's 101, bytes copied both ways |
+//! | [`tunnel`] | WebSocket and other upgrades: after the upstream's 101, bytes copied both ways; at shutdown's end a WebSocket close frame, 1001 |
 //! | [`held`] | a request's concurrency slots, held until its response body ends or its client goes away |
 //! | [`settle`] | `cost_response_header`: the reserved cost corrected to the real one from the response's header or trailers |
 //! | [`balance`] | which of the candidate servers a request goes to: smooth weighted round robin, least request, weighted rendezvous hash |
@@ -54,7 +55,7 @@
 //! | [`top`] | the heaviest keys of each rule (`/top`, `tollgate top`) in fixed-memory sketches |
 //! | [`clock`] | wall-clock time, or a manual clock for tests |
 //! | [`cli`] | the `tollgate` command line: run, `check`, `explain`, `top` |
-//! | [`process`] | what the binaries share: the async runtime, logging, the shutdown signal, SIGHUP |
+//! | [`process`] | what the binaries share: the async runtime, logging, the shutdown signals (SIGTERM: lame duck first; SIGINT: drain at once), SIGHUP (reload) and SIGUSR1 (reopen the access log) |
 //! | [`floor`] | `tollgate-floor`: the same server setup and upstream pool with nothing between them, a bench target |
 
 #![forbid(unsafe_code)]
@@ -67,6 +68,7 @@ pub mod cli;
 pub mod client;
 pub mod clock;
 pub mod config;
+pub mod connection;
 pub mod decision;
 pub mod drain;
 pub mod envoy_rls;

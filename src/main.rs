@@ -105,7 +105,7 @@ fn run(cli: &Cli) -> ExitCode {
             }
         };
         tracing::info!(proxy = %server.proxy_addr(), admin = %server.admin_addr(), "tollgate listening");
-        server.run(process::shutdown_signal()).await;
+        server.run_until(process::stop_signal()).await;
         tracing::info!("stopped");
         ExitCode::SUCCESS
     })

@@ -1,5 +1,5 @@
 //! What the binaries share around the library: the async runtime, logging,
-//! the shutdown signal and SIGHUP.
+//! the shutdown signal, SIGHUP and SIGUSR1.
 
 /// The async runtime: one worker thread per CPU this process may run on.
 /// Pinned to a single CPU (`taskset`, a one-CPU container quota), a
@@ -18,42 +18,55 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     }
 }
 
-/// Completes on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
+/// How a shutdown goes, by the signal that asked for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// SIGTERM, an orchestrator's: `/readyz` fails and the listeners serve
+    /// on for `listen.shutdown_delay` before the drain, because load
+    /// balancers learn of the shutdown after the process does.
+    LameDuck,
+    /// SIGINT, a person's Ctrl-C: nothing routes by this instance's
+    /// readiness that would need the delay; the drain starts at once.
+    Now,
+}
+
+/// Completes on SIGTERM or SIGINT, saying which.
+pub async fn stop_signal() -> Stop {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut term) => {
                 tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
+                    _ = ctrl_c => Stop::Now,
+                    _ = term.recv() => Stop::LameDuck,
                 }
             }
             Err(_) => {
                 let _ = ctrl_c.await;
+                Stop::Now
             }
         }
     }
     #[cfg(not(unix))]
     {
         let _ = ctrl_c.await;
+        Stop::Now
     }
+}
+
+/// Completes on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    stop_signal().await;
 }
 
 /// SIGHUP, caught from now on (its default action ends the process):
 /// registered when the server is bound, before anything could send it.
 /// `None` when the platform has no SIGHUP or it cannot be caught.
-pub fn hangup_signal() -> Option<Hangup> {
+pub fn hangup_signal() -> Option<Caught> {
     #[cfg(unix)]
     {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-            Ok(s) => Some(Hangup(s)),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot catch SIGHUP; the access log will not be reopened on it");
-                None
-            }
-        }
+        catch(tokio::signal::unix::SignalKind::hangup(), "SIGHUP")
     }
     #[cfg(not(unix))]
     {
@@ -61,12 +74,37 @@ pub fn hangup_signal() -> Option<Hangup> {
     }
 }
 
-/// A registered SIGHUP (see [`hangup_signal`]).
-pub struct Hangup(#[cfg(unix)] tokio::signal::unix::Signal);
+/// SIGUSR1, caught from now on, as [`hangup_signal`]: nginx's signal to
+/// reopen log files, which logrotate recipes written for nginx send. Its
+/// default action ends the process, so an uncaught one would take the
+/// proxy down with the log rotation.
+pub fn reopen_signal() -> Option<Caught> {
+    #[cfg(unix)]
+    {
+        catch(tokio::signal::unix::SignalKind::user_defined1(), "SIGUSR1")
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
 
-impl Hangup {
-    /// Calls `then` on every SIGHUP, until the task is dropped. This is
-    /// what logrotate's `postrotate` sends (`kill -HUP`).
+#[cfg(unix)]
+fn catch(kind: tokio::signal::unix::SignalKind, name: &str) -> Option<Caught> {
+    match tokio::signal::unix::signal(kind) {
+        Ok(s) => Some(Caught(s)),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot catch {name}; the access log will not be reopened on it");
+            None
+        }
+    }
+}
+
+/// A registered signal (see [`hangup_signal`] and [`reopen_signal`]).
+pub struct Caught(#[cfg(unix)] tokio::signal::unix::Signal);
+
+impl Caught {
+    /// Calls `then` on every signal, until the task is dropped.
     pub async fn each(mut self, mut then: impl FnMut()) {
         #[cfg(unix)]
         while self.0.recv().await.is_some() {

@@ -640,7 +640,11 @@ impl Proxy {
                     // The tunnel is the request in flight until it closes.
                     let held = held.take().map(Arc::new);
                     let answered = resp.body_mut().take_answered().map(Arc::new);
-                    resp.extensions_mut().insert(tunnel::Pending { client, upstream, held, answered });
+                    let websocket = resp
+                        .headers()
+                        .get(http::header::UPGRADE)
+                        .is_some_and(|p| p.as_bytes().eq_ignore_ascii_case(b"websocket"));
+                    resp.extensions_mut().insert(tunnel::Pending { client, upstream, held, answered, websocket });
                 }
                 if !settling.is_empty() {
                     let ended = hyper::body::Body::is_end_stream(resp.body());

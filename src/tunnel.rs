@@ -10,7 +10,10 @@
 //! response's extensions. The server takes it from there ([`Pending::run`]):
 //! once hyper has written the 101, bytes are copied both ways until either
 //! side closes, the tunnel has been silent for `listen.tunnel_idle_timeout`,
-//! or the server shuts down.
+//! or the server's drain ends. A tunnel gets the drain time as requests
+//! do; a WebSocket still open at its end is closed with a close frame, code
+//! 1001 (going away), to both sides, so that the client reconnects rather
+//! than reports an abnormal closure (1006).
 //!
 //! What a tunnel carries is not HTTP any more, so nothing in it is counted:
 //! one WebSocket is one request. Upgrades to protocols that would carry
@@ -38,6 +41,9 @@ use prometheus::IntGauge;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
+
+mod frames;
+use frames::FrameEdge;
 
 /// The `Upgrade` value of a request tollgate will tunnel: HTTP/1.1, one
 /// `Upgrade` header, `upgrade` among the `Connection` options, and a
@@ -111,6 +117,9 @@ pub struct Pending {
     /// The upstream server's count of answered requests, added to when
     /// the tunnel closes: a tunnel is in flight on its server until then.
     pub answered: Option<Arc<crate::pool::Answered>>,
+    /// The upstream switched to `websocket`: the tunnel carries WebSocket
+    /// frames, and is closed at shutdown with a close frame.
+    pub websocket: bool,
 }
 
 /// What every tunnel of a server shares.
@@ -142,6 +151,12 @@ pub fn tunnels(idle_timeout: Duration, active: IntGauge) -> (Tunnels, Closer) {
 }
 
 impl Closer {
+    /// Completes when every tunnel has ended by itself, and every
+    /// [`Tunnels`] that could start one is gone.
+    pub async fn ended(&mut self) {
+        let _ = self.running.recv().await;
+    }
+
     /// Closes every tunnel and waits (at most `wait`) until their sockets
     /// are closed.
     pub async fn close(mut self, wait: Duration) {
@@ -158,7 +173,7 @@ impl Pending {
     /// and so do the request's concurrency slots.
     pub async fn run<H: Send>(self, tunnels: Tunnels, hold: H) {
         let Tunnels { idle_timeout, active, mut closing, running } = tunnels;
-        let Pending { client, upstream, held, answered } = self;
+        let Pending { client, upstream, held, answered, websocket } = self;
         let (client, upstream) = match tokio::try_join!(client, upstream) {
             Ok(both) => both,
             Err(e) => {
@@ -168,24 +183,56 @@ impl Pending {
         };
         active.inc();
         let last = Arc::new(Activity::new());
-        let mut client = Watched { io: TokioIo::new(client), last: last.clone() };
-        let mut upstream = Watched { io: TokioIo::new(upstream), last: last.clone() };
+        let edge = || websocket.then(FrameEdge::default);
+        let mut client = Watched { io: TokioIo::new(client), last: last.clone(), edge: edge() };
+        let mut upstream = Watched { io: TokioIo::new(upstream), last: last.clone(), edge: edge() };
         let closed = async {
             if !*closing.borrow_and_update() {
                 let _ = closing.changed().await;
             }
         };
-        tokio::select! {
+        let shut_down = tokio::select! {
             r = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {
                 if let Err(e) = r {
                     tracing::debug!(error = %e, "a tunnel ended with an error");
                 }
+                false
             }
-            () = last.idle_for(idle_timeout) => tracing::debug!("a tunnel closed after its idle timeout"),
-            () = closed => {}
+            () = last.idle_for(idle_timeout) => {
+                tracing::debug!("a tunnel closed after its idle timeout");
+                false
+            }
+            () = closed => true,
+        };
+        if shut_down {
+            // Bounded: a peer that reads nothing gets a bare close.
+            let _ = tokio::time::timeout(GOING_AWAY_WRITE, going_away(&mut client, &mut upstream)).await;
         }
         active.dec();
         drop((client, upstream, hold, held, answered, running));
+    }
+}
+
+/// How long the close frames at shutdown may take to write.
+const GOING_AWAY_WRITE: Duration = Duration::from_millis(500);
+
+/// Sends each side of a WebSocket tunnel a close frame, 1001 (going away),
+/// where the frames written to it so far end, and closes its write side.
+/// A side in the middle of a frame gets no frame (it would corrupt the
+/// one cut short), nor does a tunnel that is not a WebSocket.
+async fn going_away<C, U>(client: &mut Watched<C>, upstream: &mut Watched<U>)
+where
+    C: AsyncWrite + Unpin,
+    U: AsyncWrite + Unpin,
+{
+    use tokio::io::AsyncWriteExt;
+    if client.edge.as_ref().is_some_and(FrameEdge::at_edge) {
+        let _ = client.io.write_all(&frames::GOING_AWAY_TO_CLIENT).await;
+        let _ = client.io.shutdown().await;
+    }
+    if upstream.edge.as_ref().is_some_and(FrameEdge::at_edge) {
+        let _ = upstream.io.write_all(&frames::going_away_to_upstream()).await;
+        let _ = upstream.io.shutdown().await;
     }
 }
 
@@ -217,10 +264,12 @@ impl Activity {
     }
 }
 
-/// One side of a tunnel, noting each byte that moves.
+/// One side of a tunnel, noting each byte that moves, and (a WebSocket)
+/// where the frames written to it end.
 struct Watched<T> {
     io: T,
     last: Arc<Activity>,
+    edge: Option<FrameEdge>,
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
@@ -237,8 +286,13 @@ impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
 impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let poll = Pin::new(&mut self.io).poll_write(cx, buf);
-        if matches!(poll, Poll::Ready(Ok(n)) if n > 0) {
+        if let Poll::Ready(Ok(n)) = poll
+            && n > 0
+        {
             self.last.touch();
+            if let Some(edge) = &mut self.edge {
+                edge.feed(&buf[..n]);
+            }
         }
         poll
     }

@@ -288,6 +288,50 @@ async fn sighup_reopens_the_file_and_reloads_the_rules() {
     assert!(old.contains_key("before-2"));
 }
 
+/// nginx's convention, and what the README's logrotate recipe sends:
+/// SIGUSR1 reopens the access log and does nothing else (SIGHUP also
+/// reloads the main file and the rules).
+#[tokio::test]
+async fn sigusr1_reopens_the_file_without_reloading() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
+    std::fs::write(dir.path().join("rules/r.toml"), RULES).expect("rules");
+    std::fs::write(dir.path().join("tollgate.toml"), logging(&upstream, "access.log")).expect("config");
+    let mut p = spawn(dir.path());
+    let log = dir.path().join("access.log");
+    let rotated = dir.path().join("access.log.1");
+    let r = Call::new("GET", p.proxy, "/").header("x-request-id", "before-0").send().await;
+    assert_eq!(r.status, 200);
+    lines_by_id(&log, 1).await;
+
+    std::fs::rename(&log, &rotated).expect("rotate");
+    let signal = |name: &str, pid: u32| {
+        let ok = Command::new("kill").args(["-s", name, &pid.to_string()]).status().expect("kill runs");
+        assert!(ok.success(), "kill -s {name}");
+    };
+    signal("USR1", p.child.id());
+    eventually("SIGUSR1 logged", || async { p.stderr.lock().expect("log").iter().any(|l| l.contains("SIGUSR1")) })
+        .await;
+    assert!(p.child.try_wait().expect("wait").is_none(), "tollgate ended on SIGUSR1");
+    let r = Call::new("GET", p.proxy, "/").header("x-request-id", "after-0").send().await;
+    assert_eq!(r.status, 200);
+    assert!(lines_by_id(&log, 1).await.contains_key("after-0"));
+    assert!(lines_by_id(&rotated, 1).await.contains_key("before-0"));
+
+    // Nothing was reloaded: a SIGHUP sent now is the first reload of each.
+    let reloads = |text: &str| {
+        let count = |name: &str| metric(text, name, &[("result", "success")]).unwrap_or(0.0);
+        (count("tollgate_rules_reloads_total"), count("tollgate_config_reloads_total"))
+    };
+    let metrics = || async { Call::new("GET", p.admin, "/metrics").send().await.text().to_string() };
+    assert_eq!(reloads(&metrics().await), (0.0, 0.0));
+    signal("HUP", p.child.id());
+    eventually("the main file reloaded on SIGHUP", || async { reloads(&metrics().await).1 >= 1.0 }).await;
+    assert_eq!(reloads(&metrics().await).1, 1.0, "SIGUSR1 reloaded the main file");
+    assert!(p.child.try_wait().expect("wait").is_none(), "tollgate ended");
+}
+
 #[tokio::test]
 async fn a_connection_refused_over_max_connections_is_logged() {
     let upstream = Upstream::start().await;

@@ -35,11 +35,21 @@ fn spawn(upstream: &Upstream, rules: &str) -> Process {
 
 /// [`spawn`] with `RUST_LOG` set to `level`, keeping every log line.
 fn spawn_logging(upstream: &Upstream, rules: &str, level: &str) -> (Process, Arc<Mutex<Vec<String>>>) {
+    spawn_with(upstream, "", rules, level)
+}
+
+/// [`spawn_logging`] with `listen` added to the `[listen]` table; no
+/// `shutdown_delay` unless `listen` sets one, so that SIGTERM drains at once.
+fn spawn_with(upstream: &Upstream, listen: &str, rules: &str, level: &str) -> (Process, Arc<Mutex<Vec<String>>>) {
+    let listen = match listen.contains("shutdown_delay") {
+        true => listen.to_string(),
+        false => format!("shutdown_delay = \"0s\"\n{listen}"),
+    };
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
     std::fs::write(dir.path().join("rules/r.toml"), rules).expect("rules");
     let cfg = config(upstream.addr)
-        .replace("admin = \"127.0.0.1:0\"\n", "admin = \"127.0.0.1:0\"\ndrain_timeout = \"10s\"\n");
+        .replace("admin = \"127.0.0.1:0\"\n", &format!("admin = \"127.0.0.1:0\"\ndrain_timeout = \"10s\"\n{listen}"));
     std::fs::write(dir.path().join("tollgate.toml"), cfg).expect("config");
     let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .arg("--config")
@@ -107,6 +117,59 @@ async fn sigterm_finishes_in_flight_requests_then_exits_0() {
     assert!(tokio::net::TcpStream::connect(p.proxy).await.is_err());
 }
 
+/// Lame duck: on SIGTERM `/readyz` turns 503 at once, so that load
+/// balancers stop sending, while the proxy still answers new connections
+/// for `shutdown_delay`; then it stops accepting and drains.
+#[tokio::test]
+async fn sigterm_makes_readyz_503_and_serves_through_the_shutdown_delay_then_stops_accepting() {
+    let upstream = Upstream::start().await;
+    let (mut p, _log) = spawn_with(&upstream, "shutdown_delay = \"4s\"\n", "", "info");
+    let ready = || async { Call::new("GET", p.admin, "/readyz").send().await.status };
+    assert_eq!(ready().await, 200);
+    // In flight through the delay and the drain, to keep the process there.
+    let held = tokio::spawn(Call::new("GET", p.proxy, "/held").header("x-echo-hold", "1").send());
+    upstream.wait_held(1).await;
+    signal(&p.child, "TERM");
+    support::eventually("/readyz answers 503", || async { ready().await == 503 }).await;
+    // A new connection, during the delay: served.
+    let r = Call::new("GET", p.proxy, "/during").send().await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // After it: refused, while the held request is still being drained.
+    support::eventually("new connections refused", || async { tokio::net::TcpStream::connect(p.proxy).await.is_err() })
+        .await;
+    assert!(p.child.try_wait().expect("wait").is_none(), "tollgate ended before its drain");
+    upstream.release(1);
+    assert_eq!(held.await.expect("held request").status, 200);
+    let deadline = Instant::now() + support::DEADLINE;
+    let status = loop {
+        if let Some(status) = p.child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "tollgate did not exit after its drain");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "exit status {status}");
+}
+
+/// SIGINT is a person at a terminal (Ctrl-C), not an orchestrator: no lame
+/// duck, the drain starts at once.
+#[tokio::test]
+async fn sigint_drains_at_once_without_the_shutdown_delay() {
+    let upstream = Upstream::start().await;
+    let (mut p, _log) = spawn_with(&upstream, "shutdown_delay = \"1h\"\n", "", "info");
+    assert_eq!(Call::new("GET", p.proxy, "/").send().await.status, 200);
+    signal(&p.child, "INT");
+    let deadline = Instant::now() + support::DEADLINE;
+    let status = loop {
+        if let Some(status) = p.child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "tollgate did not exit after SIGINT");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "exit status {status}");
+}
+
 #[tokio::test]
 async fn api_keys_never_appear_in_debug_logs() {
     let upstream = Upstream::start().await;
@@ -126,6 +189,96 @@ async fn api_keys_never_appear_in_debug_logs() {
     let lines = log.lock().expect("log").clone();
     let leaked: Vec<&String> = lines.iter().filter(|l| l.contains(secret)).collect();
     assert!(leaked.is_empty(), "the API key is in the log:\n{leaked:#?}");
+}
+
+/// A flood of connections over `max_connections` that send nothing: each
+/// refusal waits for a request that never comes, so the refusals under way
+/// must be bounded, or every one holds a descriptor (main held 1,055 here).
+/// The bound: the descriptors tollgate had with its slots full, plus the
+/// refusals it may have under way (256, `server::REFUSALS`), plus slack for
+/// the runtime's own.
+#[tokio::test]
+async fn a_flood_over_max_connections_holds_a_bounded_number_of_descriptors() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = Upstream::start().await;
+    let listen = "max_connections = 10\nheader_read_timeout = \"60s\"\nidle_timeout = \"60s\"\n";
+    let (p, _log) = spawn_with(&upstream, listen, "", "info");
+    let pid = p.child.id();
+    let refused = |text: &str| support::metric(text, "tollgate_connections_refused_total", &[]).unwrap_or(0.0);
+    let metrics = || async { Call::new("GET", p.admin, "/metrics").send().await.text().to_string() };
+    let mut held = Vec::new();
+    for _ in 0..10 {
+        held.push(tokio::net::TcpStream::connect(p.proxy).await.expect("connect"));
+    }
+    support::eventually("ten connections held", || async {
+        support::metric(&metrics().await, "tollgate_connections_active", &[]) == Some(10.0)
+    })
+    .await;
+    let full = fds(pid);
+    let (stop, peak) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
+    let sampler = std::thread::spawn({
+        let (stop, peak) = (stop.clone(), peak.clone());
+        move || {
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
+                    peak.fetch_max(dir.count(), Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    });
+    let flood: Vec<_> = (0..2000)
+        .map(|_| {
+            let addr = p.proxy;
+            tokio::spawn(async move {
+                tokio::time::timeout(Duration::from_secs(10), tokio::net::TcpStream::connect(addr)).await
+            })
+        })
+        .collect();
+    let mut open = Vec::new();
+    for f in flood {
+        if let Ok(Ok(Ok(s))) = f.await {
+            open.push(s);
+        }
+    }
+    // Each refused connection is closed by tollgate, at once or after its
+    // refusal's bounded wait. Some connections never reach it: past the
+    // listen backlog, the kernel completes a handshake with a SYN cookie
+    // and then drops it, unknown to tollgate.
+    let closed: Vec<_> = open
+        .into_iter()
+        .map(|mut s| {
+            tokio::spawn(async move {
+                // A 503, an end of file or a reset: anything but silence.
+                let mut byte = [0u8; 1];
+                tokio::time::timeout(Duration::from_secs(10), s.read(&mut byte)).await.is_ok()
+            })
+        })
+        .collect();
+    let mut refusals = 0;
+    for c in closed {
+        refusals += usize::from(c.await.expect("reader"));
+    }
+    assert!(refusals >= 1000, "only {refusals} of 2000 connections were refused");
+    assert!(refused(&metrics().await) >= refusals as f64);
+    stop.store(true, Ordering::Relaxed);
+    sampler.join().expect("sampler");
+    let peak = peak.load(Ordering::Relaxed);
+    assert!(peak <= full + 256 + 32, "{peak} descriptors open at the peak, {full} with the slots full");
+    // The connections held all along are served, and a refusal when no
+    // flood is on still explains itself.
+    held[0].write_all(b"GET / HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n").await.expect("write");
+    let mut answer = Vec::new();
+    tokio::time::timeout(support::DEADLINE, held[0].read_to_end(&mut answer)).await.expect("answered").expect("read");
+    assert!(answer.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&answer));
+    held[0] = tokio::net::TcpStream::connect(p.proxy).await.expect("connect");
+    support::eventually("ten connections held again", || async {
+        support::metric(&metrics().await, "tollgate_connections_active", &[]) == Some(10.0)
+    })
+    .await;
+    let r = Call::new("GET", p.proxy, "/").send().await;
+    assert_eq!(r.status, 503, "{}", r.text());
 }
 
 fn rss_kib(pid: u32) -> u64 {

@@ -150,6 +150,28 @@ async fn shutdown_closes_open_tunnels() {
     assert!(closed.starts_with("closed "), "the client saw {closed}");
 }
 
+/// A tunnel is not cut at the shutdown's start: it gets the drain time, as
+/// requests do, and is then closed with a WebSocket close frame saying 1001
+/// (going away), so the client knows to reconnect elsewhere, rather than a
+/// bare TCP close (1006 to the client).
+#[tokio::test]
+async fn a_tunnel_open_at_shutdown_is_closed_with_going_away_after_the_drain() {
+    let (_server, port) = ws_upstream().await;
+    let tg = Tollgate::with(&ws_config(&port, "drain_timeout = \"2s\"\n"), &[("r.toml", TWO_PER_USER)]).await;
+    let url = format!("ws://{}/chat", tg.proxy_addr);
+    let mut client = Peer::spawn(&["client", &url, "send:a", "recv", "wait-close"]);
+    assert_eq!(client.line().await, "open");
+    assert_eq!(client.line().await, "recv a");
+    tokio::time::timeout(Duration::from_secs(10), tg.stop()).await.expect("tollgate stops with a tunnel open");
+    let closed = client.line().await;
+    let words: Vec<&str> = closed.split(' ').collect();
+    assert_eq!(words.get(1), Some(&"1001"), "the client saw {closed}");
+    // Not before the drain's end: the client's clock started before the
+    // shutdown did.
+    let after: f64 = words.get(2).and_then(|s| s.parse().ok()).unwrap_or(0.0);
+    assert!(after >= 1.9, "closed {after} s after the shutdown began; the drain is 2 s");
+}
+
 /// A raw HTTP/1.1 exchange: the status line and headers of the answer.
 async fn raw(addr: std::net::SocketAddr, request: &str) -> String {
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");

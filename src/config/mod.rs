@@ -12,6 +12,7 @@
 mod admin;
 mod envoy;
 mod error;
+mod listen;
 mod log;
 mod machine;
 mod overrides;
@@ -118,6 +119,15 @@ pub struct Listen {
     /// A WebSocket (or other upgraded) tunnel that moves no byte for this
     /// long is closed.
     pub tunnel_idle_timeout: Duration,
+    /// Requests one client connection may carry; its last is answered with
+    /// `Connection: close` (HTTP/1.1) or followed by a GOAWAY (HTTP/2).
+    pub max_requests_per_connection: usize,
+    /// How long one client connection may live before it is closed the
+    /// same graceful way; none when not set.
+    pub max_connection_age: Option<Duration>,
+    /// On SIGTERM, how long the listeners keep serving (with `/readyz`
+    /// answering 503) before they stop accepting and drain.
+    pub shutdown_delay: Duration,
     /// `[[listen.tls]]`, read and checked: when not empty the proxy
     /// listener speaks TLS only, and the first is the default certificate.
     pub tls: Vec<crate::tls::Certificate>,
@@ -370,7 +380,12 @@ impl Validator<'_> {
         let (tls, http_redirect, redirect_port) = self.listen_tls(&listen);
         let decision = listen.decision.as_ref().and_then(|v| self.socket_addr(v, "listen.decision"));
         let envoy_rls = listen.envoy_rls.as_ref().and_then(|v| self.socket_addr(v, "listen.envoy_rls"));
+        let (max_requests_per_connection, max_connection_age) = self.connection_lifetime(&listen);
+        let shutdown_delay = self.shutdown_delay(&listen);
         let listen = Listen {
+            shutdown_delay,
+            max_requests_per_connection,
+            max_connection_age,
             tls,
             http_redirect,
             redirect_port,

@@ -452,6 +452,40 @@ fn redirect_port_defaults_to_443_and_is_a_port() {
     );
 }
 
+#[test]
+fn connection_lifetime_limits() {
+    let c = parse("");
+    assert_eq!((c.listen.max_requests_per_connection, c.listen.max_connection_age), (10_000, None));
+    let c = parse("[listen]\nmax_requests_per_connection = 1\nmax_connection_age = \"10m\"\n");
+    assert_eq!((c.listen.max_requests_per_connection, c.listen.max_connection_age), (1, Some(600 * SEC)));
+    assert_eq!(
+        errors("[listen]\nmax_requests_per_connection = 0\nmax_connection_age = \"0s\"\n"),
+        [
+            "t.toml:2:31: listen.max_requests_per_connection must be at least 1",
+            "t.toml:3:22: listen.max_connection_age must be longer than zero; leave it out for no age limit"
+        ]
+    );
+    assert_eq!(
+        errors("[listen]\nmax_connection_age = \"forever\"\n"),
+        [
+            "t.toml:2:22: listen.max_connection_age \"forever\" is not a duration (expected number at 0); write e.g. \"250ms\", \"1s\", \"5m\", \"1h\", \"1d\""
+        ]
+    );
+}
+
+#[test]
+fn shutdown_delay_may_be_zero() {
+    assert_eq!(parse("").listen.shutdown_delay, 5 * SEC);
+    assert_eq!(parse("[listen]\nshutdown_delay = \"0s\"\n").listen.shutdown_delay, Duration::ZERO);
+    assert_eq!(parse("[listen]\nshutdown_delay = \"15s\"\n").listen.shutdown_delay, 15 * SEC);
+    assert_eq!(
+        errors("[listen]\nshutdown_delay = \"soon\"\n"),
+        [
+            "t.toml:2:18: listen.shutdown_delay \"soon\" is not a duration (expected number at 0); write e.g. \"0s\", \"250ms\", \"5s\", \"1m\""
+        ]
+    );
+}
+
 const ORDERS: &str = "[[upstream]]\nname = \"orders\"\nurl = \"http://127.0.0.1:9001\"\n";
 
 #[test]

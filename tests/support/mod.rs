@@ -333,7 +333,13 @@ impl Tollgate {
     pub async fn start_in(dir: TempDir, config: &str) -> Tollgate {
         let path = dir.path().join("tollgate.toml");
         std::fs::write(&path, config).expect("write config");
-        let config = Config::parse(&path, config).unwrap_or_else(|e| panic!("test config does not validate:\n{e}"));
+        let text = config;
+        let mut config = Config::parse(&path, text).unwrap_or_else(|e| panic!("test config does not validate:\n{e}"));
+        // Stopping drains at once, without the lame-duck delay of a real
+        // shutdown, unless the test is about it.
+        if !text.contains("shutdown_delay") {
+            config.listen.shutdown_delay = Duration::ZERO;
+        }
         let clock = ManualClock::new(T0);
         let server = Server::bind(config, Arc::new(clock.clone())).await.unwrap_or_else(|e| panic!("bind: {e}"));
         let (tx, rx) = oneshot::channel::<()>();
