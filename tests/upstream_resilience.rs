@@ -582,3 +582,42 @@ async fn the_open_files_soft_limit_is_raised_to_the_hard_limit_and_a_low_hard_li
     let _ = child.wait();
     assert!(log.iter().any(|l| l.contains("open files limit is below") && l.contains("512")), "no warning in {log:?}");
 }
+
+#[tokio::test]
+async fn an_h2_upstream_connection_on_which_a_request_timed_out_is_replaced() {
+    // An h2c server: `/hang` never answers, everything else does; it
+    // counts the connections it accepts.
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let connections = Arc::new(AtomicUsize::new(0));
+    let _server = tokio::spawn({
+        let connections = connections.clone();
+        async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                connections.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(|req: http::Request<hyper::body::Incoming>| async move {
+                        if req.uri().path() == "/hang" {
+                            std::future::pending::<()>().await;
+                        }
+                        Ok::<_, std::io::Error>(http::Response::new(http_body_util::Full::new(
+                            bytes::Bytes::from_static(b"ok"),
+                        )))
+                    });
+                    let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        }
+    });
+    let text = config(&[url(addr)], "protocol = \"h2\"\ntimeout = \"300ms\"").replace("timeout = \"10s\"\n", "");
+    let tg = Tollgate::with(&text, &[]).await;
+    assert_eq!(tg.get("/").send().await.status, 200);
+    assert_eq!(tg.get("/").send().await.status, 200);
+    assert_eq!(connections.load(Ordering::SeqCst), 1, "one connection carries every request");
+    assert_eq!(tg.get("/hang").send().await.status, 504);
+    // The connection a request timed out on is not trusted again.
+    assert_eq!(tg.get("/").send().await.status, 200);
+    assert_eq!(connections.load(Ordering::SeqCst), 2);
+}

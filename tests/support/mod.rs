@@ -333,13 +333,8 @@ impl Tollgate {
     pub async fn start_in(dir: TempDir, config: &str) -> Tollgate {
         let path = dir.path().join("tollgate.toml");
         std::fs::write(&path, config).expect("write config");
-        let text = config;
-        let mut config = Config::parse(&path, text).unwrap_or_else(|e| panic!("test config does not validate:\n{e}"));
-        // Stopping drains at once, without the lame-duck delay of a real
-        // shutdown, unless the test is about it.
-        if !text.contains("shutdown_delay") {
-            config.listen.shutdown_delay = Duration::ZERO;
-        }
+        let lame_duck = config.contains("shutdown_delay");
+        let config = Config::parse(&path, config).unwrap_or_else(|e| panic!("test config does not validate:\n{e}"));
         let clock = ManualClock::new(T0);
         let server = Server::bind(config, Arc::new(clock.clone())).await.unwrap_or_else(|e| panic!("bind: {e}"));
         let (tx, rx) = oneshot::channel::<()>();
@@ -351,8 +346,12 @@ impl Tollgate {
             server.envoy_rls_addr(),
         );
         let (proxy, reloader) = (server.proxy(), server.reloader());
-        let task = tokio::spawn(server.run(async move {
+        // Stopping drains at once (as SIGINT does), without the lame-duck
+        // delay of SIGTERM, unless the test is about it: the running config
+        // stays as written (`tollgate check --running` compares it).
+        let task = tokio::spawn(server.run_until(async move {
             let _ = rx.await;
+            if lame_duck { tollgate::process::Stop::LameDuck } else { tollgate::process::Stop::Now }
         }));
         Tollgate {
             dir,
