@@ -20,29 +20,7 @@ use tokio::task::JoinHandle;
 /// The main config with one upstream `svc` whose servers are `servers`
 /// (TOML values: quoted URLs or tables), and `extra` lines in its table.
 fn config(servers: &[String], extra: &str) -> String {
-    format!(
-        r#"[listen]
-proxy = "127.0.0.1:0"
-admin = "127.0.0.1:0"
-
-[rules]
-path = "rules"
-
-[client]
-trusted_proxies = ["127.0.0.1/32"]
-
-[[upstream]]
-name = "svc"
-servers = [{}]
-timeout = "10s"
-{extra}
-
-[[route]]
-path_prefix = "/"
-upstream = "svc"
-"#,
-        servers.join(", ")
-    )
+    support::upstream_config(&format!("servers = [{}]", servers.join(", ")), extra)
 }
 
 fn url(addr: SocketAddr) -> String {
@@ -112,7 +90,7 @@ async fn read_head(stream: &mut TcpStream) -> bool {
 #[tokio::test]
 async fn a_timeout_on_each_of_two_servers_takes_neither_out() {
     let (a, b) = (Upstream::start().await, Upstream::start().await);
-    let text = config(&[url(a.addr), url(b.addr)], "timeout = \"1s\"").replace("timeout = \"10s\"\n", "");
+    let text = config(&[url(a.addr), url(b.addr)], "timeout = \"1s\"");
     let tg = Tollgate::with(&text, &[]).await;
     // Two slow requests at once, one per server (round robin).
     let slow = || tg.get("/delay").header("x-echo-delay-ms", "3000").send();
@@ -356,7 +334,7 @@ async fn an_upstream_tls_handshake_that_never_completes_falls_under_connect_time
         }
     });
     let extra = "connect_timeout = \"200ms\"\ntimeout = \"20s\"";
-    let text = config(&[format!("\"https://{addr}\"")], extra).replace("timeout = \"10s\"\n", "");
+    let text = config(&[format!("\"https://{addr}\"")], extra);
     let tg = Tollgate::with(&text, &[]).await;
     let started = Instant::now();
     let reply = tg.get("/").send().await;
@@ -611,7 +589,7 @@ async fn an_h2_upstream_connection_on_which_a_request_timed_out_is_replaced() {
             }
         }
     });
-    let text = config(&[url(addr)], "protocol = \"h2\"\ntimeout = \"300ms\"").replace("timeout = \"10s\"\n", "");
+    let text = config(&[url(addr)], "protocol = \"h2\"\ntimeout = \"300ms\"");
     let tg = Tollgate::with(&text, &[]).await;
     assert_eq!(tg.get("/").send().await.status, 200);
     assert_eq!(tg.get("/").send().await.status, 200);

@@ -147,29 +147,7 @@ async fn answer(
 /// lines in its table.
 fn config(servers: &[String], extra: &str) -> String {
     let list: Vec<String> = servers.iter().map(|s| format!("{s:?}")).collect();
-    format!(
-        r#"[listen]
-proxy = "127.0.0.1:0"
-admin = "127.0.0.1:0"
-
-[rules]
-path = "rules"
-
-[client]
-trusted_proxies = ["127.0.0.1/32"]
-
-[[upstream]]
-name = "svc"
-servers = [{}]
-timeout = "10s"
-{extra}
-
-[[route]]
-path_prefix = "/"
-upstream = "svc"
-"#,
-        list.join(", ")
-    )
+    support::upstream_config(&format!("servers = [{}]", list.join(", ")), extra)
 }
 
 async fn tollgate(servers: &[&Backend], extra: &str) -> Tollgate {

@@ -268,6 +268,14 @@ async fn echo(req: Request<Incoming>, state: Arc<UpstreamState>) -> Result<Respo
 /// the client address with `X-Forwarded-For`), one upstream `svc` at
 /// `upstream`, routed from `/`.
 pub fn config(upstream: SocketAddr) -> String {
+    upstream_config(&format!("url = \"http://{upstream}\""), "")
+}
+
+/// [`config`] with the upstream's servers given by `servers` (a `url = ...`
+/// or `servers = [...]` line) and `extra` lines in its table. A
+/// `timeout` in `extra` replaces the default of 10 s.
+pub fn upstream_config(servers: &str, extra: &str) -> String {
+    let timeout = if extra.lines().any(|l| l.starts_with("timeout")) { "" } else { "timeout = \"10s\"\n" };
     format!(
         r#"[listen]
 proxy = "127.0.0.1:0"
@@ -281,8 +289,8 @@ trusted_proxies = ["127.0.0.1/32"]
 
 [[upstream]]
 name = "svc"
-url = "http://{upstream}"
-timeout = "10s"
+{servers}
+{timeout}{extra}
 
 [[route]]
 path_prefix = "/"
