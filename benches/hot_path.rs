@@ -65,6 +65,7 @@ fn facts<'a>(
         user: headers.get(&names[0]).map(|v| v.as_bytes()),
         api_key: headers.get(&names[1]).map(|v| v.as_bytes()),
         tier_claim: None,
+        client_cert: None,
     }
 }
 

@@ -193,6 +193,9 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
         user: headers.get(&config.client.user_header).map(|v| v.as_bytes()),
         api_key: headers.get(&config.client.api_key_header).map(|v| v.as_bytes()),
         tier_claim: tier_claim.as_deref().map(str::as_bytes),
+        // `explain` makes no TLS connection: keyed as a request without
+        // a client certificate.
+        client_cert: None,
     };
     let matching: Vec<_> = set.matching(&facts).collect();
     if matching.is_empty() {

@@ -54,6 +54,9 @@ pub struct Peer {
     /// The TLS version its connection negotiated (`"TLSv1.3"`), for the
     /// access log; `None` over plain TCP.
     pub tls: Option<&'static str>,
+    /// The common name of the client certificate its TLS handshake
+    /// verified (the `client_cert` key part); `None` without one.
+    pub client_cert: Option<std::sync::Arc<[u8]>>,
 }
 
 impl Peer {
@@ -62,7 +65,7 @@ impl Peer {
         let ip = canonical(addr);
         // An address's text is always a valid header value.
         let forwarded_for = HeaderValue::try_from(ip.to_string()).unwrap_or(HeaderValue::from_static("unknown"));
-        Peer { ip, trusted: is_trusted(ip, trusted), forwarded_for, https: false, tls: None }
+        Peer { ip, trusted: is_trusted(ip, trusted), forwarded_for, https: false, tls: None, client_cert: None }
     }
 }
 

@@ -383,6 +383,7 @@ struct KeyValues {
     client_ip: IpAddr,
     user: Option<Vec<u8>>,
     api_key: Option<Vec<u8>>,
+    client_cert: Option<Vec<u8>>,
 }
 
 impl KeyValues {
@@ -402,6 +403,7 @@ impl KeyValues {
             client_ip: unspecified,
             user: None,
             api_key: None,
+            client_cert: None,
         };
         for name in given.keys() {
             if !rule.spec.key.iter().any(|p| part_named(p, name)) {
@@ -436,6 +438,7 @@ impl KeyValues {
                 }
                 KeyPart::User => v.user = Some(value.as_bytes().to_vec()),
                 KeyPart::ApiKey => v.api_key = Some(value.as_bytes().to_vec()),
+                KeyPart::ClientCert => v.client_cert = Some(value.as_bytes().to_vec()),
                 KeyPart::Route => v.route = Some(value.to_string()),
                 KeyPart::Method => {
                     v.method = Method::from_bytes(value.as_bytes())
@@ -482,6 +485,7 @@ impl KeyValues {
             api_key: self.api_key.as_deref(),
             // JWT claims are the proxy's: a check carries no token.
             tier_claim: None,
+            client_cert: self.client_cert.as_deref(),
         }
     }
 }

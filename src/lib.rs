@@ -14,7 +14,7 @@
 //! | [`server`] | listeners, connection limits, graceful shutdown |
 //! | [`connection`] | one client connection: hyper over [`idle::IdleIo`], its requests handed to the proxy, the limits on its life |
 //! | [`drain`] | graceful shutdown's signal to each connection, polled only once it is sent, and a connection's own (`max_requests_per_connection`, `max_connection_age`) |
-//! | [`tls`] | TLS on the proxy listener: certificates chosen by SNI, re-read when their files change |
+//! | [`tls`] | TLS on the proxy listener: certificates chosen by SNI, re-read when their files change; optional or required client certificates, keyed by their common name |
 //! | [`handshake`] | a TLS connection's first byte: its handshake, or plain HTTP answered 400 |
 //! | [`redirect`] | `listen.http_redirect`: a plain-HTTP listener answering 308 to the `https://` URL |
 //! | [`idle`] | closes connections with no request in flight for `listen.idle_timeout`, and clients that read nothing for `listen.send_timeout` |

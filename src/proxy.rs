@@ -411,6 +411,7 @@ impl Proxy {
                     None
                 },
                 tier_claim: tier_claim.as_deref().map(str::as_bytes),
+                client_cert: peer.client_cert.as_deref(),
             };
             if let Some(deny) = rules.denied(&facts) {
                 counters.denied.inc();

@@ -177,6 +177,9 @@ pub struct RequestFacts<'a> {
     /// The verified JWT's tier claim ([`RuleSet::tier_claim`]), if the
     /// request needed it and has it.
     pub tier_claim: Option<&'a [u8]>,
+    /// The common name of the client certificate the connection's TLS
+    /// handshake verified.
+    pub client_cert: Option<&'a [u8]>,
 }
 
 impl RuleSet {
@@ -622,6 +625,7 @@ impl Rule {
                     Some(crate::normalize::overriding_method(f.headers).unwrap_or(f.method.as_str().as_bytes()))
                 }
                 KeyPart::Path => Some(crate::normalize::match_path(f.path).as_bytes()),
+                KeyPart::ClientCert => f.client_cert,
                 KeyPart::Header(h) => f.headers.get(h).map(|v| v.as_bytes()),
                 KeyPart::Query(q) => {
                     query = query_param(f.query, q)
@@ -671,6 +675,7 @@ pub(crate) fn tag(part: &KeyPart) -> &'static str {
         KeyPart::Route => "route",
         KeyPart::Method => "method",
         KeyPart::Path => "path",
+        KeyPart::ClientCert => "client_cert",
         KeyPart::Header(_) => "h",
         KeyPart::Query(_) => "q",
     }

@@ -95,7 +95,9 @@ impl Server {
         };
         let tls = match config.listen.tls.is_empty() {
             true => None,
-            false => Some(Tls::new(config.listen.tls.clone()).map_err(StartError::Tls)?),
+            false => {
+                Some(Tls::new(config.listen.tls.clone(), config.listen.client_auth.as_ref()).map_err(StartError::Tls)?)
+            }
         };
         let proxy_listener = bind(config.listen.proxy).await?;
         let admin_listener = bind(config.listen.admin).await?;
@@ -200,7 +202,9 @@ impl Server {
         let slots = Arc::new(Semaphore::new(config.listen.max_connections));
         if let Some(tls) = &tls {
             let names: Vec<Vec<String>> = tls.resolver.current().iter().map(|c| c.names.clone()).collect();
-            tracing::info!(certificates = ?names, http_redirect = ?config.listen.http_redirect, "the proxy listener speaks TLS");
+            let client_auth =
+                config.listen.client_auth.as_ref().map(|a| if a.required { "required" } else { "optional" });
+            tracing::info!(certificates = ?names, client_auth, http_redirect = ?config.listen.http_redirect, "the proxy listener speaks TLS");
         }
         let cert_watch = tls.as_ref().map(|tls| {
             let watcher = CertWatcher::new(tls.resolver.clone(), &proxy.metrics);
@@ -368,8 +372,11 @@ async fn serve_proxy(
                     // 400 there.
                     let accepted = crate::handshake::accept(stream, &acceptor, &proxy, peer, handshake_timeout).await;
                     if let Some(stream) = accepted {
-                        let client =
-                            Arc::new(crate::client::Peer { tls: crate::handshake::version(&stream), ..client });
+                        let client = Arc::new(crate::client::Peer {
+                            tls: crate::handshake::version(&stream),
+                            client_cert: crate::tls::client_subject(stream.get_ref().1),
+                            ..client
+                        });
                         serve_connection(stream, peer, proxy, client, &setup, watcher, slot).await;
                     }
                 });

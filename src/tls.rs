@@ -23,7 +23,10 @@
 //! expiry is `tollgate_tls_certificate_expiry_timestamp_seconds{name}`,
 //! kept current as certificates are re-read.
 
+mod client_auth;
 mod expiry;
+
+pub use client_auth::{ClientAuth, client_subject};
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -162,17 +165,21 @@ pub struct Tls {
 }
 
 impl Tls {
-    /// A server configuration presenting `certs` (validated, non-empty).
-    pub fn new(certs: Vec<Certificate>) -> Result<Tls, String> {
+    /// A server configuration presenting `certs` (validated, non-empty),
+    /// asking clients for certificates when `client_auth` is given.
+    pub fn new(certs: Vec<Certificate>, client_auth: Option<&ClientAuth>) -> Result<Tls, String> {
         if certs.is_empty() {
             return Err("no [[listen.tls]] certificate".into());
         }
         let resolver = Arc::new(CertResolver { certs: ArcSwap::from_pointee(certs) });
-        let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        let builder = rustls::ServerConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-            .map_err(|e| format!("cannot set up TLS: {e}"))?
-            .with_no_client_auth()
-            .with_cert_resolver(resolver.clone());
+            .map_err(|e| format!("cannot set up TLS: {e}"))?;
+        let builder = match client_auth {
+            Some(auth) => builder.with_client_cert_verifier(auth.verifier.clone()),
+            None => builder.with_no_client_auth(),
+        };
+        let mut config = builder.with_cert_resolver(resolver.clone());
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         config.ticketer =
             rustls::crypto::ring::Ticketer::new().map_err(|e| format!("cannot set up TLS session tickets: {e}"))?;

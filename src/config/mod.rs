@@ -137,6 +137,9 @@ pub struct Listen {
     /// proxy listener's own port is often not the one clients reach, behind
     /// a load balancer or a port mapping.
     pub redirect_port: u16,
+    /// `client_ca_file` and `client_auth`: client certificates asked for
+    /// in the TLS handshake; none when `client_ca_file` is not set.
+    pub client_auth: Option<crate::tls::ClientAuth>,
     /// `[listen] decision`: the decision API's listener (`POST /v1/check`,
     /// see [`crate::decision`]); none when not set.
     pub decision: Option<SocketAddr>,
@@ -378,6 +381,7 @@ impl Validator<'_> {
             None => 16 * 1024,
         };
         let (tls, http_redirect, redirect_port) = self.listen_tls(&listen);
+        let client_auth = self.client_auth(&listen);
         let decision = listen.decision.as_ref().and_then(|v| self.socket_addr(v, "listen.decision"));
         let envoy_rls = listen.envoy_rls.as_ref().and_then(|v| self.socket_addr(v, "listen.envoy_rls"));
         let (max_requests_per_connection, max_connection_age) = self.connection_lifetime(&listen);
@@ -389,6 +393,7 @@ impl Validator<'_> {
             tls,
             http_redirect,
             redirect_port,
+            client_auth,
             decision,
             envoy_rls,
             max_uri_bytes,

@@ -55,6 +55,8 @@ pub struct RawListen {
     pub tls: Option<Vec<Spanned<RawTls>>>,
     pub http_redirect: Option<Spanned<String>>,
     pub redirect_port: Option<Spanned<i64>>,
+    pub client_ca_file: Option<Spanned<String>>,
+    pub client_auth: Option<Spanned<String>>,
     pub decision: Option<Spanned<String>>,
     pub envoy_rls: Option<Spanned<String>>,
 }

@@ -56,6 +56,8 @@ pub enum KeyPart {
     Route,
     Method,
     Path,
+    /// The common name of the verified client certificate.
+    ClientCert,
     Header(HeaderName),
     Query(String),
 }
@@ -70,6 +72,7 @@ impl KeyPart {
             KeyPart::Route => "route".into(),
             KeyPart::Method => "method".into(),
             KeyPart::Path => "path".into(),
+            KeyPart::ClientCert => "client_cert".into(),
             KeyPart::Header(h) => format!("header:{h}"),
             KeyPart::Query(q) => format!("query:{q}"),
         }
@@ -764,13 +767,14 @@ impl Validator<'_> {
             "route" => Some(KeyPart::Route),
             "method" => Some(KeyPart::Method),
             "path" => Some(KeyPart::Path),
+            "client_cert" => Some(KeyPart::ClientCert),
             _ => match s.strip_prefix("header:") {
                 Some(h) => HeaderName::from_bytes(h.trim().as_bytes()).ok().map(KeyPart::Header),
                 None => s.strip_prefix("query:").filter(|q| !q.is_empty()).map(|q| KeyPart::Query(q.to_string())),
             },
         };
         if parsed.is_none() {
-            self.error(part.span(), format!("key part {s:?} is not one of ip, user, api_key, route, method, path, \"header:NAME\", \"query:NAME\""));
+            self.error(part.span(), format!("key part {s:?} is not one of ip, user, api_key, route, method, path, client_cert, \"header:NAME\", \"query:NAME\""));
         }
         parsed
     }

@@ -1025,10 +1025,10 @@ fn unknown_key_parts() {
     assert_eq!(
         rule_errors(&with("key = [\"ip\", \"session\", \"header:\", \"query:\", \"header:a b\"]\n")),
         [
-            "r.toml:5:14: key part \"session\" is not one of ip, user, api_key, route, method, path, \"header:NAME\", \"query:NAME\"",
-            "r.toml:5:25: key part \"header:\" is not one of ip, user, api_key, route, method, path, \"header:NAME\", \"query:NAME\"",
-            "r.toml:5:36: key part \"query:\" is not one of ip, user, api_key, route, method, path, \"header:NAME\", \"query:NAME\"",
-            "r.toml:5:46: key part \"header:a b\" is not one of ip, user, api_key, route, method, path, \"header:NAME\", \"query:NAME\"",
+            "r.toml:5:14: key part \"session\" is not one of ip, user, api_key, route, method, path, client_cert, \"header:NAME\", \"query:NAME\"",
+            "r.toml:5:25: key part \"header:\" is not one of ip, user, api_key, route, method, path, client_cert, \"header:NAME\", \"query:NAME\"",
+            "r.toml:5:36: key part \"query:\" is not one of ip, user, api_key, route, method, path, client_cert, \"header:NAME\", \"query:NAME\"",
+            "r.toml:5:46: key part \"header:a b\" is not one of ip, user, api_key, route, method, path, client_cert, \"header:NAME\", \"query:NAME\"",
         ]
     );
 }
@@ -1210,7 +1210,7 @@ cost_header = "x-cost"
         [
             "r.toml:3:9: limit must be at least 1, not 0",
             "r.toml:4:10: window must be longer than zero",
-            "r.toml:5:8: key part \"who\" is not one of ip, user, api_key, route, method, path, \"header:NAME\", \"query:NAME\"",
+            "r.toml:5:8: key part \"who\" is not one of ip, user, api_key, route, method, path, client_cert, \"header:NAME\", \"query:NAME\"",
             "r.toml:9:18: match.path \"/x*y\": '*' is allowed only at the end (a prefix match)",
             "r.toml:9:34: match.route \"nope\" is not the name of any upstream or route in /etc/tollgate/tollgate.toml",
             "r.toml:12:12: throttle \"sometimes\" is not one of hard, soft, elastic",
@@ -1575,5 +1575,39 @@ timezone = "Europe/Atlantis"
         [
             "r.toml:5:12: calendar counts with algorithm = \"fixed_window\" (its default), not \"sliding_window_counter\""
         ]
+    );
+}
+
+#[test]
+fn client_certificates_need_a_readable_ca_and_a_known_client_auth() {
+    let (dir, tls) = tls_dir();
+    std::fs::copy(dir.path().join("a.crt"), dir.path().join("ca.crt")).expect("copy CA");
+    std::fs::write(dir.path().join("junk.crt"), "not a certificate\n").expect("write junk");
+    let parse_in = |source: &str| Config::parse(&dir.path().join("t.toml"), source).expect("valid");
+    let c = parse_in(&format!("[listen]\nclient_ca_file = \"ca.crt\"\n{tls}"));
+    let auth = c.listen.client_auth.expect("client certificates asked for");
+    assert_eq!((auth.required, auth.roots.len()), (false, 1));
+    let c = parse_in(&format!("[listen]\nclient_ca_file = \"ca.crt\"\nclient_auth = \"required\"\n{tls}"));
+    assert!(c.listen.client_auth.expect("client certificates asked for").required);
+    assert!(parse_in(tls).listen.client_auth.is_none());
+    assert_eq!(
+        errors_in(dir.path(), &format!("[listen]\nclient_auth = \"required\"\n{tls}")),
+        [
+            "t.toml:2:15: listen.client_auth needs listen.client_ca_file: the CA certificates client certificates are checked against"
+        ]
+    );
+    assert_eq!(
+        errors_in(dir.path(), &format!("[listen]\nclient_ca_file = \"ca.crt\"\nclient_auth = \"maybe\"\n{tls}")),
+        ["t.toml:3:15: listen.client_auth must be \"optional\" or \"required\", not \"maybe\""]
+    );
+    assert_eq!(
+        errors_in(dir.path(), &format!("[listen]\nclient_ca_file = \"junk.crt\"\n{tls}")),
+        ["t.toml:2:18: listen.client_ca_file junk.crt holds no PEM certificate (-----BEGIN CERTIFICATE-----)"]
+    );
+    let errors = errors_in(dir.path(), &format!("[listen]\nclient_ca_file = \"missing.crt\"\n{tls}"));
+    assert!(matches!(&errors[..], [e] if e.starts_with("t.toml:2:18: ") && e.contains("missing.crt")), "{errors:?}");
+    assert_eq!(
+        errors_in(dir.path(), "[listen]\nclient_ca_file = \"ca.crt\"\n"),
+        ["t.toml:2:18: listen.client_ca_file asks clients for certificates over TLS; add a [[listen.tls]] certificate"]
     );
 }

@@ -1,4 +1,4 @@
-//! `[[listen.tls]]`, `[listen] http_redirect` and `redirect_port`: the
+//! `[[listen.tls]]`, `[listen] http_redirect`, `redirect_port`, `client_ca_file` and `client_auth`: the
 //! certificates are read and checked here (each parses, each key goes with
 //! its certificate), so `tollgate check` finds what the start would.
 
@@ -8,7 +8,7 @@ use toml::Spanned;
 
 use super::Validator;
 use super::raw::{RawListen, RawTls};
-use crate::tls::Certificate;
+use crate::tls::{Certificate, ClientAuth};
 
 /// The HTTPS port redirects name when `redirect_port` is not set.
 const DEFAULT_REDIRECT_PORT: u16 = 443;
@@ -68,6 +68,52 @@ impl Validator<'_> {
             _ => {
                 self.error(port.span(), "listen.redirect_port must be a port from 1 to 65535");
                 DEFAULT_REDIRECT_PORT
+            }
+        }
+    }
+}
+
+impl Validator<'_> {
+    /// `listen.client_ca_file` and `listen.client_auth` ("optional" unless
+    /// set): the CA file is read and checked here, so `tollgate check`
+    /// finds a bad one.
+    pub(super) fn client_auth(&mut self, listen: &RawListen) -> Option<ClientAuth> {
+        let required = match &listen.client_auth {
+            None => false,
+            Some(v) => match v.get_ref().as_str() {
+                "optional" => false,
+                "required" => true,
+                other => {
+                    self.error(
+                        v.span(),
+                        format!("listen.client_auth must be \"optional\" or \"required\", not {other:?}"),
+                    );
+                    false
+                }
+            },
+        };
+        let Some(file) = &listen.client_ca_file else {
+            if let Some(v) = &listen.client_auth {
+                self.error(
+                    v.span(),
+                    "listen.client_auth needs listen.client_ca_file: the CA certificates client certificates are checked against",
+                );
+            }
+            return None;
+        };
+        if listen.tls.as_deref().unwrap_or_default().is_empty() {
+            self.error(
+                file.span(),
+                "listen.client_ca_file asks clients for certificates over TLS; add a [[listen.tls]] certificate",
+            );
+            return None;
+        }
+        let (path, pem) = self.read_relative(file)?;
+        match ClientAuth::from_pem(&path, &pem, required) {
+            Ok(auth) => Some(auth),
+            Err(e) => {
+                self.error(file.span(), format!("listen.client_ca_file {e}"));
+                None
             }
         }
     }

@@ -114,6 +114,7 @@ impl Req {
             user: self.headers.get(&self.user_header).map(|v| v.as_bytes()),
             api_key: self.headers.get(&self.api_key_header).map(|v| v.as_bytes()),
             tier_claim: self.tier_claim.as_deref().map(str::as_bytes),
+            client_cert: None,
         }
     }
 }

@@ -28,7 +28,7 @@ pub fn not_after(cert: &[u8]) -> Option<i64> {
 
 /// The DER element at the start of `der`: its tag, its contents and what
 /// follows it.
-fn element(der: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+pub(super) fn element(der: &[u8]) -> Option<(u8, &[u8], &[u8])> {
     let (&tag, rest) = der.split_first()?;
     let (&first, rest) = rest.split_first()?;
     let (len, rest) = if first < 0x80 {

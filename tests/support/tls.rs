@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::process::Command;
@@ -91,6 +91,17 @@ impl TestCa {
     /// against this CA), sends one HTTP/1.1 GET and returns the certificate
     /// the server presented (DER) and the response's status line.
     pub async fn get(&self, addr: SocketAddr, server_name: &str) -> Result<(Vec<u8>, String), String> {
+        self.get_as(addr, server_name, None).await
+    }
+
+    /// [`TestCa::get`] presenting `client` as its client certificate, if
+    /// given.
+    pub async fn get_as(
+        &self,
+        addr: SocketAddr,
+        server_name: &str,
+        client: Option<&Issued>,
+    ) -> Result<(Vec<u8>, String), String> {
         let mut roots = rustls::RootCertStore::empty();
         roots
             .add(CertificateDer::from_pem_slice(self.pem.as_bytes()).map_err(|e| e.to_string())?)
@@ -98,8 +109,15 @@ impl TestCa {
         let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
             .with_safe_default_protocol_versions()
             .map_err(|e| e.to_string())?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+            .with_root_certificates(roots);
+        let config = match client {
+            None => config.with_no_client_auth(),
+            Some(c) => {
+                let chain = vec![CertificateDer::from_pem_slice(c.cert.as_bytes()).map_err(|e| e.to_string())?];
+                let key = PrivateKeyDer::from_pem_slice(c.key.as_bytes()).map_err(|e| e.to_string())?;
+                config.with_client_auth_cert(chain, key).map_err(|e| e.to_string())?
+            }
+        };
         let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
         let name = ServerName::try_from(server_name.to_string()).map_err(|e| e.to_string())?;
         let exchange = async {
