@@ -599,3 +599,93 @@ async fn an_h2_upstream_connection_on_which_a_request_timed_out_is_replaced() {
     assert_eq!(tg.get("/").send().await.status, 200);
     assert_eq!(connections.load(Ordering::SeqCst), 2);
 }
+
+/// A TCP relay to `to` that can be frozen (it stops moving bytes either
+/// way, as a partitioned network does) and counts connections.
+struct Relay {
+    addr: SocketAddr,
+    frozen: Arc<std::sync::atomic::AtomicBool>,
+    connections: Arc<AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl Relay {
+    async fn start(to: SocketAddr) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let frozen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let connections = Arc::new(AtomicUsize::new(0));
+        let task = tokio::spawn({
+            let (frozen, connections) = (frozen.clone(), connections.clone());
+            async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    connections.fetch_add(1, Ordering::SeqCst);
+                    let Ok(server) = TcpStream::connect(to).await else { continue };
+                    let (cr, cw) = client.into_split();
+                    let (sr, sw) = server.into_split();
+                    tokio::spawn(Relay::pipe(cr, sw, frozen.clone()));
+                    tokio::spawn(Relay::pipe(sr, cw, frozen.clone()));
+                }
+            }
+        });
+        Relay { addr, frozen, connections, task }
+    }
+
+    async fn pipe(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        frozen: Arc<std::sync::atomic::AtomicBool>,
+    ) {
+        let mut buf = [0u8; 16384];
+        loop {
+            let Ok(n) = from.read(&mut buf).await else { return };
+            if n == 0 {
+                return;
+            }
+            while frozen.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            if to.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[tokio::test]
+async fn an_h2_upstream_connection_that_stops_answering_pings_is_replaced() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let server = listener.local_addr().expect("address");
+    let _server = tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(|_req: http::Request<hyper::body::Incoming>| async move {
+                    Ok::<_, std::io::Error>(http::Response::new(http_body_util::Full::new(bytes::Bytes::from_static(
+                        b"ok",
+                    ))))
+                });
+                let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    let relay = Relay::start(server).await;
+    let tg =
+        Tollgate::with(&config(&[url(relay.addr)], "protocol = \"h2\"\nh2_keepalive_interval = \"200ms\""), &[]).await;
+    assert_eq!(tg.get("/").send().await.status, 200);
+    assert_eq!(relay.connections.load(Ordering::SeqCst), 1);
+    // The path goes silent for longer than a PING may wait: the
+    // connection is given up, and the next request opens another.
+    relay.frozen.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    relay.frozen.store(false, Ordering::SeqCst);
+    assert_eq!(tg.get("/").send().await.status, 200);
+    assert_eq!(relay.connections.load(Ordering::SeqCst), 2);
+}
