@@ -285,7 +285,10 @@ where
                     }
                     (s, true)
                 }
-                None => match self.connect().await {
+                // Boxed: a connection is opened seldom, and its future (TCP,
+                // TLS and the HTTP handshake, several KiB) would otherwise
+                // sit in every request's future, copied with it.
+                None => match Box::pin(self.connect()).await {
                     Ok(s) => (s, false),
                     Err(e) => return Err((e, Some(give_back(req)))),
                 },

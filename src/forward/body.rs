@@ -94,10 +94,50 @@ pub struct RequestBody {
     /// See [`Downstream::bytes_in`].
     bytes_in: Option<Arc<AtomicU64>>,
     /// The connection's budget for bodies read ahead, and how much of it
-    /// the frames in `ahead` hold (the first ones: the frame that did not
-    /// fit ends the reading ahead).
+    /// the frames in `ahead` hold.
+    held: Held,
+}
+
+/// The part of a connection's [`AheadBudget`] a body's frames read ahead
+/// hold (the first ones: the frame that did not fit ends the reading
+/// ahead), given back as they go upstream or when the body is dropped.
+/// Its own type, so that [`RequestBody`] has no `Drop` of its own.
+#[derive(Debug, Default)]
+struct Held {
     budget: Option<AheadBudget>,
-    held: u64,
+    bytes: u64,
+}
+
+impl Held {
+    /// Takes `n` more bytes of the budget; false when they do not fit (or
+    /// there is no budget: nothing to take).
+    fn take(&mut self, n: u64) -> bool {
+        let Some(b) = &self.budget else { return true };
+        if !b.take(n) {
+            return false;
+        }
+        self.bytes += n;
+        true
+    }
+
+    /// Gives back what a frame of `len` bytes held.
+    fn release(&mut self, len: u64) {
+        if self.bytes > 0 {
+            let len = len.min(self.bytes);
+            self.bytes -= len;
+            if let Some(b) = &self.budget {
+                b.give(len);
+            }
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(b) = &self.budget {
+            b.give(self.bytes);
+        }
+    }
 }
 
 /// What one client connection's requests may hold of their bodies read
@@ -132,14 +172,6 @@ impl AheadBudget {
     }
 }
 
-impl Drop for RequestBody {
-    fn drop(&mut self) {
-        if let Some(b) = &self.budget {
-            b.give(self.held);
-        }
-    }
-}
-
 /// The error a [`RequestBody`] ends with; [`BodyWatch`] says why.
 #[derive(Debug, thiserror::Error)]
 #[error("the client's request body failed: {0:?}")]
@@ -156,8 +188,7 @@ impl RequestBody {
             timer: None,
             watch,
             bytes_in: down.bytes_in.clone(),
-            budget: down.ahead_budget.clone(),
-            held: 0,
+            held: Held { budget: down.ahead_budget.clone(), bytes: 0 },
         }
     }
 
@@ -181,8 +212,7 @@ impl RequestBody {
             timer: None,
             watch: self.watch.clone(),
             bytes_in: None,
-            budget: None,
-            held: 0,
+            held: Held::default(),
         })
     }
 
@@ -209,11 +239,8 @@ impl RequestBody {
                     }
                     // The connection's budget: a frame that does not fit
                     // is the last one read ahead.
-                    if let Some(budget) = &self.budget {
-                        if !budget.take(len) {
-                            break;
-                        }
-                        self.held += len;
+                    if !self.held.take(len) {
+                        break;
                     }
                 }
             }
@@ -252,13 +279,7 @@ impl Body for RequestBody {
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         if let Some(frame) = self.ahead.pop_front() {
-            if self.held > 0 {
-                let len = frame.data_ref().map_or(0, |d| d.len() as u64).min(self.held);
-                self.held -= len;
-                if let Some(b) = &self.budget {
-                    b.give(len);
-                }
-            }
+            self.held.release(frame.data_ref().map_or(0, |d| d.len() as u64));
             return Poll::Ready(Some(Ok(frame)));
         }
         let Some(rest) = self.rest.as_mut() else { return Poll::Ready(None) };
