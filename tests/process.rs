@@ -272,6 +272,12 @@ async fn a_flood_over_max_connections_holds_a_bounded_number_of_descriptors() {
     let mut answer = Vec::new();
     tokio::time::timeout(support::DEADLINE, held[0].read_to_end(&mut answer)).await.expect("answered").expect("read");
     assert!(answer.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&answer));
+    // Its slot is given back when its task ends, a moment after the client
+    // reads the end: a connection made before that would be refused.
+    support::eventually("the closed connection's slot given back", || async {
+        support::metric(&metrics().await, "tollgate_connections_active", &[]) == Some(9.0)
+    })
+    .await;
     held[0] = tokio::net::TcpStream::connect(p.proxy).await.expect("connect");
     support::eventually("ten connections held again", || async {
         support::metric(&metrics().await, "tollgate_connections_active", &[]) == Some(10.0)
