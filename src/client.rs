@@ -57,6 +57,10 @@ pub struct Peer {
     /// The common name of the client certificate its TLS handshake
     /// verified (the `client_cert` key part); `None` without one.
     pub client_cert: Option<std::sync::Arc<[u8]>>,
+    /// What the connection's HTTP/2 requests may hold of their bodies read
+    /// ahead, together (`listen.connection_body_buffer`; see
+    /// [`crate::forward::AheadBudget`]): per connection, so here.
+    pub body_budget: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl Peer {
@@ -65,7 +69,15 @@ impl Peer {
         let ip = canonical(addr);
         // An address's text is always a valid header value.
         let forwarded_for = HeaderValue::try_from(ip.to_string()).unwrap_or(HeaderValue::from_static("unknown"));
-        Peer { ip, trusted: is_trusted(ip, trusted), forwarded_for, https: false, tls: None, client_cert: None }
+        Peer {
+            ip,
+            trusted: is_trusted(ip, trusted),
+            forwarded_for,
+            https: false,
+            tls: None,
+            client_cert: None,
+            body_budget: None,
+        }
     }
 }
 

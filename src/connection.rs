@@ -89,8 +89,6 @@ pub(crate) struct ConnectionSetup {
     max_requests: usize,
     /// `listen.max_connection_age`.
     max_age: Option<Duration>,
-    /// `listen.connection_body_buffer`.
-    connection_body_buffer: u64,
     tunnels: Tunnels,
 }
 
@@ -103,7 +101,6 @@ impl ConnectionSetup {
             send_timeout: config.listen.send_timeout,
             max_requests: config.listen.max_requests_per_connection,
             max_age: config.listen.max_connection_age,
-            connection_body_buffer: config.listen.connection_body_buffer,
             tunnels,
         }
     }
@@ -151,7 +148,6 @@ pub(crate) async fn serve_connection<IO>(
 {
     let inflight = Inflight::counting_gone(proxy.metrics.client_gone_total.clone());
     let budget = SendBudget::default();
-    let ahead = crate::forward::AheadBudget::new(setup.connection_body_buffer);
     let io = IdleIo::new(stream, setup.idle_timeout, setup.send_timeout, inflight.clone(), budget.clone())
         .with_header_timeout(setup.header_read_timeout);
     // What a request of this connection may need besides the proxy: one
@@ -168,17 +164,9 @@ pub(crate) async fn serve_connection<IO>(
         }))
     });
     let (max_requests, asked) = (setup.max_requests, retire.clone());
-    let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+    let svc = service_fn(move |req| {
         let proxy = proxy.clone();
         let conn = conn.clone();
-        let h2 = req.version() == hyper::Version::HTTP_2;
-        // HTTP/2's streams share one budget for bodies read ahead; an
-        // HTTP/1.1 connection has one request at a time (and no
-        // extension map allocated for it). Put in place inside the
-        // future: code here makes this closure too large for hyper's
-        // dispatcher to build the future in place, and it copies the
-        // whole future per request instead (about 10,000 instructions).
-        let ahead = h2.then(|| ahead.clone());
         // In flight until the response body ends: a streaming response
         // is not an idle connection (see `InflightBody`).
         let mut busy = inflight.start();
@@ -193,12 +181,8 @@ pub(crate) async fn serve_connection<IO>(
         // HTTP/1.1 sends one response at a time and hyper bounds what
         // it queues: only HTTP/2's streams share a budget (and the
         // per-piece count costs HTTP/1.1 nothing).
-        let budget = h2.then(|| budget.clone());
+        let budget = (req.version() == hyper::Version::HTTP_2).then(|| budget.clone());
         async move {
-            let mut req = req;
-            if let Some(ahead) = ahead {
-                req.extensions_mut().insert(ahead);
-            }
             let mut resp = proxy.handle(req, &conn.peer).await;
             if resp.status() == hyper::StatusCode::SWITCHING_PROTOCOLS
                 && let Some(pending) = resp.extensions_mut().remove::<tunnel::Pending>()

@@ -616,7 +616,11 @@ impl Proxy {
             max_body: routing.routes[route].0.max_body,
             buffer_body: routing.routes[route].0.buffer_body,
             body_read_timeout: self.body_read_timeout,
-            ahead_budget: req.extensions().get::<crate::forward::AheadBudget>().cloned(),
+            // HTTP/2's streams share their connection's budget; an
+            // HTTP/1.1 connection has one request at a time.
+            ahead_budget: (version == http::Version::HTTP_2)
+                .then(|| peer.body_budget.clone().map(crate::forward::AheadBudget::shared))
+                .flatten(),
             upgrade,
             bytes_in: note.bytes_in(),
             chosen: note.enabled().then_some(&chosen),

@@ -354,6 +354,7 @@ async fn serve_proxy(
         let _ = stream.set_nodelay(true);
         let mut client = proxy.peer(peer);
         client.https = tls.is_some();
+        client.body_budget = Some(Arc::new(std::sync::atomic::AtomicU64::new(config.listen.connection_body_buffer)));
         let watcher = graceful.watcher();
         let slot = Arc::new(Slot::new(permit, proxy.metrics.connections_active.clone()));
         let proxy = proxy.clone();

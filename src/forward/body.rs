@@ -155,6 +155,12 @@ impl AheadBudget {
         AheadBudget(Arc::new(AtomicU64::new(bytes)))
     }
 
+    /// The budget whose bytes left are `left` (a connection's, kept with
+    /// its peer).
+    pub fn shared(left: Arc<AtomicU64>) -> AheadBudget {
+        AheadBudget(left)
+    }
+
     /// Takes `n` bytes of the budget, if that many are left.
     fn take(&self, n: u64) -> bool {
         self.0.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| left.checked_sub(n)).is_ok()
