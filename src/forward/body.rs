@@ -151,10 +151,6 @@ impl Drop for Held {
 pub struct AheadBudget(Arc<AtomicU64>);
 
 impl AheadBudget {
-    pub fn new(bytes: u64) -> AheadBudget {
-        AheadBudget(Arc::new(AtomicU64::new(bytes)))
-    }
-
     /// The budget whose bytes left are `left` (a connection's, kept with
     /// its peer).
     pub fn shared(left: Arc<AtomicU64>) -> AheadBudget {
@@ -170,11 +166,6 @@ impl AheadBudget {
         if n > 0 {
             self.0.fetch_add(n, Ordering::Relaxed);
         }
-    }
-
-    /// Bytes left.
-    pub fn left(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
     }
 }
 
