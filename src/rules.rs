@@ -477,6 +477,17 @@ impl Rule {
         self.spec.mode == RuleMode::Enforce
     }
 
+    /// The `method` key part: the method the upstream runs (an override's,
+    /// if given), except that a rule listing `methods` keys on the listed
+    /// method it matched, so that an override the rule does not list cannot
+    /// move a request into a bucket of its own.
+    fn keyed_method<'f>(&self, f: &RequestFacts<'f>) -> &'f [u8] {
+        let real = f.method.as_str().as_bytes();
+        let Some(o) = crate::normalize::overriding_method(f.headers) else { return real };
+        let listed = &self.spec.matcher.methods;
+        if listed.is_empty() || listed.iter().any(|x| x.as_str().as_bytes() == o) { o } else { real }
+    }
+
     /// Whether every condition of the rule's `match` holds.
     pub fn matches(&self, f: &RequestFacts<'_>) -> bool {
         let m = &self.spec.matcher;
@@ -620,10 +631,7 @@ impl Rule {
                 KeyPart::User => f.user,
                 KeyPart::ApiKey => f.api_key,
                 KeyPart::Route => Some(f.route.map_or("", |r| r.0).as_bytes()),
-                // The method the upstream runs: an override's, if given.
-                KeyPart::Method => {
-                    Some(crate::normalize::overriding_method(f.headers).unwrap_or(f.method.as_str().as_bytes()))
-                }
+                KeyPart::Method => Some(self.keyed_method(f)),
                 KeyPart::Path => Some(crate::normalize::match_path(f.path).as_bytes()),
                 KeyPart::ClientCert => f.client_cert,
                 KeyPart::Header(h) => f.headers.get(h).map(|v| v.as_bytes()),
