@@ -135,10 +135,12 @@ pub fn client_addr(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> Resu
     }
 }
 
-/// The address a rule keys on: IPv4 as is, IPv6 reduced to `ipv6_prefix` bits.
+/// The address a rule keys on: IPv4 as is (an IPv4-mapped IPv6 address
+/// read as the IPv4 one), IPv6 reduced to `ipv6_prefix` bits. The proxy, the
+/// decision API, Envoy RLS, `explain` and override keys all key through it.
 pub fn key_addr(addr: IpAddr, ipv6_prefix: u8) -> IpAddr {
-    match addr {
-        IpAddr::V4(_) => addr,
+    match canonical(addr) {
+        v4 @ IpAddr::V4(_) => v4,
         IpAddr::V6(v6) => {
             let bits = u128::from(v6);
             let mask = if ipv6_prefix >= 128 { u128::MAX } else { !(u128::MAX >> ipv6_prefix) };

@@ -433,6 +433,8 @@ impl KeyValues {
                 KeyPart::Ip => {
                     let ip: IpAddr =
                         value.parse().map_err(|_| format!("Key part \"ip\": {value:?} is not an IP address."))?;
+                    // `exempt` compares the client as the proxy sees it.
+                    let ip = crate::client::canonical(ip);
                     v.client_ip = ip;
                     v.client = crate::client::key_addr(ip, proxy.client_config().ipv6_prefix);
                 }

@@ -383,3 +383,35 @@ async fn a_claim_tier_is_the_one_the_caller_states() {
     let a = check(api, json!({"rule": "by-plan", "key": {"user": "vip"}, "tier": "free"})).await;
     assert_eq!(limit_of(&a), "9", "{}", a.body);
 }
+
+/// Issue 29: the API cut an IPv4-mapped address to its /64 (`::`), so every
+/// mapped client shared one bucket, and `exempt` did not cover the mapped
+/// spelling of its address (on 2eaccb2: allowed true, true, false, and the
+/// exempt client was counted).
+#[tokio::test]
+async fn an_ipv4_mapped_address_is_the_ipv4_client_it_stands_for() {
+    let upstream = Upstream::start().await;
+    let rules = r#"
+[[rule]]
+name = "per-ip"
+key = ["ip"]
+limit = 2
+window = "60s"
+exempt = { ips = ["198.51.100.9"] }
+"#;
+    let t = start(&upstream, rules).await;
+    let api = decision_addr(&t);
+    let ask = |ip: &str| json!({"rule": "per-ip", "key": {"ip": ip}});
+    for ip in ["::ffff:198.51.100.1", "::ffff:198.51.100.1", "::ffff:198.51.100.2"] {
+        let a = check(api, ask(ip)).await;
+        assert_eq!(a.body["allowed"], true, "{ip}: {}", a.body);
+    }
+    // The mapped and the plain spelling are one client, one bucket.
+    let a = check(api, ask("198.51.100.1")).await;
+    assert_eq!(a.body["allowed"], false, "198.51.100.1 after two checks as ::ffff:198.51.100.1: {}", a.body);
+    for _ in 0..3 {
+        let a = check(api, ask("::ffff:198.51.100.9")).await;
+        assert_eq!(a.body["allowed"], true, "the exempt client: {}", a.body);
+        assert_eq!(a.body["remaining"], Value::Null, "an exempt client is not counted: {}", a.body);
+    }
+}

@@ -776,10 +776,19 @@ fn parse_size(raw: &raw::RawSize) -> Option<u64> {
     }
 }
 
-/// An address or a CIDR; a bare address is a /32 or /128.
+/// An address or a CIDR; a bare address is a /32 or /128. An IPv4-mapped
+/// network (`::ffff:10.0.0.0/104`) is the IPv4 one it stands for, as the
+/// clients it is compared with are ([`crate::client::canonical`]).
 pub fn parse_net(s: &str) -> Option<IpNet> {
     let s = s.trim();
-    s.parse::<IpNet>().ok().or_else(|| s.parse::<std::net::IpAddr>().ok().map(IpNet::from))
+    let net = s.parse::<IpNet>().ok().or_else(|| s.parse::<std::net::IpAddr>().ok().map(IpNet::from))?;
+    if let IpNet::V6(v6) = net
+        && let Some(v4) = v6.addr().to_ipv4_mapped()
+        && v6.prefix_len() >= 96
+    {
+        return ipnet::Ipv4Net::new(v4, v6.prefix_len() - 96).ok().map(IpNet::V4);
+    }
+    Some(net)
 }
 
 #[cfg(test)]

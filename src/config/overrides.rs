@@ -63,6 +63,8 @@ pub(super) struct Base<'a> {
     pub cost: &'a Cost,
     /// `max_cost` as written, if it was.
     pub max_cost: Option<u64>,
+    /// `client.ipv6_prefix`: an IPv6 override must name a prefix of it.
+    pub ipv6_prefix: u8,
 }
 
 impl Base<'_> {
@@ -243,6 +245,21 @@ impl Validator<'_> {
 /// or else the API key itself, hashed here; an `ip` value is any spelling of
 /// the address. Any part may be `ip=ADDRESS`, the fallback of a request
 /// that lacks the part.
+/// An override's address as requests are keyed: an IPv4-mapped one as IPv4;
+/// an IPv6 one must be the prefix clients are keyed by, or it would never
+/// match.
+fn override_ip(value: &str, ipv6_prefix: u8) -> Result<std::net::IpAddr, String> {
+    let ip: std::net::IpAddr = value.parse().map_err(|_| format!("{value:?} is not an IP address"))?;
+    let keyed = crate::client::key_addr(ip, ipv6_prefix);
+    if keyed.is_ipv6() && keyed != ip {
+        return Err(format!(
+            "{value} is an IPv6 address inside a /{ipv6_prefix}; IPv6 clients are keyed by their /{ipv6_prefix} \
+             (`client.ipv6_prefix`), so write ip={keyed}"
+        ));
+    }
+    Ok(keyed)
+}
+
 fn override_key(text: &str, base: &Base<'_>) -> Result<String, String> {
     let text = text.trim();
     let mut segments: Vec<&str> = text.split('|').collect();
@@ -280,9 +297,8 @@ fn override_key(text: &str, base: &Base<'_>) -> Result<String, String> {
             if tag != "ip" {
                 return Err(format!("part {} is keyed as ip=ADDRESS, not {tag}=", i + 1));
             }
-            let ip: std::net::IpAddr = value.parse().map_err(|_| format!("{value:?} is not an IP address"))?;
             out.push_str("ip=");
-            out.push_str(&ip.to_string());
+            out.push_str(&override_ip(value, base.ipv6_prefix)?.to_string());
             continue;
         }
         if tag != want {

@@ -563,6 +563,7 @@ impl Validator<'_> {
                 burst,
                 cost: &cost,
                 max_cost: r.max_cost.is_some().then_some(max_cost),
+                ipv6_prefix: config.client.ipv6_prefix,
             };
             overrides = self.overrides(r.overrides.unwrap_or_default(), &base);
             tiers = self.tiers(r.tier.as_ref(), r.tiers.as_ref(), &base, config.client.jwt.is_some());

@@ -215,3 +215,25 @@ fn all_claim_tiers_read_one_claim() {
         "r.toml:8:8: tier \"claim:tier\": rule \"a\" (r.toml:1) reads tiers from claim \"plan\", and all rules must read the same claim"
     );
 }
+
+/// Issue 29: `ip=::ffff:127.0.0.1` and `ip=2001:db8:1::5` were accepted and
+/// never applied: requests are keyed by the IPv4 address and by the /64.
+#[test]
+fn override_addresses_are_read_as_clients_are_keyed() {
+    assert_eq!(
+        override_keys("[\"ip\"]", &["ip=::ffff:127.0.0.1", "ip=2001:db8:1::", "ip=2001:db8:2:0:0::"]),
+        ["ip=127.0.0.1", "ip=2001:db8:1::", "ip=2001:db8:2::"]
+    );
+    let e = errors("[\"ip\"]", "[[rule.override]]\nkey = \"ip=2001:db8:1::5\"\nlimit = 5\n");
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(e[0].contains("inside a /64") && e[0].contains("write ip=2001:db8:1::"), "{e:?}");
+}
+
+#[test]
+fn an_ipv4_mapped_exempt_network_is_the_ipv4_one() {
+    let r = valid("[\"ip\"]", "exempt = { ips = [\"::ffff:198.51.100.9\", \"::ffff:10.0.0.0/104\"] }\n");
+    for (ip, exempt) in [("198.51.100.9", true), ("10.1.2.3", true), ("198.51.100.8", false)] {
+        let ip: std::net::IpAddr = ip.parse().expect("address");
+        assert_eq!(r.exempt.contains(ip, None, None), exempt, "{ip}");
+    }
+}
