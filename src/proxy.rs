@@ -799,7 +799,8 @@ impl Proxy {
     /// decision API, [`crate::decision`]): the same store round trip,
     /// store timeout and `on_error` fallback as a proxied request, so both
     /// spend one counter. Returns the answer and the limits it was checked
-    /// against (soft throttling applied; elastic sees no upstream). Not for
+    /// against (soft throttling applied; elastic none: there is no upstream
+    /// whose in-flight count could show it idle, so the rule's own limit). Not for
     /// concurrency rules: a slot taken here would be given back at once.
     pub async fn decide_one(
         &self,
@@ -808,7 +809,8 @@ impl Proxy {
         key: String,
         cost: u64,
     ) -> (Answer, crate::limiter::Limits) {
-        let pending = [Pending { rule, plan, key, check_limits: rule.limits_of(plan, 0, self.store.clock()), cost }];
+        let check_limits = rule.limits_of(plan, crate::rules::NO_UPSTREAM, self.store.clock());
+        let pending = [Pending { rule, plan, key, check_limits, cost }];
         let mut held = None;
         let answers = self.decide(&pending, &mut held).await;
         let mut answers = self.decide_locally(answers, &pending, &mut held);

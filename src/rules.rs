@@ -182,6 +182,11 @@ pub struct RequestFacts<'a> {
     pub client_cert: Option<&'a [u8]>,
 }
 
+/// The in-flight count for a decision with no upstream behind it (the
+/// decision API, Envoy RLS): elastic throttling's headroom is for an
+/// upstream measured idle, and there is none to measure.
+pub const NO_UPSTREAM: usize = usize::MAX;
+
 impl RuleSet {
     /// Compiles validated specs, resolving their metric handles.
     pub fn build(specs: Vec<RuleSpec>, files: Vec<PathBuf>, metrics: &Metrics) -> RuleSet {
@@ -525,6 +530,7 @@ impl Rule {
     }
 
     /// The rule's own limits with soft or elastic throttling applied.
+    /// `inflight` [`NO_UPSTREAM`] gives elastic no headroom.
     /// `inflight` is the route's upstream's in-flight count (elastic only).
     pub fn effective_limits(&self, inflight: usize) -> Limits {
         self.throttled(&self.plan, inflight)

@@ -415,3 +415,30 @@ exempt = { ips = ["198.51.100.9"] }
         assert_eq!(a.body["remaining"], Value::Null, "an exempt client is not counted: {}", a.body);
     }
 }
+
+/// Issue 29: with no upstream to measure, `throttle = "elastic"` granted its
+/// headroom on every check (on 2eaccb2: 10 of 10 allowed at a limit of 5).
+/// The decision API applies the rule's own limit.
+#[tokio::test]
+async fn elastic_throttling_grants_no_headroom_without_an_upstream() {
+    let upstream = Upstream::start().await;
+    let rules = r#"
+[[rule]]
+name = "elastic"
+key = ["user"]
+limit = 5
+window = "60s"
+throttle = "elastic"
+elastic_percent = 100
+"#;
+    let t = start(&upstream, rules).await;
+    let api = decision_addr(&t);
+    let mut allowed = 0;
+    for _ in 0..10 {
+        let a = check(api, json!({"rule": "elastic", "key": {"user": "alice"}})).await;
+        assert_eq!(a.status, 200, "{}", a.body);
+        allowed += usize::from(a.body["allowed"] == true);
+        assert_eq!(a.body["headers"]["x-ratelimit-limit"], "5", "{}", a.body);
+    }
+    assert_eq!(allowed, 5, "checks allowed at a limit of 5");
+}
