@@ -619,7 +619,7 @@ impl Rule {
     /// "b"). A part the request lacks (no user header for `user`) falls back
     /// to the client IP under the tag `ip`, so leaving a header out never
     /// escapes a limit and never shares a bucket with a real user id. An
-    /// API key is a secret and appears as its SHA-256 in hex.
+    /// API key is a secret and appears as `sha256:` and its SHA-256 in hex.
     ///
     /// `Err` (the sentence for a 400 answer) when a query parameter the key
     /// reads comes more than once: which of its values the upstream reads
@@ -650,8 +650,9 @@ impl Rule {
             match value.filter(|v| !v.is_empty() || matches!(part, KeyPart::Route)) {
                 Some(v) if matches!(part, KeyPart::ApiKey) => {
                     // A secret: keys end up in Redis key names and debug
-                    // logs, so they carry its SHA-256, never the key itself.
-                    out.push_str("api_key=");
+                    // logs, so they carry its SHA-256, never the key itself,
+                    // spelled as an override names it.
+                    out.push_str("api_key=sha256:");
                     push_sha256_hex(out, v);
                 }
                 Some(v) => {

@@ -229,7 +229,7 @@ fn explain_shows_an_api_key_as_its_sha256() {
     let report = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{report}{}", String::from_utf8_lossy(&out.stderr));
     // sha256("sk-live-secret"): the same bucket the proxy uses.
-    let hashed = "per-key|api_key=a03d43d254a4ccb8f1921be6b2037423b14cd1d0bd460164980730e0fd1948f8";
+    let hashed = "per-key|api_key=sha256:a03d43d254a4ccb8f1921be6b2037423b14cd1d0bd460164980730e0fd1948f8";
     assert!(report.contains(hashed), "{report}");
     assert!(!report.contains("sk-live-secret"), "{report}");
 }

@@ -53,7 +53,7 @@ async fn an_api_key_override_is_written_as_its_sha256_not_the_secret() {
     let hex: String = sha2::Sha256::digest(b"sk-live-gold").iter().map(|b| format!("{b:02x}")).collect();
     let rules = format!(
         "[[rule]]\nname = \"per-key\"\nkey = [\"api_key\"]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\n\
-         [[rule.override]]\nkey = \"api_key={hex}\"\nlimit = 3\n"
+         [[rule.override]]\nkey = \"api_key=sha256:{hex}\"\nlimit = 3\n"
     );
     let tg = Tollgate::start(&up, &rules).await;
     assert_eq!(statuses(4, || tg.get("/").header("x-api-key", "sk-live-gold")).await, [200, 200, 200, 429]);
@@ -292,4 +292,28 @@ async fn a_lease_never_admits_past_an_overrides_lower_limit() {
         let admitted = s.iter().filter(|&&s| s == 200).count();
         assert!(admitted + 4 <= 5, "{algorithm}: {admitted} more admitted past the override's 5: {s:?}");
     }
+}
+
+/// Issue 29: any 64-hex value was taken for an already-hashed key, so an
+/// override written with an API key that happens to be 64 hex digits never
+/// applied (on 2eaccb2: 200, 200, 429 under an override of 5). A hash is
+/// written `sha256:HEX`; anything else is the key itself.
+#[tokio::test]
+async fn an_api_key_of_64_hex_digits_is_the_key_itself() {
+    use sha2::Digest as _;
+    let up = Upstream::start().await;
+    let raw = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+    let other = "sk-live-silver";
+    let hex: String = sha2::Sha256::digest(other.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+    let rules = format!(
+        "[[rule]]\nname = \"per-key\"\nkey = [\"api_key\"]\nalgorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1h\"\n\
+         [[rule.override]]\nkey = \"api_key={raw}\"\nlimit = 5\n\
+         [[rule.override]]\nkey = \"api_key=sha256:{hex}\"\nlimit = 3\n"
+    );
+    let tg = Tollgate::start(&up, &rules).await;
+    assert_eq!(statuses(6, || tg.get("/").header("x-api-key", raw)).await, [200, 200, 200, 200, 200, 429]);
+    assert_eq!(statuses(4, || tg.get("/").header("x-api-key", other)).await, [200, 200, 200, 429]);
+    // What /top shows is what an override is written as.
+    let top = tg.admin("/top?rule=per-key").await.text().to_string();
+    assert!(top.contains(&format!("per-key|api_key=sha256:{hex}")), "{top}");
 }

@@ -70,7 +70,7 @@ fn rows(top: &Value) -> Vec<(String, u64, u64)> {
 }
 
 fn key_of(api_key: &str) -> String {
-    format!("per-key|api_key={}", sha256_hex(api_key))
+    format!("per-key|api_key=sha256:{}", sha256_hex(api_key))
 }
 
 async fn top(t: &Tollgate, query: &str) -> Value {

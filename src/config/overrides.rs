@@ -16,7 +16,7 @@ use crate::limiter::Algorithm;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OverrideSpec {
     /// The key as the rule builds it, without the rule's name: `user=alice`,
-    /// or `api_key=` and the SHA-256 of the API key in hex.
+    /// or `api_key=sha256:` and the SHA-256 of the API key in hex.
     pub key: String,
     pub limit: u64,
     pub burst: u64,
@@ -260,6 +260,23 @@ fn override_ip(value: &str, ipv6_prefix: u8) -> Result<std::net::IpAddr, String>
     Ok(keyed)
 }
 
+/// An override's `api_key` value: `sha256:` and 64 hex digits is the key's
+/// hash (what `explain` and `/top` print); anything else is the key itself,
+/// hashed here. One reading each: a key that happens to be 64 hex digits is
+/// a key.
+fn api_key_value(out: &mut String, value: &str) -> Result<(), String> {
+    out.push_str("sha256:");
+    match value.strip_prefix("sha256:") {
+        Some(hex) if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            out.push_str(&hex.to_ascii_lowercase());
+        }
+        Some(_) => return Err("sha256: must be followed by the key's SHA-256 in 64 hex digits".into()),
+        None if value.is_empty() => return Err("an api_key value must not be empty".into()),
+        None => crate::rules::push_sha256_hex(out, value.as_bytes()),
+    }
+    Ok(())
+}
+
 fn override_key(text: &str, base: &Base<'_>) -> Result<String, String> {
     let text = text.trim();
     let mut segments: Vec<&str> = text.split('|').collect();
@@ -311,13 +328,7 @@ fn override_key(text: &str, base: &Base<'_>) -> Result<String, String> {
         out.push_str(tag);
         out.push('=');
         if matches!(part, KeyPart::ApiKey) {
-            if value.len() == 64 && value.bytes().all(|b| b.is_ascii_hexdigit()) {
-                out.push_str(&value.to_ascii_lowercase());
-            } else if value.is_empty() {
-                return Err("an api_key value must not be empty".into());
-            } else {
-                crate::rules::push_sha256_hex(&mut out, value.as_bytes());
-            }
+            api_key_value(&mut out, value)?;
         } else if value.is_empty() && !matches!(part, KeyPart::Route) {
             return Err(format!("part {} has an empty value, which requests key as ip=ADDRESS", i + 1));
         } else if value.starts_with('~') && value.len() > 17 && value[1..].bytes().all(|b| b.is_ascii_hexdigit()) {

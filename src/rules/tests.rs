@@ -317,7 +317,7 @@ fn each_key_part() {
     // An API key is a secret: its SHA-256, never the key.
     assert_eq!(
         key(&keyed("[\"api_key\"]"), &r()),
-        "r|api_key=3605a9e4358da4302f8acea41f0f52cef85d0e3f727c7b020fc7305aec8d56b4"
+        "r|api_key=sha256:3605a9e4358da4302f8acea41f0f52cef85d0e3f727c7b020fc7305aec8d56b4"
     );
     assert_eq!(key(&keyed("[\"route\"]"), &r()), "r|route=orders-api");
     assert_eq!(key(&keyed("[\"method\"]"), &r()), "r|method=POST");
@@ -347,7 +347,10 @@ fn identity_headers_are_the_configured_ones() {
     let mut r = get("/").header("x-auth", b"bob").header("authorization", b"secret");
     r.user_header = HeaderName::from_static("x-auth");
     r.api_key_header = HeaderName::from_static("authorization");
-    assert_eq!(key(&s, &r), "r|user=bob|api_key=2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b");
+    assert_eq!(
+        key(&s, &r),
+        "r|user=bob|api_key=sha256:2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b"
+    );
     assert!(!key(&s, &r).contains("secret"));
 }
 
@@ -378,7 +381,7 @@ fn a_missing_identity_falls_back_to_the_client_ip() {
     assert_eq!(key(&keyed("[\"query:page\"]"), &r().query("page=")), "r|ip=5.6.7.8");
     assert_eq!(
         key(&keyed("[\"user\", \"api_key\"]"), &r().header("x-api-key", b"k")),
-        "r|ip=5.6.7.8|api_key=8254c329a92850f6d539dd376f4816ee2764517da5e0235514af433164480d7a"
+        "r|ip=5.6.7.8|api_key=sha256:8254c329a92850f6d539dd376f4816ee2764517da5e0235514af433164480d7a"
     );
     assert_eq!(key(&keyed("[\"user\"]"), &r().client("2001:db8::")), "r|ip=2001:db8::");
     // A request outside any route keys `route` on the empty name, not the IP.

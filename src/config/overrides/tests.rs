@@ -59,15 +59,28 @@ fn api_keys_are_written_as_their_sha256_or_in_clear() {
     let hex = "0f7b1e4b3d1d0c0fc5de4c6d06d4b8a6b2ef6d95ff0f1cd1fae1ef70a3bd2e8a";
     let mut clear = String::new();
     crate::rules::push_sha256_hex(&mut clear, b"sk-live-1");
-    let keys = override_keys("[\"api_key\"]", &["api_key=sk-live-1", &format!("api_key={}", hex.to_uppercase())]);
-    assert_eq!(keys, [format!("api_key={clear}"), format!("api_key={hex}")]);
+    let keys = override_keys(
+        "[\"api_key\"]",
+        &["api_key=sk-live-1", &format!("api_key=sha256:{}", hex.to_uppercase()), &format!("api_key={hex}")],
+    );
+    let mut raw_hex = String::new();
+    crate::rules::push_sha256_hex(&mut raw_hex, hex.as_bytes());
+    assert_eq!(
+        keys,
+        [format!("api_key=sha256:{clear}"), format!("api_key=sha256:{hex}"), format!("api_key=sha256:{raw_hex}")]
+    );
+    // A hash that is not one can never match.
+    for bad in ["sha256:abc", "sha256:"] {
+        let e = errors("[\"api_key\"]", &format!("[[rule.override]]\nkey = \"api_key={bad}\"\nlimit = 5\n"));
+        assert!(e.len() == 1 && e[0].contains("64 hex digits"), "{bad}: {e:?}");
+    }
 }
 
 #[test]
 fn any_part_may_be_the_ip_a_request_without_it_falls_back_to() {
     assert_eq!(
-        override_keys("[\"ip\", \"user\"]", &["ip=2001:DB8::1|user=alice", "ip=203.0.113.7|ip=203.0.113.7"]),
-        ["ip=2001:db8::1|user=alice", "ip=203.0.113.7|ip=203.0.113.7"]
+        override_keys("[\"ip\", \"user\"]", &["ip=2001:DB8:0:1::|user=alice", "ip=203.0.113.7|ip=203.0.113.7"]),
+        ["ip=2001:db8:0:1::|user=alice", "ip=203.0.113.7|ip=203.0.113.7"]
     );
 }
 

@@ -41,7 +41,7 @@ fn an_api_key_override_written_in_clear_or_as_its_hash_matches_the_key() {
     push_sha256_hex(&mut hex, b"sk-gold");
     let s = set(&format!(
         "[[rule]]\nname = \"r\"\nkey = [\"api_key\"]\nlimit = 10\nwindow = \"1s\"\n\
-         [[rule.override]]\nkey = \"api_key={hex}\"\nlimit = 70\n\
+         [[rule.override]]\nkey = \"api_key=sha256:{hex}\"\nlimit = 70\n\
          [[rule.override]]\nkey = \"api_key=sk-silver\"\nlimit = 30\n"
     ));
     let with_key = |k: &str| get("/").header("x-api-key", k.as_bytes());
