@@ -714,9 +714,16 @@ const MAX_VALUE_BYTES: usize = 128;
 /// keys (the Redis store puts keys inside a `{hash tag}`).
 pub(crate) fn encode(out: &mut String, value: &[u8]) {
     if value.len() > MAX_VALUE_BYTES {
-        // A fixed-seed hash: every instance must derive the same key.
-        let h = foldhash::quality::FixedState::with_seed(0x7011_6a7e).hash_one(value);
-        let _ = write!(out, "~{h:016x}{:x}", value.len());
+        // Every instance must derive the same key, and no client may craft
+        // a value whose key is a victim's: a cryptographic hash with no
+        // secret, its first 128 bits (a seeded 64-bit hash was collidable
+        // by anyone who read the seed).
+        use sha2::Digest as _;
+        out.push('~');
+        for b in &sha2::Sha256::digest(value)[..16] {
+            let _ = write!(out, "{b:02x}");
+        }
+        let _ = write!(out, "{:x}", value.len());
         return;
     }
     for &b in value {

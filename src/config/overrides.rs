@@ -331,7 +331,7 @@ fn override_key(text: &str, base: &Base<'_>) -> Result<String, String> {
             api_key_value(&mut out, value)?;
         } else if value.is_empty() && !matches!(part, KeyPart::Route) {
             return Err(format!("part {} has an empty value, which requests key as ip=ADDRESS", i + 1));
-        } else if value.starts_with('~') && value.len() > 17 && value[1..].bytes().all(|b| b.is_ascii_hexdigit()) {
+        } else if value.starts_with('~') && value.len() > 33 && value[1..].bytes().all(|b| b.is_ascii_hexdigit()) {
             // A long value, shown by `explain` as its hash.
             out.push_str(value);
         } else {

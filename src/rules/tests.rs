@@ -421,9 +421,9 @@ fn long_values_are_replaced_by_a_bounded_hash() {
 
     let long_a = "a".repeat(129);
     let ka = key(&s, &get("/").user(&long_a));
-    // "~", 16 hex digits of hash, then the length in hex (129 = 0x81).
+    // "~", 32 hex digits of hash, then the length in hex (129 = 0x81).
     let hashed = ka.strip_prefix("r|user=~").expect("hashed value");
-    assert_eq!(hashed.len(), 18, "{ka}");
+    assert_eq!(hashed.len(), 34, "{ka}");
     assert!(hashed.ends_with("81"), "{ka}");
     assert!(hashed.bytes().all(|b| b.is_ascii_hexdigit()), "{ka}");
     assert_eq!(key(&s, &get("/").user(&long_a)), ka, "the same value gives the same key");
@@ -438,7 +438,7 @@ fn long_values_are_replaced_by_a_bounded_hash() {
     // A huge value stays small.
     let huge = "x".repeat(60_000);
     let kh = key(&s, &get("/").user(&huge));
-    assert_eq!(kh.len(), "r|user=~".len() + 16 + "ea60".len(), "{kh}");
+    assert_eq!(kh.len(), "r|user=~".len() + 32 + "ea60".len(), "{kh}");
     assert!(kh.ends_with("ea60"), "{kh}");
 
     // A hash can never equal an encoded short value: '~' is always encoded.
@@ -448,15 +448,17 @@ fn long_values_are_replaced_by_a_bounded_hash() {
 #[test]
 fn the_hash_is_stable_across_processes() {
     // Every tollgate instance must derive the same key for the same value
-    // (they share buckets through Redis): the hash has a fixed seed, and
-    // this pins its output, so a change of hash function or seed (which
-    // would split every hashed bucket during a rolling upgrade) is noticed.
+    // (they share buckets through Redis), and no client may craft a value
+    // whose key is another's (issue 29: a 64-bit hash with a public seed
+    // could be collided): the first 128 bits of its SHA-256. This pins the
+    // output, so a change of hash (which would split every hashed bucket
+    // during a rolling upgrade) is noticed.
     let mut out = String::new();
     encode(&mut out, "z".repeat(200).as_bytes());
     let mut again = String::new();
     encode(&mut again, "z".repeat(200).as_bytes());
     assert_eq!(out, again);
-    assert_eq!(out, "~ac38c637b3eaa96dc8");
+    assert_eq!(out, "~983a71da81783dfb18f7617e411156a9c8");
 }
 
 #[test]
