@@ -9,7 +9,6 @@
 //! and `X-RateLimit-Limit` value.
 
 use std::fmt::Write as _;
-use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::SystemTime;
