@@ -333,6 +333,15 @@ pub async fn decide<'r>(
         }
         (None, None) => rule.plan_for(&bucket, &facts),
     };
+    // Bounded by the plan that applies, not the rule's largest: a cost past
+    // this key's bucket could never be admitted, whatever `retry_after` said.
+    let most = rule.capacity_of(plan);
+    if cost > most {
+        return Err(format!(
+            "\"cost\" must be a whole number from 1 to {most}: the most rule {:?} admits at once for this key.",
+            rule.name()
+        ));
+    }
     let (answer, limits) = proxy.decide_one(rule, plan, bucket, cost).await;
     let verdict = match answer {
         Ok(v) => v,

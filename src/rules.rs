@@ -535,6 +535,12 @@ impl Rule {
         self.throttled(&self.plan, inflight)
     }
 
+    /// The most units one decision under `plan` can ever admit at once,
+    /// with no upstream behind it ([`NO_UPSTREAM`]).
+    pub fn capacity_of(&self, plan: &Plan) -> u64 {
+        self.throttled(plan, NO_UPSTREAM).capacity()
+    }
+
     /// `plan`'s limits (one of this rule's) with soft or elastic throttling
     /// applied, and for a calendar rule the current calendar window.
     /// `clock` is read for calendar rules only (the store's clock, so the

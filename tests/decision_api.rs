@@ -442,3 +442,33 @@ elastic_percent = 100
     }
     assert_eq!(allowed, 5, "checks allowed at a limit of 5");
 }
+
+/// Issue 29: a check's cost was bounded by the rule's largest plan, so a
+/// cost past the bucket of the plan that applies (here an override of 2)
+/// was refused with a `retry_after` that never came true (on 2eaccb2:
+/// allowed false, retry_after 48). It is a 400 naming the bound.
+#[tokio::test]
+async fn a_cost_past_the_applied_plans_bucket_is_a_400() {
+    let upstream = Upstream::start().await;
+    let rules = r#"
+[[rule]]
+name = "per-user"
+key = ["user"]
+algorithm = "fixed_window"
+limit = 10
+window = "60s"
+
+[[rule.override]]
+key = "user=small"
+limit = 2
+"#;
+    let t = start(&upstream, rules).await;
+    let api = decision_addr(&t);
+    let a = check(api, json!({"rule": "per-user", "key": {"user": "small"}, "cost": 5})).await;
+    assert_eq!(a.status, 400, "{}", a.body);
+    assert!(a.body["message"].as_str().is_some_and(|m| m.contains("from 1 to 2")), "{}", a.body);
+    let a = check(api, json!({"rule": "per-user", "key": {"user": "small"}, "cost": 2})).await;
+    assert_eq!(a.body["allowed"], true, "{}", a.body);
+    let a = check(api, json!({"rule": "per-user", "key": {"user": "big"}, "cost": 5})).await;
+    assert_eq!(a.body["allowed"], true, "{}", a.body);
+}
