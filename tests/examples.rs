@@ -521,3 +521,27 @@ fn cookbook_rules_pass_check() {
     let out = tollgate(&["check", "--config", &dir.path().join("tollgate.toml").to_string_lossy()]);
     assert!(out.status.success(), "a cookbook rule does not pass tollgate check:\n{}", text(&out.stderr));
 }
+
+/// `benches/accuracy` (the table of docs/algorithms.md#measured-accuracy)
+/// still runs and offers every fault and row the table shows: it is run by
+/// hand, so nothing else would notice it rot.
+#[test]
+fn accuracy_bench_lists_what_the_docs_table_shows() {
+    let bench = repo().join("benches/accuracy");
+    let out = Command::new("python3").arg(&bench).arg("--list").output().expect("python3 runs");
+    assert!(out.status.success(), "benches/accuracy --list failed: {}", text(&out.stderr));
+    let listed = text(&out.stdout);
+    let listed: Vec<&str> = listed.lines().collect();
+    let docs = std::fs::read_to_string(repo().join("docs/algorithms.md")).expect("read docs/algorithms.md");
+    assert!(docs.lines().any(|l| l == "## Measured accuracy"), "docs/algorithms.md has lost its measured table");
+    let rows: Vec<&str> = listed.iter().filter_map(|l| l.strip_prefix("row ")).collect();
+    let faults: Vec<&str> = listed.iter().filter_map(|l| l.strip_prefix("fault ")).collect();
+    assert_eq!(faults, ["none", "crowd", "resets", "pause", "failover", "migration"], "{listed:?}");
+    assert_eq!(rows.len(), 9, "{listed:?}");
+    for row in rows {
+        assert!(docs.contains(&format!("| `{row}` |")), "docs/algorithms.md's table has no row {row}");
+    }
+    for fault in faults {
+        assert!(docs.contains(&format!("\n| {fault} |")), "docs/algorithms.md does not say what {fault} does");
+    }
+}
