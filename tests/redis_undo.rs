@@ -229,3 +229,29 @@ async fn refunds_in_flight_when_a_cluster_sync_drops_their_connection_are_applie
     let state = cluster.cli(m, &support::redis::window(&key));
     assert!(state.trim().ends_with(":5"), "the window counts {state:?}");
 }
+
+/// The fault tried from outside first: the connection is reset right after
+/// a refund was forwarded (the node ran it, its answer held). fred fails
+/// the call with the reset itself and tollgate does not send it again: the
+/// refund reaches the node once, and the limit holds. (This did not apply
+/// a refund twice before undo ids either; it guards that.)
+#[tokio::test]
+async fn a_refund_whose_connection_is_reset_after_it_ran_is_not_sent_again() {
+    let redis = RedisServer::start();
+    let relay = Relay::start(addr(redis.port)).await;
+    let up = Upstream::start().await;
+    let url = format!("redis://127.0.0.1:{}", relay.port);
+    let config = tollgate_config(up.addr, &url, "on_error = \"deny\"\nlease_percent = 0\ntimeout = \"5s\"");
+    let tg = Tollgate::with(&config, &[("rules.toml", &gated_rules("spend", "fixed_window"))]).await;
+    let ip = "198.51.100.10";
+    assert_eq!(tg.get("/").from_ip(ip).send().await.status, 200);
+    assert_eq!(tg.get("/").from_ip(ip).send().await.status, 200);
+    assert_eq!(tg.get("/gated").from_ip(ip).send().await.status, 200);
+    relay.hold_replies_after(|c| takes_back(c, "spend"));
+    assert_eq!(tg.get("/gated").from_ip(ip).send().await.status, 429);
+    eventually("the refund reached the node", || async { relay.count(|c| takes_back(c, "spend")) == 1 }).await;
+    relay.reset_all();
+    eventually("tollgate is connected again", || async { tg.admin("/readyz").await.status == 200 }).await;
+    assert_eq!(admitted_until_refused(&tg, ip).await, 2, "admitted past the limit");
+    assert_eq!(relay.count(|c| takes_back(c, "spend")), 1, "the refund was sent again");
+}
