@@ -233,6 +233,8 @@ pub struct Settle {
 /// token or request id, followed for a lease by
 /// `|want:period:phase:slot:taken:unspent` (the units wanted, the escrow
 /// period and phase, and the lease settled; a slot of 0 settles nothing).
+/// A call that takes back (see [`takes_back`]) starts its tail with `~`
+/// and a fresh undo id (see [`undo_id`]): sent twice, it is applied once.
 /// Few values, and a spec the checks of one rule share: reading values is
 /// most of what a check costs the server.
 pub fn args(mode: ScriptMode, limits: &Limits, cost: u64, extra: &str, lease: LeaseArgs) -> [Value; ARGS] {
