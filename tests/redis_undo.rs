@@ -255,3 +255,43 @@ async fn a_refund_whose_connection_is_reset_after_it_ran_is_not_sent_again() {
     assert_eq!(admitted_until_refused(&tg, ip).await, 2, "admitted past the limit");
     assert_eq!(relay.count(|c| takes_back(c, "spend")), 1, "the refund was sent again");
 }
+
+/// A token bucket's lease is given back by settling its escrow slot, which
+/// the leases of other instances may share: settled twice, the slot would
+/// give up another instance's units, and the bucket would admit them
+/// again while that instance still spends them.
+#[tokio::test]
+async fn a_token_bucket_lease_settled_twice_gives_up_its_own_units_only() {
+    let redis = RedisServer::start();
+    let relay = Relay::start(addr(redis.port)).await;
+    let up = Upstream::start().await;
+    let url = format!("redis://127.0.0.1:{}", relay.port);
+    let config = |store: &str| tollgate_config(up.addr, &url, &format!("on_error = \"deny\"\n{store}"));
+    // 1,000 a day: nothing refills within the test; 1% leases of 10.
+    let rules =
+        "[[rule]]\nname = \"escrow\"\nkey = [\"ip\"]\nalgorithm = \"token_bucket\"\nlimit = 1000\nwindow = \"1d\"\n";
+    let a = Tollgate::with(&config("lease_percent = 1\nlease_idle = \"1h\""), &[("rules.toml", rules)]).await;
+    let b = Tollgate::with(&config("lease_percent = 1\nlease_idle = \"1h\""), &[("rules.toml", rules)]).await;
+    relay.duplicate(|c| takes_back(c, "escrow"));
+    let ip = "198.51.100.11";
+    // Each instance takes a lease of 10 with its first request, into the
+    // same escrow slot; `a` spends 3 more of its own.
+    assert_eq!(b.get("/").from_ip(ip).send().await.status, 200);
+    for _ in 0..4 {
+        assert_eq!(a.get("/").from_ip(ip).send().await.status, 200);
+    }
+    // `a` gives its lease back at shutdown: 7 unspent.
+    a.stop().await;
+    eventually("the give-back and its duplicate ran", || async { relay.duplicated() >= 1 }).await;
+    // Counted: 5 requests, and the 10 `b` still holds. A third instance
+    // (which leases nothing) sees what is left after its own request.
+    let c = Tollgate::with(&config("lease_percent = 0"), &[("rules.toml", rules)]).await;
+    let reply = c.get("/").from_ip(ip).send().await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(
+        reply.header("x-ratelimit-remaining"),
+        Some("984"),
+        "1,000 less 6 requests and the lease `b` holds: a slot settled twice gave up `b`'s units"
+    );
+    drop(b);
+}
