@@ -17,6 +17,8 @@
 //!   one large body, for clients that do not read it.
 //! - [`tls::TestCa`]: a certificate authority made in the test, and a TLS
 //!   client that reports the certificate a server presented.
+//! - [`relay::Relay`]: a fault-injecting TCP relay in front of one Redis
+//!   node (holds replies, sends a command twice, resets connections).
 //!
 //! Some helpers are used by only some test files.
 #![allow(dead_code)]
@@ -24,6 +26,7 @@
 pub mod access_log;
 pub mod big_upstream;
 pub mod redis;
+pub mod relay;
 pub mod tls;
 
 use std::collections::BTreeMap;

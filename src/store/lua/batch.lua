@@ -14,7 +14,8 @@
 --          "|" and want, period_us, phase_us, settle_at, taken and unspent
 --          as little-endian doubles (48 bytes: decimal parsing costs more
 --          than the rest of a call's reading; all are whole numbers below
---          2^53, exact in a double)
+--          2^53, exact in a double); any of them after "~" and the 32 hex
+--          digits of an undo id (see `applied_before`)
 -- Returns  per check, in order, eight values {allowed, remaining,
 --          reset_after_ns, retry_after_ns, delay_ns, token, granted,
 --          lease_ttl_ns} packed into one string of eight little-endian
@@ -56,6 +57,35 @@ local function spec(text)
   end
   return parsed
 end
+-- Undo ids: a call that takes back what an earlier one counted (a refund,
+-- a settle, a lease given back or settled) names itself with a unique id,
+-- and a second call with the same id (the same call sent again: after a
+-- dropped connection the caller cannot know whether the first ran) takes
+-- nothing back: the part that takes back is applied once. Each id applied
+-- is a key of its own in the key's slot, `<key>:undo:<id>`, set with NX
+-- (one command checks and records it) and expiring once the undo could no
+-- longer change the key: a window's after UNDO_WINDOWS windows (the
+-- window it names is over, or has slid out), which the script's first
+-- line sets; a bucket's (UNDO_WINDOWS 0) once a full bucket has drained and
+-- the escrow slot it settles has ended, but not before UNDO_FLOOR: a
+-- bucket's level does not say which units are whose, and a call is sent
+-- again within the store timeout of the first.
+local UNDO_FLOOR = 1000000
+local function applied_before(id)
+  local span
+  if UNDO_WINDOWS > 0 then
+    span = UNDO_WINDOWS * window
+  else
+    span = 0
+    if limit > 0 then span = window * capacity / limit end
+    if span < UNDO_FLOOR then span = UNDO_FLOOR end
+    local slot = abs(settle_at) - now
+    if slot > span then span = slot end
+  end
+  local ms = ceil(span / 1000)
+  if ms < 1 then ms = 1 end
+  return not call('SET', key .. ':undo:' .. id, '', 'NX', 'PX', format('%d', ms))
+end
 -- One call: binds the library's names, reads the clock, and decides the
 -- checks in `args` (ARGV).
 local function run(args)
@@ -93,6 +123,11 @@ local function run(args)
       parsed_spec = s
     end
     local tail = args[at + 2]
+    local undo
+    if byte(tail, 1) == 126 then
+      -- '~' and an undo id.
+      undo, tail = sub(tail, 2, 33), sub(tail, 34)
+    end
     if tail ~= '' then
       if #tail == 49 and byte(tail, 1) == 124 then
         -- '|' and a lease's six values as doubles: no decimal parsing.
@@ -107,7 +142,19 @@ local function run(args)
       extra, want, period, phase, settle_at, taken, unspent = '', 0, 0, 0, 0, 0, 0
       leased = false
     end
-    local ok, a, b, d, r, y, k, g, l = try(decide)
+    local ok, a, b, d, r, y, k, g, l = true, 1, 0, 0, 0, 0, 0
+    local again = false
+    if undo then ok, again = try(applied_before, undo) end
+    if not ok then
+      a = again
+    elseif again and mode == 1 then
+      -- A consume that also settled a lease: counted again (towards
+      -- refusing), the settle not applied again.
+      settle_at, taken, unspent, leased = 0, 0, 0, true
+      ok, a, b, d, r, y, k, g, l = try(decide)
+    elseif not again then
+      ok, a, b, d, r, y, k, g, l = try(decide)
+    end
     if a == FRESH then
       out[o + 1] = 20
       o = o + 1

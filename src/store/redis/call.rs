@@ -1,7 +1,8 @@
 //! Calls: a batch of checks in one `FCALL` (or `EVALSHA`) on the node
 //! owning the first check's key, after loading the function (or as `EVAL`)
 //! when that node does not know it, bounded by a deadline with fred's own
-//! timer, and re-sent only after a cluster redirection.
+//! timer, and re-sent once when fred reports it out of attempts (a
+//! redirection, or a connection fred dropped with it in flight).
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -175,9 +176,14 @@ fn is_outage(kind: &ErrorKind) -> bool {
 }
 
 /// With `max_command_attempts = 1`, fred reports a command it had to send
-/// a second time as out of attempts; the only second send it makes with
-/// that setting is after a `MOVED`/`ASK` redirection (a failover or a slot
-/// migration), which the old node answered without running the script.
+/// a second time as out of attempts: after a `MOVED`/`ASK` redirection (a
+/// failover or a slot migration), which the old node answered without
+/// running the script, but also for a command that was in flight on a
+/// connection fred closed itself (a cluster sync dropping a connection
+/// whose node moved or whose reader failed, a re-initialisation), which
+/// the node may have run. Sending it once more is safe either way: a
+/// consume counted twice only refuses more, and a call that takes back
+/// carries an undo id that the script applies once (`scripts::takes_back`).
 fn is_exhausted_redirect(e: &FredError) -> bool {
     e.details().contains("Too many failed write attempts")
 }

@@ -40,14 +40,17 @@ impl Shared {
         }
         // Checks that leased quota held here can answer (see `lease`).
         let mut local: Vec<Option<Verdict>> = vec![None; checks.len()];
+        // The lease each was taken from, for a give-back.
+        let mut tokens = vec![0i64; checks.len()];
         if consume && self.leases.enabled() {
             let mut ahead = Vec::new();
-            for ((slot, c), key) in local.iter_mut().zip(checks).zip(&keys) {
+            for (((slot, token), c), key) in local.iter_mut().zip(&mut tokens).zip(checks).zip(&keys) {
                 if c.settles {
                     continue;
                 }
                 *slot = self.leases.take(key, &c.limits, c.cost, started, self.timeout).map(|taken| {
                     ahead.extend(taken.ahead);
+                    *token = taken.token;
                     taken.verdict
                 });
             }
@@ -193,7 +196,7 @@ impl Shared {
             // The request counts nowhere: give back what the rules that did
             // answer counted (the fallback counted nothing for a rejected
             // request), concurrency slots included.
-            self.uncount(checks, &keys, &ids, &asked, &results, &local);
+            self.uncount(checks, &keys, &ids, &asked, &results, (&local, &tokens));
             return (answers, None);
         }
         let slots = if consume { self.hold(checks, &keys, ids, &asked, &results, local_slots, now) } else { None };
@@ -267,7 +270,8 @@ impl Shared {
     }
 
     /// Undoes everything a request counted, in Redis (`asked` and their
-    /// `results`) and in leases here (`local`): it ended up counting nowhere.
+    /// `results`) and in leases here (`local`, with the lease each was
+    /// taken from): it ended up counting nowhere.
     fn uncount(
         self: &Arc<Self>,
         checks: &[Check<'_>],
@@ -275,7 +279,7 @@ impl Shared {
         ids: &[String],
         asked: &[usize],
         results: &[Result<Reply, Failure>],
-        local: &[Option<Verdict>],
+        local: (&[Option<Verdict>], &[i64]),
     ) {
         let counted = asked.iter().zip(results).filter_map(|(&i, r)| match r {
             Ok(reply) if reply.verdict.allowed => Some((i, reply)),
@@ -286,11 +290,11 @@ impl Shared {
     }
 
     /// Returns the units taken from leases here for a request that ended up
-    /// counting nowhere.
-    fn give_back(&self, checks: &[Check<'_>], keys: &[String], local: &[Option<Verdict>]) {
-        for ((c, key), v) in checks.iter().zip(keys).zip(local) {
+    /// counting nowhere, each to the lease it was taken from.
+    fn give_back(&self, checks: &[Check<'_>], keys: &[String], (local, tokens): (&[Option<Verdict>], &[i64])) {
+        for (((c, key), v), &token) in checks.iter().zip(keys).zip(local).zip(tokens) {
             if v.is_some() {
-                self.leases.give_back(key, &c.limits, c.cost);
+                self.leases.give_back(key, &c.limits, c.cost, token);
             }
         }
     }
@@ -343,24 +347,34 @@ impl Shared {
     }
 }
 
-/// Unique ids for sliding-log entries: a random per-process prefix and a
-/// counter, so no two requests of any instance add the same member.
+/// Unique ids for sliding-log entries and concurrency slots: a random
+/// per-process prefix of 64 bits and a counter, so no two requests of any
+/// instance add the same member. With 32 bits, two instances among some
+/// 77,000 (or restarts of one) would share a prefix by the birthday bound
+/// with even odds, and merge their entries; at 64 bits that takes billions.
 pub(super) struct RequestIds {
-    prefix: u32,
+    prefix: u64,
     next: AtomicU64,
 }
 
 impl RequestIds {
     pub(super) fn new() -> RequestIds {
-        use std::hash::BuildHasher;
-        // A randomly seeded hasher is the one source of randomness at hand.
-        let seed = foldhash::quality::RandomState::default().hash_one((std::process::id(), Instant::now()));
-        RequestIds { prefix: seed as u32, next: AtomicU64::new(0) }
+        RequestIds { prefix: random_u64(), next: AtomicU64::new(0) }
     }
 
+    /// The prefix as 16 hex digits, then the counter.
     pub(super) fn next(&self) -> String {
-        format!("{:08x}{:x}", self.prefix, self.next.fetch_add(1, Ordering::Relaxed))
+        format!("{:016x}{:x}", self.prefix, self.next.fetch_add(1, Ordering::Relaxed))
     }
+}
+
+/// 64 random bits: a hash under the keys the standard library draws from
+/// the operating system for its hash maps (a fresh pair per `RandomState`),
+/// of this process's id and the time.
+pub(super) fn random_u64() -> u64 {
+    use std::hash::BuildHasher;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    std::collections::hash_map::RandomState::new().hash_one((std::process::id(), now.as_nanos()))
 }
 
 #[cfg(test)]
@@ -373,6 +387,30 @@ mod tests {
         let a = ids.next();
         let b = ids.next();
         assert_ne!(a, b);
-        assert!(a.len() >= 9);
+        assert!(a.len() >= 17);
+    }
+
+    /// Every id of an instance starts with the same 16 hex digits, drawn
+    /// at random per instance: all 64 bits vary between instances (a
+    /// 32-bit prefix left the upper half of the first 16 digits to the
+    /// counter, and the first ids of every instance ended alike).
+    #[test]
+    fn request_ids_carry_a_64_bit_random_prefix() {
+        let prefix = |id: &str| u64::from_str_radix(id.get(..16).unwrap_or(id), 16).ok();
+        let mut seen = std::collections::HashSet::new();
+        let (mut high, mut low) = (0u64, 0u64);
+        for _ in 0..64 {
+            let ids = RequestIds::new();
+            let (a, b) = (ids.next(), ids.next());
+            assert!(a.len() >= 17 && b.len() >= 17, "{a} {b}");
+            let p = prefix(&a).expect("16 hex digits");
+            assert_eq!(prefix(&b), Some(p), "one prefix per instance: {a} {b}");
+            assert!(seen.insert(p), "a prefix drawn twice: {p:016x}");
+            high |= p >> 32;
+            low |= p & 0xffff_ffff;
+        }
+        // 64 random draws leave no bit of either half always 0 (a chance
+        // of 64 in 2^64).
+        assert_eq!((high, low), (0xffff_ffff, 0xffff_ffff), "bits that never varied");
     }
 }

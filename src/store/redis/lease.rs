@@ -214,6 +214,9 @@ const LEAD: Duration = Duration::from_millis(25);
 pub(super) struct Taken {
     pub verdict: Verdict,
     pub ahead: Option<Ahead>,
+    /// The lease spent from (its window, or a bucket's escrow slot): a
+    /// [`give_back`](Leases::give_back) returns the units to it only.
+    pub token: i64,
 }
 
 /// A renewal ahead: a consume of nothing that tops the lease up to its
@@ -390,8 +393,9 @@ impl Leases {
             delay: 0,
             fallback: false,
         };
+        let token = lease.token;
         let ahead = self.ahead(lease, key, limits, now, timeout);
-        Some(Taken { verdict, ahead })
+        Some(Taken { verdict, ahead, token })
     }
 
     /// The renewal `lease` is due once a take leaves it at what the key
@@ -520,11 +524,17 @@ impl Leases {
         }
     }
 
-    /// Undoes a [`take`](Self::take): the request was rejected by another
-    /// rule and counts nowhere.
-    pub fn give_back(&self, key: &str, limits: &Limits, cost: u64) {
+    /// Undoes a [`take`](Self::take) from the lease named `token`: the
+    /// request was rejected by another rule and counts nowhere. Units
+    /// taken from a lease that has ended or been replaced since (the next
+    /// window's) stay spent: they were counted where that lease was, and
+    /// would let the new one spend more than Redis counted for it.
+    pub fn give_back(&self, key: &str, limits: &Limits, cost: u64, token: i64) {
         if let Some(lease) = self.shard(key).get_mut(key)
             && lease.limits == *limits
+            && lease.token == token
+            // (An ended lease holds nothing and never expires: not this one.)
+            && (lease.units > 0 || lease.taken > 0 || lease.expires_at.is_some())
         {
             lease.units += cost;
             if lease.is_bucket() {
@@ -948,8 +958,8 @@ mod tests {
             assert_eq!(leases.want(key, &BUCKET, 1, t0, TIMEOUT).want, 10);
             leases.granted(key, &BUCKET, &slot, t0, t0);
         }
-        leases.take("k", &BUCKET, 3, t0, TIMEOUT).expect("served");
-        leases.give_back("k", &BUCKET, 3);
+        let taken = leases.take("k", &BUCKET, 3, t0, TIMEOUT).expect("served");
+        leases.give_back("k", &BUCKET, 3, taken.token);
         leases.take("k", &BUCKET, 2, t0, TIMEOUT).expect("served");
         assert!(leases.expire(t0 + Duration::from_secs(4)).is_empty(), "not idle yet");
         // The one-off key's lease was never spent: not worth a call.
@@ -958,6 +968,34 @@ mod tests {
         assert_eq!(back[0].key, "k");
         assert_eq!(back[0].settle(), Some(Settle { slot: 77, taken: 10, unspent: 8, carry: false }));
         assert_eq!(leases.len(), 0);
+    }
+
+    /// A request served from a window's lease and then rejected by another
+    /// rule gives its units back to that lease only: once the lease of the
+    /// next window has replaced it, the units were counted in a window
+    /// that is over, and joining them to the new lease would let this
+    /// instance spend more than Redis counted for it.
+    #[test]
+    fn units_given_back_after_their_lease_was_replaced_do_not_join_the_next_one() {
+        let leases = Leases::new(1, Duration::from_secs(5), Duration::from_secs(5));
+        let t0 = Instant::now();
+        let window = Limits { algorithm: Algorithm::FixedWindow, ..BUCKET };
+        assert_eq!(leases.want("w", &window, 1, t0, TIMEOUT).want, 10);
+        leases.granted("w", &window, &reply(10, 980, 7, NANOS_PER_SEC), t0, t0);
+        // Given back to the lease it was taken from, the units are spent again.
+        let taken = leases.take("w", &window, 2, t0, TIMEOUT).expect("served from the lease");
+        leases.give_back("w", &window, 2, taken.token);
+        let taken = leases.take("w", &window, 3, t0, TIMEOUT).expect("served from the lease");
+        // Meanwhile the next window's lease (token 8) replaces it.
+        assert_eq!(leases.want("w", &window, 1, t0, TIMEOUT).want, 10);
+        let old = leases.granted("w", &window, &reply(10, 980, 8, NANOS_PER_SEC), t0, t0).expect("the old lease");
+        assert_eq!((old.units, old.token), (7, 7));
+        leases.give_back("w", &window, 3, taken.token);
+        assert_eq!(
+            (0..20).filter(|_| leases.take("w", &window, 1, t0, TIMEOUT).is_some()).count(),
+            10,
+            "the new lease holds what Redis granted it, no more"
+        );
     }
 
     #[test]

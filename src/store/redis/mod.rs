@@ -35,10 +35,15 @@
 //! connection is back (a queue of stale checks replayed after an outage
 //! would count requests that were long decided). `max_command_attempts` is
 //! 1: after a dropped connection fred would otherwise re-send in-flight
-//! scripts, and a script that ran before the drop would count twice. The
-//! one re-send done here is after a cluster redirection, which fred reports
-//! as an exhausted attempt and which proves the script did not run. The
-//! backlog of lease give-backs (see `refund`) holds only calls never sent.
+//! scripts on its own. The one re-send done here is when fred reports a
+//! call out of attempts: after a cluster redirection (the script did not
+//! run), or for a call in flight on a connection fred closed itself during
+//! a cluster sync or a reconnection (it may have run). A consume sent twice
+//! counts twice, which only refuses more; every call that takes back (a
+//! refund, a settle, a lease given back or settled) carries an undo id,
+//! and the script applies an id once (see `applied_before` in batch.lua),
+//! so that no unit is given back twice. The backlog of lease give-backs
+//! (see `refund`) holds only calls never sent.
 //!
 //! # Several rules in one request
 //!

@@ -91,13 +91,15 @@ impl Script {
 }
 
 /// Every algorithm's code, in the order of [`index`].
+/// `UNDO_WINDOWS`: for how many windows an undo can still change a key
+/// (0: a bucket's level, see `applied_before` in batch.lua).
 const BODIES: [&str; ALGORITHMS] = [
-    body!("local SHAPING = false\n", "bucket.lua"),
-    body!("local SHAPING = true\n", "bucket.lua"),
-    body!("", "fixed_window.lua"),
-    body!("", "sliding_window_log.lua"),
-    body!("", "sliding_window_counter.lua"),
-    body!("", "concurrency.lua"),
+    body!("local SHAPING = false\nlocal UNDO_WINDOWS = 0\n", "bucket.lua"),
+    body!("local SHAPING = true\nlocal UNDO_WINDOWS = 0\n", "bucket.lua"),
+    body!("local UNDO_WINDOWS = 1\n", "fixed_window.lua"),
+    body!("local UNDO_WINDOWS = 1\n", "sliding_window_log.lua"),
+    body!("local UNDO_WINDOWS = 2\n", "sliding_window_counter.lua"),
+    body!("local UNDO_WINDOWS = 1\n", "concurrency.lua"),
 ];
 
 /// How many algorithms have a script.
@@ -231,6 +233,8 @@ pub struct Settle {
 /// token or request id, followed for a lease by
 /// `|want:period:phase:slot:taken:unspent` (the units wanted, the escrow
 /// period and phase, and the lease settled; a slot of 0 settles nothing).
+/// A call that takes back (see [`takes_back`]) starts its tail with `~`
+/// and a fresh undo id (see [`undo_id`]): sent twice, it is applied once.
 /// Few values, and a spec the checks of one rule share: reading values is
 /// most of what a check costs the server.
 pub fn args(mode: ScriptMode, limits: &Limits, cost: u64, extra: &str, lease: LeaseArgs) -> [Value; ARGS] {
@@ -243,11 +247,21 @@ pub fn args(mode: ScriptMode, limits: &Limits, cost: u64, extra: &str, lease: Le
         // Writing to a String cannot fail.
         let _ = write!(spec, ":{}", limits.origin / 1_000);
     }
+    let undo = takes_back(mode, limits.algorithm, &lease);
     // A lease goes with checks that have no extra value (consumes of the
     // leasable algorithms, a bucket's give-back); were one to come with
     // both, the script would read the whole tail as the extra value and
     // grant no lease.
-    let tail = if lease != LeaseArgs::default() && extra.is_empty() {
+    let leased = lease != LeaseArgs::default() && extra.is_empty();
+    if !undo && !leased {
+        return [Value::String(spec.into()), Value::String(extra.into())];
+    }
+    let mut tail = Vec::with_capacity(1 + UNDO_ID + LEASE_TAIL.max(extra.len()));
+    if undo {
+        tail.push(b'~');
+        tail.extend_from_slice(&undo_id());
+    }
+    if leased {
         let settle = lease.settle.unwrap_or(Settle { slot: 0, taken: 0, unspent: 0, carry: false });
         let slot = settle.slot.max(0) as f64;
         let values = [
@@ -258,18 +272,43 @@ pub fn args(mode: ScriptMode, limits: &Limits, cost: u64, extra: &str, lease: Le
             settle.taken as f64,
             if lease.settle.is_some() { settle.unspent as f64 } else { lease.held as f64 },
         ];
-        let mut tail = Vec::with_capacity(LEASE_TAIL);
         tail.push(b'|');
         for v in values {
             // Whole numbers below 2^53 (units of at most `MAX_LIMIT`,
             // microseconds since the epoch) are exact in a double.
             tail.extend_from_slice(&v.to_le_bytes());
         }
-        Value::Bytes(tail.into())
     } else {
-        Value::String(extra.into())
-    };
-    [Value::String(spec.into()), tail]
+        tail.extend_from_slice(extra.as_bytes());
+    }
+    [Value::String(spec.into()), Value::Bytes(tail.into())]
+}
+
+/// Whether a call takes back what an earlier one counted, and so must
+/// carry an undo id (see `applied_before` in batch.lua): a call can reach
+/// Redis twice (sent again after fred dropped a connection it was in
+/// flight on, see `call`), and a refund, a settle or a lease settled twice
+/// would let the key admit past its limit by what it gave back. The log
+/// and the concurrency slots give back by removing the entry their
+/// request id names, which a second call finds gone.
+fn takes_back(mode: ScriptMode, algorithm: Algorithm, lease: &LeaseArgs) -> bool {
+    let undoes = matches!(mode, ScriptMode::Refund | ScriptMode::Settle) && !algorithm.names_requests();
+    undoes || lease.settle.is_some()
+}
+
+/// Length of an undo id: 32 hex digits.
+const UNDO_ID: usize = 32;
+
+/// A new undo id: this process's 64 random bits and a counter, both as 16
+/// hex digits, so that no two calls of any instance share one.
+fn undo_id() -> [u8; UNDO_ID] {
+    use std::sync::LazyLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static PREFIX: LazyLock<u64> = LazyLock::new(super::check::random_u64);
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let text = format!("{:016x}{:016x}", *PREFIX, NEXT.fetch_add(1, Ordering::Relaxed));
+    // Two u64 in 16 hex digits each: always 32 bytes.
+    text.as_bytes().try_into().unwrap_or([b'0'; UNDO_ID])
 }
 
 /// A script's answer: the verdict, the token a refund must quote (the
@@ -573,6 +612,9 @@ mod tests {
         let [spec, tail] = args(ScriptMode::Consume, &limits, 1, "", lease);
         assert_eq!(spec.as_str().as_deref(), Some("1:100:1000000:100:1"));
         let Value::Bytes(tail) = tail else { panic!("{tail:?}") };
+        // It settles a lease: named by an undo id.
+        let (undo, tail) = split_undo(&tail);
+        assert!(undo.is_some());
         assert_eq!(tail.len(), LEASE_TAIL);
         assert_eq!(tail[0], b'|');
         let values: Vec<u64> =
@@ -582,16 +624,59 @@ mod tests {
         // names its slot negated; a window's sends the units it holds.
         let doubles = |lease: LeaseArgs| {
             let [_, Value::Bytes(tail)] = args(ScriptMode::Consume, &limits, 0, "", lease) else { panic!() };
-            tail[1..].chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes"))).collect::<Vec<_>>()
+            let (undo, tail) = split_undo(&tail);
+            let values = tail[1..].chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")));
+            (undo.is_some(), values.collect::<Vec<_>>())
         };
         let carry = Settle { slot: 1_795_551_536_012_345, taken: 10, unspent: 1, carry: true };
-        let ahead = doubles(LeaseArgs { want: 9, settle: Some(carry), ..LeaseArgs::default() });
+        let (undo, ahead) = doubles(LeaseArgs { want: 9, settle: Some(carry), ..LeaseArgs::default() });
+        assert!(undo);
         assert_eq!(ahead[3..], [-1_795_551_536_012_345.0, 10.0, 1.0]);
         let window = doubles(LeaseArgs { want: 9, held: 1, ..LeaseArgs::default() });
-        assert_eq!(window, [9.0, 0.0, 0.0, 0.0, 0.0, 1.0]);
-        // No lease: the extra value alone, as text.
+        assert_eq!(window, (false, vec![9.0, 0.0, 0.0, 0.0, 0.0, 1.0]), "it settles nothing: no undo id");
+        // No lease: the extra value alone, as text, after an undo id for a
+        // refund.
         let [_, tail] = args(ScriptMode::Refund, &limits, 1, "1700000000000000", LeaseArgs::default());
-        assert_eq!(tail.as_str().as_deref(), Some("1700000000000000"));
+        let Value::Bytes(tail) = tail else { panic!("{tail:?}") };
+        let (undo, extra) = split_undo(&tail);
+        assert!(undo.is_some());
+        assert_eq!(extra, b"1700000000000000");
+        let log = Limits { algorithm: Algorithm::SlidingWindowLog, ..limits };
+        let [_, tail] = args(ScriptMode::Refund, &log, 1, "5f0c9a", LeaseArgs::default());
+        assert_eq!(tail.as_str().as_deref(), Some("5f0c9a"), "a refund removing a named entry needs no undo id");
+    }
+
+    /// The undo id at the head of `tail`, if any, and the rest.
+    fn split_undo(tail: &[u8]) -> (Option<&[u8]>, &[u8]) {
+        match tail.split_first() {
+            Some((b'~', rest)) => (Some(&rest[..UNDO_ID]), &rest[UNDO_ID..]),
+            _ => (None, tail),
+        }
+    }
+
+    /// Every call that takes back names itself with an id no other call of
+    /// any instance has: 64 random bits per process and a counter.
+    #[test]
+    fn every_call_that_takes_back_has_its_own_undo_id() {
+        let limits =
+            Limits { algorithm: Algorithm::FixedWindow, limit: 100, window: NANOS_PER_SEC, burst: 100, origin: 0 };
+        let ids: std::collections::HashSet<Vec<u8>> = (0..100)
+            .map(|_| {
+                let [_, Value::Bytes(tail)] = args(ScriptMode::Settle, &limits, 3, "-1000", LeaseArgs::default())
+                else {
+                    panic!("a settle carries an undo id")
+                };
+                let (undo, rest) = split_undo(&tail);
+                assert_eq!(rest, b"-1000");
+                let undo = undo.expect("an undo id").to_vec();
+                assert!(undo.iter().all(u8::is_ascii_hexdigit), "{undo:?}");
+                undo
+            })
+            .collect();
+        assert_eq!(ids.len(), 100);
+        // A consume that settles nothing carries none.
+        let [_, tail] = args(ScriptMode::Consume, &limits, 1, "", LeaseArgs::default());
+        assert_eq!(tail.as_str().as_deref(), Some(""));
     }
 
     #[test]
