@@ -17,8 +17,9 @@ use std::time::{Duration, Instant};
 use support::redis::{RedisCluster, RedisServer, ip_on_master, tollgate_config, window};
 use support::{Tollgate, Upstream, eventually, metric};
 
-/// `/exact` fails open (`allow`), `/strict` closed (`deny`); both allow 10
-/// per hour per client address.
+/// `/exact` fails open (`allow`), `/strict` closed (`deny`), `/local`
+/// counts in this instance's memory (`local`); each allows 10 per hour per
+/// client address.
 const RULES: &str = r#"
 [[rule]]
 name = "exact"
@@ -37,6 +38,15 @@ algorithm = "fixed_window"
 limit = 10
 window = "1h"
 on_error = "deny"
+
+[[rule]]
+name = "local"
+match = { path = "/local" }
+key = ["ip"]
+algorithm = "fixed_window"
+limit = 10
+window = "1h"
+on_error = "local"
 "#;
 
 const PAUSE: Duration = Duration::from_secs(10);
@@ -60,6 +70,10 @@ async fn a_paused_master_fails_only_its_own_keys() {
     // No leases: every request asks its key's master.
     let store = "on_error = \"allow\"\nlease_percent = 0";
     let tg = Tollgate::with(&tollgate_config(up.addr, &cluster.url(), store), &[("rules.toml", RULES)]).await;
+    // An idle instance failing closed by default: it sees the paused master
+    // only through its admin endpoints' probes.
+    let store = "on_error = \"deny\"\nlease_percent = 0";
+    let closed = Tollgate::with(&tollgate_config(up.addr, &cluster.url(), store), &[("rules.toml", RULES)]).await;
 
     let masters = cluster.masters();
     let (victim, healthy) = (masters[0], masters[1..].to_vec());
@@ -74,6 +88,7 @@ async fn a_paused_master_fails_only_its_own_keys() {
             assert_eq!(tg.get(&format!("/{rule}")).from_ip(&ip).send().await.status, 200);
         }
     }
+    let local_ip = on("local", victim, 0);
     let victim_ips: Vec<(String, String)> = (0..4).map(|n| (on("exact", victim, n), on("strict", victim, n))).collect();
     let mut up_before = Vec::new();
     for &m in &masters {
@@ -84,7 +99,7 @@ async fn a_paused_master_fails_only_its_own_keys() {
     let paused_at = Instant::now();
     // Until shortly before the pause ends; three loops at once, so that
     // the slow answers of the paused master do not hold up the others.
-    let pausing = || paused_at.elapsed() < PAUSE - Duration::from_millis(1500);
+    let pausing = || paused_at.elapsed() < PAUSE - Duration::from_millis(2500);
     let spend = |a: String, b: String, spacing: Duration| {
         let tg = &tg;
         async move {
@@ -149,11 +164,21 @@ async fn a_paused_master_fails_only_its_own_keys() {
         assert_eq!(tg.get("/exact").from_ip(&exact_paused).send().await.status, 200);
         assert_eq!(tg.get("/strict").from_ip(&strict_paused).send().await.status, 503);
     }
+    // `local`: the limit, counted in this instance's memory.
+    let local = support::statuses(12, || tg.get("/local").from_ip(&local_ip)).await;
+    assert_eq!(local, support::expect_statuses(10, 200, 2, 429), "local");
     assert_eq!(calls().await, before, "no call to the paused master while it is down");
     let health = tg.admin("/healthz/store").await;
     assert_eq!(health.status, 503, "{}", health.text());
     assert_eq!(health.json()["nodes_down"], serde_json::json!([node(victim)]), "{}", health.text());
     assert_eq!(tg.admin("/readyz").await.status, 200, "on_error = allow: ready");
+    // With deny, still ready: the other masters answer, and every replica
+    // sees the same master down (taking them all out would refuse every key).
+    let ready = closed.admin("/readyz").await;
+    assert_eq!(ready.status, 200, "{}", ready.text());
+    assert_eq!(ready.json()["nodes_down"], serde_json::json!([node(victim)]), "{}", ready.text());
+    let health = closed.admin("/healthz/store").await;
+    assert_eq!((health.status.as_u16(), health.json()["status"].clone()), (503, "partial".into()), "{}", health.text());
 
     // The pause ends: the probe takes the master back, its keys count in
     // Redis again.

@@ -224,7 +224,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
 /// The longest a node's probe for `/healthz/store` and `/readyz` waits:
 /// within the admin endpoints' own 500 ms bound, so that one frozen node
 /// is reported as such instead of the whole store timing out.
-const SURVEY_TIMEOUT: Duration = Duration::from_millis(400);
+const SURVEY_TIMEOUT: Duration = Duration::from_millis(300);
 
 fn probe_options(node: Option<Server>, timeout: Duration) -> Options {
     Options { timeout: Some(timeout), max_attempts: Some(1), cluster_node: node, ..Default::default() }
