@@ -330,13 +330,13 @@ impl Shared {
         for w in late {
             let _ = w.reply.send(Err(Failure { error: StoreError::Timeout(self.timeout), outage: true }));
         }
-        let Some(deadline) = batch.iter().map(|w| w.deadline).min() else { return };
+        let (Some(deadline), Some(first)) = (batch.iter().map(|w| w.deadline).min(), batch.first()) else { return };
+        // Where fred sends the call: the owner of its first key.
+        let node = self.node_of(&first.key).1;
         let jobs: Vec<call::Job<'_>> = batch.iter().map(|w| (&w.key, &w.args)).collect();
         let script = self.scripts.get(algorithm);
         self.metrics.redis_calls_total.inc();
         self.metrics.redis_call_checks_total.inc_by(jobs.len() as u64);
-        // Where fred sends the call: the owner of its first key.
-        let node = self.node_of(&batch[0].key).1;
         let result = call::run_batch(self.pool.next(), script, &jobs, deadline, self.timeout).await;
         self.record(&node, result.as_ref().err());
         drop(jobs);
