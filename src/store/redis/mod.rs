@@ -311,7 +311,11 @@ impl RedisStore {
         while shared.backlog_len() > 0 && started.elapsed() < CLOSE_WAIT {
             tokio::time::sleep(health::PROBE_EVERY).await;
             shared.probe_down_nodes().await;
-            shared.flush_backlog().await;
+            // Sent only once Redis answers: a give-back sent to a node that
+            // does not answer is dropped, not kept (see `refund`).
+            if shared.probe().await.is_ok() {
+                shared.flush_backlog().await;
+            }
         }
         let left = shared.backlog_len();
         if left > 0 {
