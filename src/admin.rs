@@ -2,11 +2,15 @@
 //! `/rules`, `/config`, `/top`.
 //!
 //! `/readyz` says whether this instance should get traffic: it answers 503
-//! on a store outage only when `[store] on_error` is `deny`. With `allow` or
-//! `local` tollgate still serves without its store, and a readiness probe
-//! failing on every replica at once would take them all out of a Kubernetes
-//! Service and stop all traffic. `/healthz/store` reports the store itself,
-//! for dashboards and alerts. From SIGTERM on it answers 503 whatever the
+//! on a store outage only when `[store] on_error` is `deny` and no node of
+//! the store answers. With `allow` or `local` tollgate still serves without
+//! its store, and a readiness probe failing on every replica at once would
+//! take them all out of a Kubernetes Service and stop all traffic. With
+//! `deny` and one Redis node down, only the keys that node holds are
+//! refused, and every replica sees the same node down: taking them all out
+//! would refuse every key instead. `/healthz/store` reports the store
+//! itself, for dashboards and alerts: 503 when any node does not answer,
+//! with the nodes in `nodes_down`. From SIGTERM on it answers 503 whatever the
 //! store (lame duck): load balancers take the instance out while its
 //! listeners still serve for `listen.shutdown_delay`.
 //!
@@ -30,6 +34,16 @@ use crate::store::Store;
 
 /// How long `/readyz` waits for the store to answer a ping.
 const READY_PING_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Why the store did not answer a ping.
+struct Outage {
+    reason: String,
+    /// The nodes that did not answer (none named for the memory store, or
+    /// when the whole ping timed out).
+    nodes_down: Vec<String>,
+    /// No node answered.
+    whole: bool,
+}
 
 /// What the admin endpoints read.
 pub struct Admin {
@@ -77,29 +91,43 @@ impl Admin {
         }
     }
 
-    /// Pings the store: `Err` carries why it did not answer.
-    async fn ping(&self) -> Result<(), String> {
-        match tokio::time::timeout(READY_PING_TIMEOUT, self.proxy.store.ping()).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("the store did not answer a ping within {READY_PING_TIMEOUT:?}")),
+    /// Pings the store, node by node: `Err` says why (some of) it did not
+    /// answer.
+    async fn ping(&self) -> Result<(), Outage> {
+        let whole = |reason: String| Outage { reason, nodes_down: Vec::new(), whole: true };
+        let store = &self.proxy.store;
+        let survey = async {
+            match store.survey().await {
+                None => store.ping().await.map_err(|e| whole(e.to_string())),
+                Some((_, down)) if down.is_empty() => Ok(()),
+                Some((up, down)) => Err(Outage {
+                    reason: down.iter().map(|(node, e)| format!("{node}: {e}")).collect::<Vec<_>>().join("; "),
+                    nodes_down: down.into_iter().map(|(node, _)| node).collect(),
+                    whole: up.is_empty(),
+                }),
+            }
+        };
+        match tokio::time::timeout(READY_PING_TIMEOUT, survey).await {
+            Ok(answer) => answer,
+            Err(_) => Err(whole(format!("the store did not answer a ping within {READY_PING_TIMEOUT:?}"))),
         }
     }
 
-    /// `/healthz/store`: 200 while the store answers, 503 when it does not.
+    /// `/healthz/store`: 200 while every node of the store answers, 503
+    /// when one does not (`partial`: some do) or none does (`down`).
     async fn store_health(&self) -> Response<Full<Bytes>> {
         let backend = self.proxy.store.backend();
         match self.ping().await {
             Ok(()) => json_response(StatusCode::OK, &json!({"status": "up", "store": backend})),
-            Err(reason) => json_response(
+            Err(o) => json_response(
                 StatusCode::SERVICE_UNAVAILABLE,
-                &json!({"status": "down", "store": backend, "reason": reason}),
+                &json!({"status": if o.whole { "down" } else { "partial" }, "store": backend, "reason": o.reason, "nodes_down": o.nodes_down}),
             ),
         }
     }
 
-    /// `/readyz`: not ready only when the store is down and requests
-    /// would be refused for it (`on_error = "deny"`).
+    /// `/readyz`: not ready only when no node of the store answers and
+    /// requests would be refused for it (`on_error = "deny"`).
     async fn ready(&self) -> Response<Full<Bytes>> {
         let backend = self.proxy.store.backend();
         if self.stopping.load(Ordering::Relaxed) {
@@ -111,13 +139,13 @@ impl Admin {
         let policy = self.proxy.default_on_error();
         match self.ping().await {
             Ok(()) => json_response(StatusCode::OK, &json!({"status": "ready", "store": backend})),
-            Err(reason) if policy == OnError::Deny => json_response(
+            Err(o) if o.whole && policy == OnError::Deny => json_response(
                 StatusCode::SERVICE_UNAVAILABLE,
-                &json!({"status": "not_ready", "store": backend, "reason": reason}),
+                &json!({"status": "not_ready", "store": backend, "reason": o.reason}),
             ),
-            Err(reason) => json_response(
+            Err(o) => json_response(
                 StatusCode::OK,
-                &json!({"status": "ready", "store": backend, "store_down": reason, "on_error": format!("{policy:?}").to_lowercase()}),
+                &json!({"status": "ready", "store": backend, "store_down": o.reason, "nodes_down": o.nodes_down, "on_error": format!("{policy:?}").to_lowercase()}),
             ),
         }
     }

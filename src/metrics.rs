@@ -27,6 +27,7 @@ pub struct Metrics {
     pub config_reloads_total: IntCounterVec,
     pub rules_active: IntGauge,
     pub store_degraded: IntGauge,
+    pub store_node_up: IntGaugeVec,
     pub local_cache_hits_total: IntCounter,
     pub lease_hits_total: IntCounter,
     pub leases_granted_total: IntCounter,
@@ -171,7 +172,13 @@ impl Metrics {
             store_degraded: gauge(
                 &registry,
                 "tollgate_store_degraded",
-                "1 while checks fall back to local limits because the store is unreachable.",
+                "1 while the checks of some keys follow on_error because a store node did not answer (see tollgate_store_node_up).",
+            ),
+            store_node_up: gauge_vec(
+                &registry,
+                "tollgate_store_node_up",
+                "1 while checks go to this Redis node, 0 while they follow on_error until a probe sees it answer.",
+                &["node"],
             ),
             local_cache_hits_total: reg(
                 &registry,

@@ -234,6 +234,16 @@ impl AnyStore {
         }
     }
 
+    /// Which of the store's nodes answer and which do not (with why), for
+    /// `/healthz/store` and `/readyz`; `None` for the memory store, which
+    /// has no nodes (see [`Store::ping`]).
+    pub async fn survey(&self) -> Option<(Vec<String>, Vec<(String, StoreError)>)> {
+        match self {
+            AnyStore::Memory(_) => None,
+            AnyStore::Redis(s) => Some(s.survey().await),
+        }
+    }
+
     /// Drops idle state kept in this process; the server calls it
     /// periodically.
     pub fn sweep(&self) {

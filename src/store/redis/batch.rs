@@ -34,6 +34,7 @@ use tokio::sync::oneshot;
 
 use super::Shared;
 use super::call::{self, Failure};
+use super::health::Node;
 use super::scripts::{self, Outcome, Reply};
 use crate::limiter::Algorithm;
 use crate::store::StoreError;
@@ -83,6 +84,9 @@ struct State {
     routes: Vec<u16>,
     /// When `routes` was read; `None` asks for a fresh read.
     routed_at: Option<Instant>,
+    /// The health of each node of `routes`, by index; the one node of a
+    /// single server, or the whole cluster until its layout is known.
+    nodes: Vec<Arc<Node>>,
     /// `node * ALGORITHMS + algorithm`.
     queues: Vec<Queue>,
 }
@@ -109,8 +113,9 @@ struct Waiting {
 }
 
 impl Batcher {
-    pub fn new(clustered: bool) -> Batcher {
-        Batcher { state: Mutex::new(State { routes: Vec::new(), routed_at: None, queues: Vec::new() }), clustered }
+    pub fn new(clustered: bool, first: Arc<Node>) -> Batcher {
+        let state = State { routes: Vec::new(), routed_at: None, nodes: vec![first], queues: Vec::new() };
+        Batcher { state: Mutex::new(state), clustered }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -154,9 +159,14 @@ impl Shared {
         lazy: bool,
     ) -> impl Future<Output = Result<Reply, Failure>> + use<> {
         let (reply, answer) = oneshot::channel();
-        let queue = self.queue_of(&key, algorithm);
+        let (queue, node) = self.queue_of(&key, algorithm);
         let key = Str::from(key);
-        let (start, arm) = {
+        let (start, arm) = if node.is_down() {
+            // Not sent: its policy answers at once (see `health`).
+            let error = format!("redis node {} did not answer recent calls; waiting for it to come back", node.name);
+            let _ = reply.send(Err(Failure { error: StoreError::Unavailable(error), outage: false }));
+            (false, false)
+        } else {
             let mut state = self.batcher.lock();
             if state.queues.len() <= queue {
                 state.queues.resize_with(queue + 1, Queue::default);
@@ -205,31 +215,52 @@ impl Shared {
         }
     }
 
-    /// The queue of `key`'s node for `algorithm`.
-    fn queue_of(&self, key: &str, algorithm: Algorithm) -> usize {
-        let index = scripts::index(algorithm);
-        if !self.batcher.clustered {
-            return index;
-        }
-        let slot = usize::from(fred::util::redis_keyslot(key.as_bytes()));
-        let stale = {
-            let state = self.batcher.lock();
-            state.routed_at.is_none_or(|at| at.elapsed() >= ROUTES_EVERY)
-        };
-        if stale {
-            self.read_routes();
-        }
-        let state = self.batcher.lock();
-        let node = state.routes.get(slot).copied().unwrap_or(0);
-        usize::from(node) * ALGORITHMS + index
+    /// The queue of `key`'s node for `algorithm`, and that node.
+    fn queue_of(&self, key: &str, algorithm: Algorithm) -> (usize, Arc<Node>) {
+        let (index, node) = self.node_of(key);
+        (index * ALGORITHMS + scripts::index(algorithm), node)
     }
 
-    /// Reads fred's slot map: each slot's primary, as an index.
-    fn read_routes(&self) {
+    /// The node owning `key` now (as fred routes it), and its index.
+    pub(super) fn node_of(&self, key: &str) -> (usize, Arc<Node>) {
+        if self.batcher.clustered {
+            let stale = {
+                let state = self.batcher.lock();
+                state.routed_at.is_none_or(|at| at.elapsed() >= ROUTES_EVERY)
+            };
+            if stale {
+                self.read_routes();
+            }
+        }
+        let state = self.batcher.lock();
+        let slot = usize::from(fred::util::redis_keyslot(key.as_bytes()));
+        let index = if self.batcher.clustered { usize::from(state.routes.get(slot).copied().unwrap_or(0)) } else { 0 };
+        match state.nodes.get(index).or(state.nodes.first()) {
+            Some(node) => (index, node.clone()),
+            // `nodes` starts with one and is only ever replaced by a
+            // non-empty list; this is the same node, made again.
+            None => (0, self.health.node(super::health::WHOLE_CLUSTER, None)),
+        }
+    }
+
+    /// Whether the node owning `key` is down (its checks are not sent).
+    pub(super) fn node_down(&self, key: &str) -> bool {
+        self.node_of(key).1.is_down()
+    }
+
+    /// Reads fred's slot map: each slot's primary, as an index, and the
+    /// health of each primary (forgetting the nodes that own no slot now).
+    pub(super) fn read_routes(&self) {
         let routing = self.pool.next().cached_cluster_state();
         let mut routes = Vec::new();
+        let mut healths = Vec::new();
         if let Some(routing) = routing {
             let nodes = routing.unique_primary_nodes();
+            let names: Vec<String> = nodes.iter().map(ToString::to_string).collect();
+            healths = nodes.iter().zip(&names).map(|(s, name)| self.health.node(name, Some(s.clone()))).collect();
+            if !names.is_empty() {
+                self.health.retain(&names.iter().map(String::as_str).collect::<Vec<_>>());
+            }
             routes = vec![0u16; SLOTS];
             for range in routing.slots() {
                 let node = nodes.iter().position(|n| *n == range.primary).unwrap_or(0);
@@ -244,6 +275,9 @@ impl Shared {
         // Without a layout yet, ask again on the next check.
         state.routed_at = (!routes.is_empty()).then(Instant::now);
         state.routes = routes;
+        if !healths.is_empty() {
+            state.nodes = healths;
+        }
     }
 
     /// Sends the checks of one queue, a call at a time, until none waits.
@@ -296,12 +330,15 @@ impl Shared {
         for w in late {
             let _ = w.reply.send(Err(Failure { error: StoreError::Timeout(self.timeout), outage: true }));
         }
-        let Some(deadline) = batch.iter().map(|w| w.deadline).min() else { return };
+        let (Some(deadline), Some(first)) = (batch.iter().map(|w| w.deadline).min(), batch.first()) else { return };
+        // Where fred sends the call: the owner of its first key.
+        let node = self.node_of(&first.key).1;
         let jobs: Vec<call::Job<'_>> = batch.iter().map(|w| (&w.key, &w.args)).collect();
         let script = self.scripts.get(algorithm);
         self.metrics.redis_calls_total.inc();
         self.metrics.redis_call_checks_total.inc_by(jobs.len() as u64);
         let result = call::run_batch(self.pool.next(), script, &jobs, deadline, self.timeout).await;
+        self.record(&node, result.as_ref().err());
         drop(jobs);
         let outcomes = match result {
             Ok(outcomes) => outcomes,
@@ -339,10 +376,22 @@ impl Shared {
         self.metrics.redis_calls_total.inc_by(checks.len() as u64);
         self.metrics.redis_call_checks_total.inc_by(checks.len() as u64);
         let calls = checks.into_iter().map(|w| async move {
+            let node = shared.node_of(&w.key).1;
             let result = call::run(shared.pool.next(), script, &w.key, w.args, w.deadline, shared.timeout).await;
+            shared.record(&node, result.as_ref().err());
             let _ = w.reply.send(result);
         });
         futures::future::join_all(calls).await;
+    }
+
+    /// Counts a call's outcome towards its node's health: an answer resets
+    /// the node's failures, an outage-like error adds one (see `health`).
+    /// A key-level error (`WRONGTYPE`...) says the node answered.
+    fn record(&self, node: &Node, failure: Option<&Failure>) {
+        match failure {
+            Some(f) if f.outage => self.health.failed(node, &f.error.to_string()),
+            _ => self.health.succeeded(node),
+        }
     }
 }
 

@@ -54,21 +54,19 @@ impl Shared {
                     taken.verdict
                 });
             }
-            if !ahead.is_empty() && !self.health.is_degraded() {
+            // Not sent to a node that is down: the next take may try again.
+            let (ahead, unsent): (Vec<Ahead>, Vec<Ahead>) = ahead.into_iter().partition(|a| !self.node_down(&a.key));
+            for a in &unsent {
+                self.leases.unsent(a);
+            }
+            if !ahead.is_empty() {
                 self.renew_ahead(ahead, started);
-            } else {
-                // Not sent: the next take may try again.
-                for a in &ahead {
-                    self.leases.unsent(a);
-                }
             }
             if local.iter().all(Option::is_some) {
                 self.metrics.lease_hits_total.inc();
                 return (local.into_iter().flatten().map(Ok).collect(), None);
             }
         }
-        let degraded = self.health.is_degraded();
-
         let script_mode = if consume { ScriptMode::Consume } else { ScriptMode::Peek };
         // Sliding window log entries and concurrency slots are named by
         // request, so a refund removes exactly this request's entry.
@@ -88,23 +86,17 @@ impl Shared {
                 }
             })
             .collect();
-        let results: Vec<Result<Reply, Failure>> = if degraded {
-            // Not asked: each rule's policy answers at once.
-            let error =
-                StoreError::Unavailable("redis did not answer recent checks; waiting for it to come back".into());
-            asked.iter().map(|_| Err(Failure { error: error.clone(), outage: false })).collect()
-        } else {
-            let calls = asked.iter().zip(&wants).map(|(&i, &lease)| {
-                let c = &checks[i];
-                let args = scripts::args(script_mode, &c.limits, c.cost, &ids[i], lease);
-                let answer = self.submit(c.limits.algorithm, keys[i].clone(), args, deadline);
-                async move { answer.await.map(|reply| reply.complete(&c.limits, c.cost)) }
-            });
-            // Queued together (see `batch`): they go out in the next calls
-            // to their nodes, with other requests' checks, so all rules
-            // cost one round trip.
-            futures::future::join_all(calls).await
-        };
+        // Queued together (see `batch`): they go out in the next calls to
+        // their nodes, with other requests' checks, so all rules cost one
+        // round trip. A check whose node is down is not sent: its rule's
+        // policy answers at once (see `health`).
+        let calls = asked.iter().zip(&wants).map(|(&i, &lease)| {
+            let c = &checks[i];
+            let args = scripts::args(script_mode, &c.limits, c.cost, &ids[i], lease);
+            let answer = self.submit(c.limits.algorithm, keys[i].clone(), args, deadline);
+            async move { answer.await.map(|reply| reply.complete(&c.limits, c.cost)) }
+        });
+        let results: Vec<Result<Reply, Failure>> = futures::future::join_all(calls).await;
 
         // Record what was leased, whatever else happened: the units are
         // counted in Redis either way.
@@ -136,12 +128,6 @@ impl Shared {
             if admitted {
                 self.cache.forget(&keys[i]);
             }
-        }
-
-        if let Some(failure) = results.iter().find_map(|r| r.as_ref().err().filter(|f| f.outage)) {
-            self.health.failed(&failure.error.to_string());
-        } else if !degraded && results.iter().all(Result::is_ok) {
-            self.health.succeeded();
         }
 
         if results.iter().any(Result::is_err) {

@@ -27,15 +27,22 @@ const UNRESPONSIVE_AFTER: Duration = Duration::from_secs(1);
 /// degraded (serving by policy) and connecting in the background.
 pub(super) const START_WAIT: Duration = Duration::from_secs(1);
 
-/// Builds fred's pool from `[store]` (not connected yet), and whether it
-/// talks to a cluster. A URL fred cannot parse is an error.
-pub(super) fn pool(config: &StoreConfig, url: &str) -> Result<(Pool, bool), String> {
+/// Builds fred's pool from `[store]` (not connected yet), whether it
+/// talks to a cluster, and the name of the one node it talks to when it
+/// does not (`host:port`, or Sentinel's service name). A URL fred cannot
+/// parse is an error.
+pub(super) fn pool(config: &StoreConfig, url: &str) -> Result<(Pool, bool, String), String> {
     let mut fred_config =
         FredConfig::from_url(url).map_err(|e| format!("store.url {:?}: {}", redact(url), e.details()))?;
     if config.tls_ca.is_some() || config.tls_client.is_some() {
         fred_config.tls = Some(tls_config(config)?.into());
     }
     let clustered = matches!(fred_config.server, ServerConfig::Clustered { .. });
+    let node = match &fred_config.server {
+        ServerConfig::Centralized { server } => server.to_string(),
+        ServerConfig::Sentinel { service_name, .. } => format!("sentinel:{service_name}"),
+        _ => super::health::WHOLE_CLUSTER.to_string(),
+    };
     if let ServerConfig::Clustered { policy, .. } = &mut fred_config.server {
         // Rediscover the topology through any known node, not only the
         // seeds in the URL: a dead seed must not block recovery.
@@ -57,7 +64,7 @@ pub(super) fn pool(config: &StoreConfig, url: &str) -> Result<(Pool, bool), Stri
         .set_policy(ReconnectPolicy::new_constant(0, RECONNECT_DELAY_MS))
         .build_pool(config.pool_size.max(1))
         .map_err(|e| format!("cannot build the redis client: {}", e.details()))?;
-    Ok((pool, clustered))
+    Ok((pool, clustered, node))
 }
 
 /// How often the same connection error is logged again while it lasts.

@@ -13,7 +13,7 @@
 //! | `lease.rs` | quota leased to this instance |
 //! | `slots.rs` | concurrency slots held here: renewed while their requests run, given back when they end |
 //! | `cache.rs` | the local over-limit cache |
-//! | `health.rs` | degraded or not, and the probe that ends it |
+//! | `health.rs` | each node up or down, and the probe that takes it back |
 //!
 //! # One check
 //!
@@ -68,8 +68,8 @@
 //! See [`health`]: a failed check returns a [`StoreError`] that the proxy
 //! maps to the rule's `on_error` policy; `local` checks this process's
 //! [`MemoryStore`] with the same rules ([`RedisStore::check_local`]). After a few
-//! consecutive failures the store stops asking Redis until a probe sees it
-//! answer again.
+//! consecutive failures of one node the store stops asking that node for
+//! its keys (and only its keys) until a probe sees it answer again.
 //!
 //! # Concurrency slots
 //!
@@ -174,7 +174,7 @@ impl RedisStore {
         metrics: Arc<Metrics>,
     ) -> Result<RedisStore, String> {
         let url = config.url.as_deref().ok_or("store.backend = \"redis\" needs store.url")?;
-        let (pool, clustered) = connection::pool(config, url)?;
+        let (pool, clustered, node) = connection::pool(config, url)?;
         let timeout = config.timeout;
 
         // Subscribed before connecting, so the first failure is seen too.
@@ -194,18 +194,21 @@ impl RedisStore {
 
         tasks.extend(error_logs);
         let local = MemoryStore::new(clock).bounded(config.max_keys, Some(metrics.store_evictions_total.clone()));
+        let health = health::Health::new(&metrics);
+        // The single server, or the whole cluster until its layout is known.
+        let first = health.node(&node, None);
         let shared = Arc::new(Shared {
             pool,
             clustered,
             key_prefix: config.key_prefix.clone(),
             timeout,
             scripts: Scripts::new(clustered),
-            batcher: batch::Batcher::new(clustered),
+            batcher: batch::Batcher::new(clustered, first.clone()),
             cache: cache::OverLimitCache::new(),
             leases: lease::Leases::new(config.lease_percent, config.lease_idle, config.lease_lifetime),
             backlog: Mutex::new(VecDeque::new()),
             local,
-            health: health::Health::new(&metrics),
+            health,
             metrics,
             ids: RequestIds::new(),
             slots: slots::Registry::new(),
@@ -218,8 +221,13 @@ impl RedisStore {
             Err(_) => Err(StoreError::Unavailable(format!("no connection within {START_WAIT:?}"))),
         };
         match ready {
-            Ok(()) => tracing::info!(url = %redact(url), clustered, "connected to redis"),
-            Err(e) => shared.health.degrade(&format!("at start-up: {e}")),
+            Ok(()) => {
+                tracing::info!(url = %redact(url), clustered, "connected to redis");
+                if clustered {
+                    shared.read_routes();
+                }
+            }
+            Err(e) => shared.health.degrade(&first, &format!("at start-up: {e}")),
         }
         tasks.push(tokio::spawn(shared.clone().probe_loop()));
         tasks.push(tokio::spawn(shared.clone().slots_loop()));
@@ -272,9 +280,16 @@ impl RedisStore {
         Settler(self.shared.clone())
     }
 
-    /// Whether checks currently bypass Redis.
+    /// Whether the checks of some keys currently bypass Redis (a node is
+    /// down).
     pub fn is_degraded(&self) -> bool {
         self.shared.health.is_degraded()
+    }
+
+    /// The nodes that answer and those that do not (down, or not answering
+    /// a probe now, with why), by name: for `/healthz/store` and `/readyz`.
+    pub async fn survey(&self) -> (Vec<String>, Vec<(String, StoreError)>) {
+        self.shared.survey().await
     }
 
     /// Drops idle keys of the local fallback and expired over-limit cache
@@ -300,8 +315,10 @@ impl RedisStore {
         let started = Instant::now();
         while shared.backlog_len() > 0 && started.elapsed() < CLOSE_WAIT {
             tokio::time::sleep(health::PROBE_EVERY).await;
+            shared.probe_down_nodes().await;
+            // Sent only once Redis answers: a give-back sent to a node that
+            // does not answer is dropped, not kept (see `refund`).
             if shared.probe().await.is_ok() {
-                shared.health.recover();
                 shared.flush_backlog().await;
             }
         }
@@ -343,11 +360,16 @@ impl Store for RedisStore {
         self.shared.check_holding(checks, mode).await.0
     }
 
+    /// Every node answers (see [`RedisStore::survey`] for which do not).
     async fn ping(&self) -> Result<(), StoreError> {
-        if self.shared.health.is_degraded() {
-            return Err(StoreError::Unavailable("redis did not answer; waiting for it to come back".into()));
+        let (_, down) = self.shared.survey().await;
+        match down.as_slice() {
+            [] => Ok(()),
+            [(node, e)] => Err(StoreError::Unavailable(format!("redis node {node}: {e}"))),
+            [(node, e), rest @ ..] => {
+                Err(StoreError::Unavailable(format!("redis node {node}: {e} (and {} more)", rest.len())))
+            }
         }
-        self.shared.probe().await
     }
 
     fn backend(&self) -> &'static str {

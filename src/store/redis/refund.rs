@@ -63,7 +63,7 @@ impl Shared {
     /// Gives leased units back to Redis now, as many as it still counts.
     ///
     /// Only a give-back never sent waits in the backlog for a later try:
-    /// one whose connection is known down (or the store degraded) before
+    /// one whose connection is known down (or whose node is down) before
     /// it leaves. One sent whose call fails is dropped, whatever the
     /// error: a call that timed out may have run, and running it again
     /// would give the units back twice and let the key admit past its
@@ -76,10 +76,9 @@ impl Shared {
         if unused.is_empty() {
             return;
         }
-        if self.health.is_degraded() {
-            self.queue(unused);
-            return;
-        }
+        let (unused, later): (Vec<lease::Unused>, Vec<lease::Unused>) =
+            unused.into_iter().partition(|u| !self.node_down(&u.key));
+        self.queue(later);
         let (sending, unsent): (Vec<_>, Vec<_>) =
             unused.into_iter().map(|u| (u, self.pool.next())).partition(|(_, client)| client.is_connected());
         self.queue(unsent.into_iter().map(|(u, _)| u).collect());
@@ -112,11 +111,8 @@ impl Shared {
         }
     }
 
-    /// Tries the backlog again, unless Redis is known to be down.
+    /// Tries the backlog again; what is for a node still down waits on.
     pub(super) async fn flush_backlog(&self) {
-        if self.health.is_degraded() {
-            return;
-        }
         let waiting: Vec<lease::Unused> = self.backlog.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect();
         self.return_units(waiting).await;
     }

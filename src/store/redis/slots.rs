@@ -4,8 +4,9 @@
 //! A slot is a member of its key's sorted set scored by when it expires
 //! (see `concurrency.lua`). Every slot this instance holds is in its
 //! [`Registry`]; one task ([`Shared::slots_loop`]) renews those due (a
-//! third of their TTL after they were taken or last renewed) and gives back
-//! those whose requests ended. Both go through the [`batch`](super::batch)
+//! third of their TTL after they were taken or last renewed, and at every
+//! tick after a renewal that failed) and gives back those whose requests
+//! ended. Both go through the [`batch`](super::batch)
 //! queues: one call per node carries many renewals, not one timer and one
 //! call per request.
 //!
@@ -27,9 +28,10 @@ use super::scripts::{self, LeaseArgs, ScriptMode};
 use crate::limiter::{Algorithm, Limits};
 use crate::store::memory;
 
-/// How often the task looks for slots due for renewal. Slot TTLs are at
-/// least a second (config validation), so a slot is renewed at most
-/// TTL / 3 + this after its last renewal.
+/// How often the task looks for slots due for renewal, and tries again
+/// those whose renewal failed. Slot TTLs are at least a second (config
+/// validation), so a slot is renewed at most TTL / 3 + this after its last
+/// renewal while its node answers.
 const TICK: Duration = Duration::from_millis(250);
 
 /// The slots this instance holds, and those waiting to be given back.
@@ -87,16 +89,26 @@ impl Registry {
         }
     }
 
-    /// The slots due for renewal at `now`, marked renewed.
-    fn due(&self, now: Instant) -> Vec<Release> {
+    /// The slots due for renewal at `now`, marked renewed, each with when
+    /// it was renewed before (see [`Registry::retry`]).
+    fn due(&self, now: Instant) -> Vec<(Release, Instant)> {
         let mut held = self.held();
         held.iter_mut()
             .filter(|(_, h)| now.saturating_duration_since(h.renewed) >= renew_after(&h.limits))
             .map(|(id, h)| {
-                h.renewed = now;
-                (h.key.clone(), h.limits, id.clone())
+                let before = std::mem::replace(&mut h.renewed, now);
+                ((h.key.clone(), h.limits, id.clone()), before)
             })
             .collect()
+    }
+
+    /// A renewal of `id` failed or was not sent: it is due again at once,
+    /// so the next tick tries again. Marked renewed until then, a slot
+    /// whose renewal failed twice in a row would have expired.
+    fn retry(&self, id: &str, before: Instant) {
+        if let Some(h) = self.held().get_mut(id) {
+            h.renewed = before;
+        }
     }
 
     /// Everything held or waiting to be given back (at shutdown).
@@ -158,31 +170,33 @@ impl Shared {
         self.metrics.concurrency_slots_held.set(0);
     }
 
-    async fn renew(self: &Arc<Self>, due: Vec<Release>) {
-        if due.is_empty() || self.health.is_degraded() {
-            // Not answering: the slots may expire meanwhile, which is the
-            // backstop for an instance that cannot reach Redis either.
-            return;
-        }
-        let replies = self.call_slots(ScriptMode::Renew, &due).await;
-        for ((key, _, id), reply) in due.iter().zip(replies) {
+    /// Renews `due` (with when each was renewed before). A slot whose node
+    /// is down is not sent; it and every failed renewal are tried again at
+    /// the next tick (renewing twice is harmless: it sets the same expiry
+    /// from the server's clock). A slot that cannot be renewed within its
+    /// TTL expires, which is the backstop for an instance that cannot
+    /// reach Redis either.
+    async fn renew(self: &Arc<Self>, due: Vec<(Release, Instant)>) {
+        let replies = self.call_slots(ScriptMode::Renew, due.iter().map(|(r, _)| r)).await;
+        for (((key, _, id), before), reply) in due.iter().zip(replies) {
             match reply {
                 Ok(r) if !r.verdict.allowed => {
                     self.metrics.concurrency_slots_lost_total.inc();
                     tracing::debug!(key, id, "a concurrency slot had expired before its renewal");
                 }
                 Ok(_) => {}
-                // Tried again at the next tick.
-                Err(e) => tracing::debug!(key, error = %e.error, "renewing a concurrency slot failed"),
+                Err(e) => {
+                    tracing::debug!(key, error = %e.error, "renewing a concurrency slot failed; trying again at the next tick");
+                    self.slots.retry(id, *before);
+                }
             }
         }
     }
 
+    /// Gives `released` back; a slot whose node is down is not sent and
+    /// is left to expire within its TTL.
     async fn give_back_slots(self: &Arc<Self>, released: Vec<Release>) {
-        if released.is_empty() || self.health.is_degraded() {
-            return;
-        }
-        for ((key, _, _), reply) in released.iter().zip(self.call_slots(ScriptMode::Refund, &released).await) {
+        for ((key, _, _), reply) in released.iter().zip(self.call_slots(ScriptMode::Refund, released.iter()).await) {
             if let Err(e) = reply {
                 // Left to expire within its TTL.
                 tracing::debug!(key, error = %e.error, "giving back a concurrency slot failed");
@@ -192,13 +206,13 @@ impl Shared {
 
     /// One script call per slot, queued together: they go out in batches
     /// per node.
-    async fn call_slots(
+    async fn call_slots<'a>(
         self: &Arc<Self>,
         mode: ScriptMode,
-        slots: &[Release],
+        slots: impl Iterator<Item = &'a Release>,
     ) -> Vec<Result<scripts::Reply, super::call::Failure>> {
         let deadline = Instant::now() + self.timeout;
-        let calls = slots.iter().map(|(key, limits, id)| {
+        let calls = slots.map(|(key, limits, id)| {
             let args = scripts::args(mode, limits, 1, id, LeaseArgs::default());
             self.submit(Algorithm::Concurrency, key.clone(), args, deadline)
         });
