@@ -21,7 +21,7 @@ use std::collections::VecDeque;
 use serde::Deserialize;
 
 mod settle;
-pub use settle::{settle, settles};
+pub use settle::{refundable, settle, settles};
 
 /// Nanoseconds since the UNIX epoch. Fixed and sliding windows are aligned to
 /// the epoch, so every tollgate instance agrees on where a window starts.

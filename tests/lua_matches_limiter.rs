@@ -20,7 +20,7 @@ use fred::types::{Builder, ClusterHash, CustomCommand, Value};
 use proptest::prelude::*;
 
 use support::redis::RedisServer;
-use tollgate::limiter::{Algorithm, Cell, Limits, Log, evaluate, evaluate_log, settle};
+use tollgate::limiter::{Algorithm, Cell, Limits, Log, evaluate, evaluate_log, refundable, settle};
 use tollgate::store::redis::{Outcome, Reply, parse_batch, script_source};
 
 /// 2023-11-14T22:13:20Z in microseconds: a realistic epoch time.
@@ -281,8 +281,12 @@ fn settling_agrees_between_the_lua_scripts_and_the_limiter() {
             }
             let lag = lag % (window_ms * 1_000 + 1);
             now_us += lag;
-            // Never more back than was reserved.
-            let delta = delta.max(-(cost as i64));
+            // Never more back than was reserved, nor than a bucket still
+            // holds of it (as both stores bound it, `refundable`).
+            let delta = refundable(&limits, cost, delta.max(-(cost as i64)), lag * 1_000);
+            if delta == 0 {
+                continue;
+            }
             if let Some(c) = settle(cell, now_us * 1_000, &limits, delta, lag * 1_000) {
                 cell = c;
             }

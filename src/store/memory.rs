@@ -294,9 +294,11 @@ impl MemoryStore {
     }
 
     /// Corrects a check's reservation by `delta` units once its request's
-    /// real cost is known (see [`limiter::settle`]), counted `since` ago;
-    /// under the key's shard lock, so no decision sees half of it.
+    /// real cost is known (see [`limiter::settle`]; `check.cost` is what it
+    /// reserved), counted `since` ago; under the key's shard lock, so no
+    /// decision sees half of it.
     pub fn settle(&self, check: &Check<'_>, delta: i64, since: Nanos) {
+        let delta = limiter::refundable(&check.limits, check.cost, delta, since);
         let ctx = self.ctx();
         let hash = self.hash_of(check);
         let limits = &check.limits;
