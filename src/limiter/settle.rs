@@ -88,6 +88,7 @@ pub fn settle(cell: Cell, now: Nanos, limits: &Limits, delta: i64, since: Nanos)
             }
         }
         Algorithm::SlidingWindowCounter => {
+            let cell = super::regrid(cell, w);
             let start = (now - now % w).max(cell.t);
             let (prev, curr) = if cell.t == start {
                 (cell.v >> 32, cell.v & 0xffff_ffff)
