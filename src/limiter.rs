@@ -21,7 +21,7 @@ use std::collections::VecDeque;
 use serde::Deserialize;
 
 mod settle;
-pub use settle::{settle, settles};
+pub use settle::{refundable, settle, settles};
 
 /// Nanoseconds since the UNIX epoch. Fixed and sliding windows are aligned to
 /// the epoch, so every tollgate instance agrees on where a window starts.
@@ -379,10 +379,31 @@ fn fixed_window(cell: Cell, now: Nanos, limits: &Limits, cost: u64) -> (Verdict,
     }
 }
 
+/// A sliding counter's cell as read on windows of `w`: as stored, unless
+/// its window start is no multiple of `w`, which only a reload that changed
+/// the window length leaves. Its counts cannot be split over the new
+/// windows, so they all become the count of the new window that holds the
+/// stored start, and slide out from there as usual. When the new length is
+/// a multiple of the old one (1s to 1m, 1m to 2m, 1m to 1h), both old
+/// windows lie within that new window (a start that is no multiple of the
+/// new length is at least one old window past the new window's start), so
+/// every count lands where it was made, as if counted with the new length
+/// all along. (Read as stored, they were weighed as a window starting
+/// mid-window, then forgotten at once at the next boundary.)
+/// `src/store/lua/sliding_window_counter.lua` does the same.
+pub(crate) fn regrid(cell: Cell, w: Nanos) -> Cell {
+    if cell.t.is_multiple_of(w) {
+        return cell;
+    }
+    let total = ((cell.v >> 32) + (cell.v & 0xffff_ffff)).min(u32::MAX as u64);
+    Cell { t: cell.t - cell.t % w, v: total }
+}
+
 /// The current window's count plus the previous window's count weighted by
 /// the share of the previous window the sliding window still covers.
 fn sliding_counter(cell: Cell, now: Nanos, limits: &Limits, cost: u64) -> (Verdict, Cell) {
     let w = limits.window;
+    let cell = regrid(cell, w);
     // As in `fixed_window`: a clock behind the stored window counts in it.
     let start = (now - now % w).max(cell.t);
     let (prev, curr) = if cell.t == start {

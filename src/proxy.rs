@@ -32,7 +32,7 @@ use crate::pool::UpstreamBody;
 use crate::request_id;
 use crate::rules::{Plan, RequestFacts, Rule, RuleSet};
 use crate::settle::{self, OnTrailers, Settling};
-use crate::store::{Answer, AnyStore, Check, Held, Mode, Store, StoreError};
+use crate::store::{Answer, AnyStore, Check, Held, Mode, Stamp, Store, StoreError};
 use crate::top::TopKeys;
 use crate::tunnel;
 use crate::upstream::UpstreamClient;
@@ -451,6 +451,13 @@ impl Proxy {
             }
 
             if !pending.is_empty() {
+                // Stamped before the check is sent: a reservation is
+                // counted at or after its stamp, so a settle that aims at
+                // the stamp's window misses (gives nothing back) rather
+                // than reaching a window that never counted it.
+                // (No clock read for a request none of whose rules settle.)
+                let settles = rules.any_settles && pending.iter().any(|p| p.rule.spec.cost_response_header.is_some());
+                let stamp = settles.then(|| self.store.stamp());
                 let answers = self.decide(&pending, held).await;
                 let answers = self.decide_locally(answers, &pending, held);
                 // Each rule's own answer: a verdict, or its store error and
@@ -572,8 +579,8 @@ impl Proxy {
                         .into_response(request_id)
                         .map(Either::Right);
                 }
-                if rules.any_settles {
-                    settling = self.settling(&pending, &answers);
+                if let Some(stamp) = stamp {
+                    settling = self.settling(&pending, &answers, stamp);
                 }
             }
         }
@@ -727,13 +734,9 @@ impl Proxy {
         result
     }
 
-    /// The admitted rules of `pending` whose cost their response settles.
-    fn settling(&self, pending: &[Pending<'_>], answers: &[Answer]) -> Vec<Settling> {
-        // No clock read for a request none of whose rules settle.
-        if !pending.iter().any(|p| p.rule.spec.cost_response_header.is_some()) {
-            return Vec::new();
-        }
-        let at = self.store.stamp();
+    /// The admitted rules of `pending` whose cost their response settles,
+    /// counted no earlier than `at`.
+    fn settling(&self, pending: &[Pending<'_>], answers: &[Answer], at: Stamp) -> Vec<Settling> {
         pending
             .iter()
             .zip(answers)

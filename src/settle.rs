@@ -33,8 +33,9 @@ pub struct Settling {
     pub reserved: u64,
     pub enforced: bool,
     pub on_error: OnError,
-    /// When the reservation was counted: a window gives back only to the
-    /// window it went to.
+    /// Taken before the reservation was sent to be counted: a window
+    /// gives back only to the window it went to, and a token bucket only
+    /// what has not drained since (see [`crate::limiter::refundable`]).
     pub at: Stamp,
     /// Admitted by the `on_error = "local"` fallback: counted in this
     /// process's memory, never in the shared store, which must not be given

@@ -20,7 +20,7 @@ use fred::types::{Builder, ClusterHash, CustomCommand, Value};
 use proptest::prelude::*;
 
 use support::redis::RedisServer;
-use tollgate::limiter::{Algorithm, Cell, Limits, Log, evaluate, evaluate_log, settle};
+use tollgate::limiter::{Algorithm, Cell, Limits, Log, evaluate, evaluate_log, refundable, settle};
 use tollgate::store::redis::{Outcome, Reply, parse_batch, script_source};
 
 /// 2023-11-14T22:13:20Z in microseconds: a realistic epoch time.
@@ -199,6 +199,42 @@ fn the_lua_scripts_and_the_limiter_agree() {
     }
 }
 
+/// A window changed by a reload: the state counted under one length is
+/// read under another, alike on both sides (a sliding counter whose stored
+/// start is none of the new length's counts it all in the window that holds
+/// that start: `regrid`), for windows made longer and shorter.
+#[test]
+fn a_changed_window_reads_alike_in_the_lua_scripts_and_the_limiter() {
+    let (_server, runtime, client) = connected();
+    let lengths = [(60_000u64, 120_000u64), (120_000, 60_000), (3_000, 4_000), (4_000, 3_000), (1_000, 60_000)];
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter, Algorithm::TokenBucket] {
+        for (case, &(from_ms, to_ms)) in lengths.iter().enumerate() {
+            let source = script(algorithm);
+            let key = format!("rewindow:{algorithm:?}:{case}");
+            let mut cell = Cell::default();
+            // Counted at 1.5 of the old windows past T0 (a whole minute),
+            // then asked at times spread over three new windows.
+            let first = T0_US + from_ms * 1_500;
+            let asked = (0..12).map(|i| (T0_US + from_ms * 1_500 + i * to_ms * 250, to_ms));
+            for (i, (now_us, window_ms)) in (0..4).map(|i| (first + i * 10, from_ms)).chain(asked).enumerate() {
+                let limits = Limits { algorithm, limit: 6, window: window_ms * 1_000_000, burst: 6, origin: 0 };
+                let (v, next) = evaluate(cell, now_us * 1_000, &limits, 1);
+                if v.allowed {
+                    cell = next;
+                }
+                let rust = Decision {
+                    allowed: v.allowed,
+                    remaining: v.remaining,
+                    delay_us: 0,
+                    reset_us: v.reset_after.div_ceil(1_000),
+                };
+                let redis = runtime.block_on(lua(&client, &source, &key, &limits, 1, "", now_us));
+                assert_eq!(redis, rust, "{algorithm:?} {from_ms} ms -> {to_ms} ms, step {i}");
+            }
+        }
+    }
+}
+
 /// One settle call (mode 4) of `units` given back (`back`) or charged, for
 /// a reservation counted `since_us` ago.
 #[allow(clippy::too_many_arguments)]
@@ -281,8 +317,12 @@ fn settling_agrees_between_the_lua_scripts_and_the_limiter() {
             }
             let lag = lag % (window_ms * 1_000 + 1);
             now_us += lag;
-            // Never more back than was reserved.
-            let delta = delta.max(-(cost as i64));
+            // Never more back than was reserved, nor than a bucket still
+            // holds of it (as both stores bound it, `refundable`).
+            let delta = refundable(&limits, cost, delta.max(-(cost as i64)), lag * 1_000);
+            if delta == 0 {
+                continue;
+            }
             if let Some(c) = settle(cell, now_us * 1_000, &limits, delta, lag * 1_000) {
                 cell = c;
             }

@@ -19,8 +19,38 @@ pub fn settles(algorithm: Algorithm) -> bool {
     matches!(algorithm, Algorithm::TokenBucket | Algorithm::FixedWindow | Algorithm::SlidingWindowCounter)
 }
 
+/// What of a correction by `delta` units may be applied to a reservation
+/// of `reserved` units counted `since` ago: all of a charge, and all of a
+/// refund except a token bucket's, which gives back only what its level can
+/// still hold of the reservation. The level drains as a whole, and by
+/// `since` it may have drained the reservation away and taken other
+/// requests in its place (10 reserved, answered 12 s later at 1 a second
+/// with a real cost of 0: giving 10 back would let 20 through in 2 s
+/// against a ceiling of 12). A level that had held `reserved - delta`
+/// instead drains no sooner, and from then on at most `rate` a second
+/// faster, so at least `reserved - rate * since` of the difference is still
+/// in the level (when it is less than the difference), rounded down: never
+/// more given back than a bucket charged the real cost would hold less.
+///
+/// Both stores correct by this (the Redis one sends it as the settle's
+/// cost: the server knows no more of the reservation than this process).
+pub fn refundable(limits: &Limits, reserved: u64, delta: i64, since: Nanos) -> i64 {
+    if delta >= 0 || limits.algorithm != Algorithm::TokenBucket {
+        return delta;
+    }
+    let limits = &limits.bounded();
+    let drained = since as f64 * limits.rate();
+    let left = (reserved as f64 - drained).floor();
+    if left <= 0.0 {
+        return 0;
+    }
+    let back = delta.unsigned_abs().min(left as u64);
+    -i64::try_from(back).unwrap_or(i64::MAX)
+}
+
 /// The cell after a request's reservation is corrected by `delta` units
-/// (the real cost minus the reserved one: negative gives back). `since` is
+/// (the real cost minus the reserved one: negative gives back; a token
+/// bucket's bounded by [`refundable`] first). `since` is
 /// how long ago the reservation was counted: a window gives back only to
 /// the window the reservation went to, and only while that window is still
 /// stored (afterwards it no longer counts anyway). An extra charge goes to
@@ -58,6 +88,7 @@ pub fn settle(cell: Cell, now: Nanos, limits: &Limits, delta: i64, since: Nanos)
             }
         }
         Algorithm::SlidingWindowCounter => {
+            let cell = super::regrid(cell, w);
             let start = (now - now % w).max(cell.t);
             let (prev, curr) = if cell.t == start {
                 (cell.v >> 32, cell.v & 0xffff_ffff)

@@ -1418,6 +1418,34 @@ fn settling_a_calendar_window_uses_its_origin() {
 }
 
 #[test]
+fn a_token_bucket_gives_back_only_what_its_level_still_holds_of_a_reservation() {
+    // Burst 10 refilled at 10 per 10 s: one unit a second.
+    let l = tb(10, 10_000, 10);
+    // Reserved 10, really 0: all of it at once, 4 of it after 6 s, none
+    // once the 10 have drained (12 s: the case).
+    assert_eq!(refundable(&l, 10, -10, 0), -10);
+    assert_eq!(refundable(&l, 10, -10, 6 * SEC), -4);
+    assert_eq!(refundable(&l, 10, -10, 6 * SEC + 1), -3, "rounded down");
+    assert_eq!(refundable(&l, 10, -10, 12 * SEC), 0);
+    // Reserved 10, really 7: the 3 are the last to drain, back in full
+    // until 7 s, then less.
+    assert_eq!(refundable(&l, 10, -3, 7 * SEC), -3);
+    assert_eq!(refundable(&l, 10, -3, 8 * SEC), -2);
+    // Charges, and the windows' refunds, are not bounded here.
+    assert_eq!(refundable(&l, 10, 5, 60 * SEC), 5);
+    assert_eq!(refundable(&fw(10, 10_000), 10, -10, 12 * SEC), -10);
+
+    // In the cell: 10 taken at T0 drained by T0 + 10 s, when 10 more are
+    // taken; at T0 + 12 s the bucket holds 8, and the drained reservation
+    // gives nothing back: 2 of room, not 12.
+    let c = take(Cell::default(), T0, &l, 10);
+    let c = take(c, T0 + 10 * SEC, &l, 10);
+    let back = refundable(&l, 10, -10, 12 * SEC);
+    assert_eq!(settle(c, T0 + 12 * SEC, &l, back, 12 * SEC), None);
+    assert_eq!(evaluate(c, T0 + 12 * SEC, &l, 1).0.remaining, 1);
+}
+
+#[test]
 fn only_the_counting_algorithms_settle() {
     for l in [lb(10, 1_000, 10), swl(10, 1_000), lim(Algorithm::Concurrency, 10, 1_000, 10)] {
         assert_eq!(settle(Cell::default(), T0, &l, 5, 0), None);

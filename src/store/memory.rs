@@ -1,6 +1,6 @@
 //! The in-memory store: this process's counters, sharded, no global lock.
 //!
-//! Keys are hashed once, together with the rule's algorithm and window
+//! Keys are hashed once, together with the rule's algorithm
 //! (SipHash-quality foldhash with a per-process random seed, so a client
 //! cannot craft colliding keys) and the 64-bit hash is the
 //! map key: a tracked key costs its 8-byte hash plus a 16-byte [`Cell`] plus
@@ -208,18 +208,15 @@ impl MemoryStore {
         dropped
     }
 
-    /// The map key of a check's state: its bucket key, algorithm and
-    /// window. A rule whose algorithm or window changes on reload starts
-    /// from a fresh state instead of reading the old one with the new
-    /// arithmetic (a token bucket's level is no fixed window's count).
-    ///
-    /// A concurrency rule's window is its slot TTL, which does not change
-    /// what its count means: a reload that changes it keeps counting the
-    /// requests already in flight.
+    /// The map key of a check's state: its bucket key and algorithm. A
+    /// rule whose algorithm changes on reload starts from a fresh state
+    /// instead of reading the old one with the new arithmetic (a token
+    /// bucket's level is no fixed window's count), as the Redis store's
+    /// per-algorithm key suffix does. One whose window changes keeps its
+    /// state, read with the new window (see [`limiter::regrid`] for the
+    /// sliding counter), as Redis keeps it: the two stores answer alike.
     fn hash_of(&self, check: &Check<'_>) -> u64 {
-        let limits = &check.limits;
-        let window = if limits.algorithm.holds() { 0 } else { limits.window };
-        self.hasher.hash_one((check.key, limits.algorithm, window))
+        self.hasher.hash_one((check.key, check.limits.algorithm))
     }
 
     fn shard_of(hash: u64) -> usize {
@@ -294,9 +291,11 @@ impl MemoryStore {
     }
 
     /// Corrects a check's reservation by `delta` units once its request's
-    /// real cost is known (see [`limiter::settle`]), counted `since` ago;
-    /// under the key's shard lock, so no decision sees half of it.
+    /// real cost is known (see [`limiter::settle`]; `check.cost` is what it
+    /// reserved), counted `since` ago; under the key's shard lock, so no
+    /// decision sees half of it.
     pub fn settle(&self, check: &Check<'_>, delta: i64, since: Nanos) {
+        let delta = limiter::refundable(&check.limits, check.cost, delta, since);
         let ctx = self.ctx();
         let hash = self.hash_of(check);
         let limits = &check.limits;
@@ -588,13 +587,15 @@ mod tests {
     }
 
     #[test]
-    fn a_rule_that_changes_window_starts_from_a_fresh_state() {
+    fn a_rule_that_changes_window_keeps_its_counts() {
         let (s, clock) = store();
         clock.advance(Duration::from_millis(300));
         let short = check("k", Algorithm::FixedWindow, 3, true);
         assert_eq!(admitted(&s, &short, 3), 3);
+        // The second's 3 lie within the minute that holds it, as Redis
+        // reads them.
         let long = Check { limits: Limits { window: 60 * NANOS_PER_SEC, ..short.limits }, ..short.clone() };
-        assert_eq!(admitted(&s, &long, 5), 3);
+        assert_eq!(admitted(&s, &long, 5), 0);
     }
 
     #[test]

@@ -202,7 +202,12 @@ impl AnyStore {
     /// When a reservation is counted, for [`AnyStore::settle`]: the
     /// memory store's own clock (a test's may stand still while real time
     /// passes) and this process's monotonic one (Redis counts on its
-    /// server's clock, so only the time since matters).
+    /// server's clock, so only the time since matters). Taken before the
+    /// check is sent, never after its answer: the store counts the
+    /// reservation at or after the stamp, so a settle that misplaces it
+    /// aims at an earlier window, finds another one stored and gives
+    /// nothing back, instead of giving back to a window that never counted
+    /// it.
     pub fn stamp(&self) -> Stamp {
         let store = match self {
             AnyStore::Memory(s) => s.now(),

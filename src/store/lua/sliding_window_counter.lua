@@ -32,6 +32,15 @@ local function decide()
   if state then
     -- Under 24 bytes is no counter's state: unpack's error fails the check.
     stored_start, stored_prev, stored_curr = unpack('<ddd', state)
+    -- A window start that is no multiple of the window: stored under
+    -- another window length (a reload changed it). All its counts become
+    -- the count of the window that holds that start, as `regrid` in
+    -- src/limiter.rs.
+    local off = fmod(stored_start, window)
+    if off ~= 0 then
+      stored_start = stored_start - off
+      stored_prev, stored_curr = 0, min(stored_prev + stored_curr, 4294967295)
+    end
   end
 
   if mode == 4 then
