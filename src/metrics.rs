@@ -44,6 +44,7 @@ pub struct Metrics {
     pub redis_calls_total: IntCounter,
     pub redis_call_checks_total: IntCounter,
     pub redis_misrouted_total: IntCounter,
+    pub redis_connection_restarts_total: IntCounter,
     pub upstream_server_requests_total: IntCounterVec,
     pub upstream_server_failures_total: IntCounterVec,
     pub upstream_server_inflight: IntGaugeVec,
@@ -295,6 +296,14 @@ impl Metrics {
                 IntCounter::new(
                     "tollgate_redis_misrouted_total",
                     "Checks a batch took to a Redis node that did not own their key (the cluster's layout changed), asked again of the owner.",
+                )
+                .expect("valid metric definition"),
+            ),
+            redis_connection_restarts_total: reg(
+                &registry,
+                IntCounter::new(
+                    "tollgate_redis_connection_restarts_total",
+                    "Times fred's connection task to Redis ended on an error and was started again.",
                 )
                 .expect("valid metric definition"),
             ),

@@ -14,8 +14,15 @@ use support::{Tollgate, Upstream, metric};
 /// Moves `slot` with its keys from the master on `from` to the one on
 /// `to`, as `redis-cli --cluster reshard` does.
 fn move_slot(cluster: &RedisCluster, slot: u16, from: u16, to: u16) {
-    let id = |port: u16| cluster.nodes().into_iter().find(|n| n.port == port).expect("a node").id;
-    let (from_id, to_id) = (id(from), id(to));
+    start_moving(cluster, slot, from, to);
+    finish_moving(cluster, slot, to);
+}
+
+/// The first half of [`move_slot`]: `to` imports `slot`, `from` migrates it
+/// and its keys are moved, but `from` still owns it. Until
+/// [`finish_moving`], `from` answers `ASK` for a key it no longer holds.
+fn start_moving(cluster: &RedisCluster, slot: u16, from: u16, to: u16) {
+    let (from_id, to_id) = (node_id(cluster, from), node_id(cluster, to));
     let slot = slot.to_string();
     assert_eq!(cluster.cli(to, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id]).trim(), "OK");
     assert_eq!(cluster.cli(from, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id]).trim(), "OK");
@@ -27,9 +34,20 @@ fn move_slot(cluster: &RedisCluster, slot: u16, from: u16, to: u16) {
         args.extend(keys.iter().copied());
         assert_eq!(cluster.cli(from, &args).trim(), "OK");
     }
+}
+
+/// The second half of [`move_slot`]: every master learns that `to` owns
+/// `slot`.
+fn finish_moving(cluster: &RedisCluster, slot: u16, to: u16) {
+    let to_id = node_id(cluster, to);
+    let slot = slot.to_string();
     for master in cluster.masters() {
         assert_eq!(cluster.cli(master, &["CLUSTER", "SETSLOT", &slot, "NODE", &to_id]).trim(), "OK");
     }
+}
+
+fn node_id(cluster: &RedisCluster, port: u16) -> String {
+    cluster.nodes().into_iter().find(|n| n.port == port).expect("a node").id
 }
 
 #[tokio::test]
@@ -95,4 +113,61 @@ async fn checks_batched_for_a_master_that_lost_their_slot_are_decided_by_the_new
     } else {
         eprintln!("the burst came {burst_at:?} after the map was read; it may have used a fresh one");
     }
+}
+
+/// A key that has already left a slot being migrated is answered `ASK` by
+/// the master still owning the slot. fred 10 follows `ASK` only with a
+/// command attempt to spare; with tollgate's one attempt per command it
+/// gave up with "Max attempts reached." and ended its connection task,
+/// and no check reached Redis again (`benches/accuracy --fault migration`).
+#[tokio::test]
+async fn a_check_answered_ask_mid_migration_keeps_the_store_alive_and_the_limit_exact() {
+    let cluster = RedisCluster::start();
+    let up = Upstream::start().await;
+    let config = tollgate_config(up.addr, &cluster.url(), "on_error = \"deny\"\ntimeout = \"5s\"");
+    let rule = "[[rule]]\nname = \"asked\"\nkey = [\"ip\"]\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1h\"\n";
+    let tg = Tollgate::with(&config, &[("rules.toml", rule)]).await;
+    let masters = cluster.masters();
+    let (from, to) = (masters[0], masters[1]);
+    let mover = ip_on_master(&cluster, "asked", from, 0);
+    let bystander = ip_on_master(&cluster, "asked", masters[2], 0);
+    let key = format!("{{asked|ip={mover}}}");
+    let slot = fred::util::redis_keyslot(key.as_bytes());
+
+    for _ in 0..2 {
+        assert_eq!(tg.get("/").from_ip(&mover).send().await.status, 200);
+    }
+    start_moving(&cluster, slot, from, to);
+    // Sent while the key is on `to` and the slot still `from`'s: `ASK`.
+    let mut asked = tokio::task::JoinSet::new();
+    for _ in 0..3 {
+        let call = tg.get("/").from_ip(&mover);
+        asked.spawn(async move { call.send().await.status.as_u16() });
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    finish_moving(&cluster, slot, to);
+    let mut during = Vec::new();
+    while let Some(status) = asked.join_next().await {
+        during.push(status.expect("request task"));
+    }
+    let mut after = Vec::new();
+    for _ in 0..4 {
+        after.push(tg.get("/").from_ip(&mover).send().await.status.as_u16());
+    }
+    let bystander_status = tg.get("/").from_ip(&bystander).send().await.status.as_u16();
+
+    let m = tg.metrics().await;
+    let errors = metric(&m, "tollgate_store_errors_total", &[("backend", "redis")]).unwrap_or(0.0);
+    let restarts = metric(&m, "tollgate_redis_connection_restarts_total", &[]).unwrap_or(0.0);
+    eprintln!(
+        "during the move {during:?}, after {after:?}, bystander {bystander_status}; {errors} errors, {restarts} restarts"
+    );
+    // Exactly the limit: the 3 asked during the move are the last 3 of 5.
+    assert_eq!(during, [200, 200, 200], "the checks redirected mid-migration are decided, not failed");
+    assert_eq!(after, [429; 4], "the limit holds after the move");
+    assert_eq!(bystander_status, 200, "the store still answers");
+    let count = cluster.cli(to, &support::redis::window(&format!("tollgate:{key}:fw2")));
+    assert!(count.trim().ends_with(":5"), "the moved bucket counts 5: {count}");
+    assert_eq!(errors, 0.0, "no check failed");
+    assert_eq!(restarts, 0.0, "fred's connection task never ended");
 }

@@ -1,8 +1,8 @@
 //! Calls: a batch of checks in one `FCALL` (or `EVALSHA`) on the node
 //! owning the first check's key, after loading the function (or as `EVAL`)
 //! when that node does not know it, bounded by a deadline with fred's own
-//! timer, and re-sent once when fred reports it out of attempts (a
-//! redirection, or a connection fred dropped with it in flight).
+//! timer, and re-sent only after a cluster redirection (until the
+//! deadline, while a slot migration redirects it with `ASK`).
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -123,8 +123,12 @@ async fn eval(
         }
         argv
     };
-    // At most one re-send, after a redirection (see `is_exhausted_redirect`).
-    let mut redirected = false;
+    // Re-sent after a redirection, which proves the script did not run
+    // (see `is_redirect`): at once the first time (after a `MOVED` fred
+    // has re-read the cluster's layout), then every `REDIRECT_PAUSE` until
+    // the deadline (an `ASK`: the key went ahead of its slot, whose owner
+    // changes when the migration ends, and the old one answers `MOVED`).
+    let mut redirects = 0u32;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -136,14 +140,21 @@ async fn eval(
         let cmd = CustomCommand::new_static(command, ClusterHash::Custom(slot), false);
         let result: Result<Value, FredError> = client.with_options(&options).custom(cmd, argv()).await;
         match result {
-            Err(e) if !redirected && is_exhausted_redirect(&e) => {
-                tracing::debug!(key = first, "re-sending a script after a cluster redirection");
-                redirected = true;
+            Err(e) if is_redirect(&e) => {
+                tracing::debug!(key = first, redirects, "re-sending a script after a cluster redirection");
+                if redirects > 0 {
+                    tokio::time::sleep(REDIRECT_PAUSE.min(left)).await;
+                }
+                redirects += 1;
             }
             other => return other,
         }
     }
 }
+
+/// The pause between re-sends of a script redirected again: a slot
+/// migration in progress (`ASK`) is waited out at this pace.
+const REDIRECT_PAUSE: Duration = Duration::from_millis(10);
 
 /// The store's view of a fred error: a timeout, or Redis unavailable.
 pub(super) fn store_error(e: &FredError, timeout: Duration) -> StoreError {
@@ -175,17 +186,15 @@ fn is_outage(kind: &ErrorKind) -> bool {
     )
 }
 
-/// With `max_command_attempts = 1`, fred reports a command it had to send
-/// a second time as out of attempts: after a `MOVED`/`ASK` redirection (a
-/// failover or a slot migration), which the old node answered without
-/// running the script, but also for a command that was in flight on a
-/// connection fred closed itself (a cluster sync dropping a connection
-/// whose node moved or whose reader failed, a re-initialisation), which
-/// the node may have run. Sending it once more is safe either way: a
-/// consume counted twice only refuses more, and a call that takes back
-/// carries an undo id that the script applies once (`scripts::takes_back`).
-fn is_exhausted_redirect(e: &FredError) -> bool {
-    e.details().contains("Too many failed write attempts")
+/// With `max_redirections = 0` (see `connection`), fred answers a
+/// command redirected by `MOVED` or `ASK` (a failover or a slot migration)
+/// with this error instead of following it, and nothing else gives it: the
+/// node that redirected the command did not run it, so sending it again
+/// cannot count anything twice. A command fred wrote and lost with its
+/// connection fails otherwise ("Too many failed write attempts", an IO
+/// error): it may have run, and is never sent again.
+fn is_redirect(e: &FredError) -> bool {
+    e.details().contains("Too many redirections")
 }
 
 #[cfg(test)]

@@ -3,11 +3,13 @@
 
 use std::time::{Duration, Instant};
 
-use fred::clients::Pool;
+use fred::clients::{Client, Pool};
+use fred::interfaces::ClientLike;
 use fred::types::Builder;
 use fred::types::config::{
     ClusterDiscoveryPolicy, Config as FredConfig, ReconnectPolicy, ServerConfig, UnresponsiveConfig,
 };
+use prometheus::IntCounter;
 
 use crate::config::StoreConfig;
 
@@ -56,6 +58,11 @@ pub(super) fn pool(config: &StoreConfig, url: &str) -> Result<(Pool, bool, Strin
             c.connection_timeout = CONNECT_TIMEOUT;
             c.internal_command_timeout = CONNECT_TIMEOUT;
             c.max_command_attempts = 1;
+            // A redirected command comes back to tollgate instead of being
+            // followed (see `call`). fred follows `ASK` only with a command
+            // attempt to spare: with one attempt it gave up with "Max
+            // attempts reached." and ended its connection task.
+            c.max_redirections = 0;
             c.tcp.nodelay = Some(true);
             c.unresponsive =
                 UnresponsiveConfig { max_timeout: Some(UNRESPONSIVE_AFTER), interval: UNRESPONSIVE_AFTER / 4 };
@@ -65,6 +72,28 @@ pub(super) fn pool(config: &StoreConfig, url: &str) -> Result<(Pool, bool, Strin
         .build_pool(config.pool_size.max(1))
         .map_err(|e| format!("cannot build the redis client: {}", e.details()))?;
     Ok((pool, clustered, node))
+}
+
+/// The pause before fred's connection task is started again after it
+/// ended: short and constant, like [`RECONNECT_DELAY_MS`].
+const RESTART_DELAY: Duration = Duration::from_millis(100);
+
+/// Runs fred's connection task of `client` for as long as tollgate runs.
+/// fred ends that task for good on some routing errors (it did on an `ASK`
+/// it had no attempt left to follow); without a new one every later check
+/// would fail until tollgate restarts. It ends without an error only when
+/// the client is closed (`QUIT` at shutdown).
+pub(super) async fn keep_connected(client: Client, restarts: IntCounter) {
+    loop {
+        let error = match client.connect().await {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => format!("the task failed: {e}"),
+        };
+        restarts.inc();
+        tracing::error!(%error, delay = ?RESTART_DELAY, "the redis connection task ended; starting it again");
+        tokio::time::sleep(RESTART_DELAY).await;
+    }
 }
 
 /// How often the same connection error is logged again while it lasts.

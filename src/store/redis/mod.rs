@@ -35,15 +35,22 @@
 //! connection is back (a queue of stale checks replayed after an outage
 //! would count requests that were long decided). `max_command_attempts` is
 //! 1: after a dropped connection fred would otherwise re-send in-flight
-//! scripts on its own. The one re-send done here is when fred reports a
-//! call out of attempts: after a cluster redirection (the script did not
-//! run), or for a call in flight on a connection fred closed itself during
-//! a cluster sync or a reconnection (it may have run). A consume sent twice
-//! counts twice, which only refuses more; every call that takes back (a
-//! refund, a settle, a lease given back or settled) carries an undo id,
-//! and the script applies an id once (see `applied_before` in batch.lua),
-//! so that no unit is given back twice. The backlog of lease give-backs
-//! (see `refund`) holds only calls never sent.
+//! scripts, and a script that ran before the drop would count twice. The
+//! one re-send done here is after a cluster redirection (`MOVED`, `ASK`),
+//! which fred hands back unfollowed (`max_redirections` is 0) and which
+//! proves the script did not run; during a slot migration it is repeated
+//! until the migration ends or the timeout. A call lost with its
+//! connection is not sent again: a consume then stays counted (fewer
+//! admitted), a refund is not made (the same). Every call that takes back
+//! (a refund, a settle, a lease given back or settled) carries an undo id
+//! anyway, and the script applies an id once (see `applied_before` in
+//! batch.lua), so that no unit is given back twice however a call comes to
+//! reach Redis twice. The backlog of lease give-backs (see `refund`) holds
+//! only calls never sent.
+//!
+//! fred's connection task is started again whenever it ends on an error
+//! (see `connection::keep_connected`): one routing error must not leave
+//! tollgate without Redis until it restarts.
 //!
 //! # Several rules in one request
 //!
@@ -110,7 +117,7 @@ use crate::metrics::Metrics;
 use crate::store::{Answer, Check, MemoryStore, Mode, Store, StoreError, memory};
 
 use check::RequestIds;
-use connection::{START_WAIT, log_errors, redact};
+use connection::{START_WAIT, keep_connected, log_errors, redact};
 pub use connection::{tls_client_identity, tls_roots};
 use scripts::Scripts;
 pub use scripts::{Outcome, Reply, fresh_bucket, parse_batch, redis_key, source as script_source, suffix};
@@ -180,17 +187,9 @@ impl RedisStore {
         // Subscribed before connecting, so the first failure is seen too.
         let error_logs: Vec<JoinHandle<()>> =
             pool.clients().iter().map(|c| tokio::spawn(log_errors(c.error_rx()))).collect();
-        let mut tasks: Vec<JoinHandle<()>> = pool
-            .connect_pool()
-            .into_iter()
-            .map(|handle| {
-                tokio::spawn(async move {
-                    if let Ok(Err(e)) = handle.await {
-                        tracing::error!(error = %e, "the redis connection task ended");
-                    }
-                })
-            })
-            .collect();
+        let restarts = &metrics.redis_connection_restarts_total;
+        let mut tasks: Vec<JoinHandle<()>> =
+            pool.clients().iter().map(|c| tokio::spawn(keep_connected(c.clone(), restarts.clone()))).collect();
 
         tasks.extend(error_logs);
         let local = MemoryStore::new(clock).bounded(config.max_keys, Some(metrics.store_evictions_total.clone()));
