@@ -80,9 +80,36 @@ pub fn free_ports(n: u16) -> Vec<u16> {
         }
         let ports: Vec<u16> = (base..base + n).collect();
         let free = |p: u16| TcpListener::bind(("127.0.0.1", p)).is_ok();
-        if ports.iter().all(|&p| free(p) && free(p + 10_000)) {
+        if ports.iter().all(|&p| free(p) && free(p + 10_000)) && ports.iter().all(|&p| reserve(p)) {
             return ports;
         }
+    }
+}
+
+/// Claims `port` for this test process until it ends, across the test
+/// processes running at once: a test that stops a server and starts it
+/// again on its port (`restart`) must not find it taken by another test's
+/// server in between. A claim is a file naming the claiming process; one
+/// whose process is gone is taken over.
+fn reserve(port: u16) -> bool {
+    let dir = std::env::temp_dir().join("tollgate-test-ports");
+    let _ = std::fs::create_dir_all(&dir);
+    let path = dir.join(port.to_string());
+    let me = std::process::id().to_string();
+    if let Ok(owner) = std::fs::read_to_string(&path) {
+        let owner = owner.trim();
+        if owner == me {
+            return true;
+        }
+        // Empty: a claim being written this moment.
+        if owner.is_empty() || Path::new("/proc").join(owner).exists() {
+            return false;
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+    match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+        Ok(mut f) => std::io::Write::write_all(&mut f, me.as_bytes()).is_ok(),
+        Err(_) => false,
     }
 }
 
