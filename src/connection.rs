@@ -20,8 +20,8 @@ use crate::client::Peer;
 use crate::config::Config;
 use crate::drain::{Retire, Watcher};
 use crate::idle::{IdleIo, Inflight, InflightBody};
-use crate::proxy::Proxy;
-use crate::send_budget::SendBudget;
+use crate::proxy::{LoggedBody, Proxy};
+use crate::send_budget::{BudgetedBody, SendBudget};
 use crate::tunnel::{self, Tunnels};
 
 /// The most an HTTP/2 stream's response holds waiting for the client's
@@ -108,9 +108,16 @@ impl ConnectionSetup {
 
 /// One client connection, as each of its requests sees it.
 struct Conn {
+    proxy: Arc<Proxy>,
     peer: Arc<Peer>,
     tunnels: Tunnels,
     slot: Arc<Slot>,
+    inflight: Inflight,
+    /// HTTP/2's response bodies' shared budget.
+    budget: SendBudget,
+    retire: Retire,
+    /// `listen.max_requests_per_connection`.
+    max_requests: usize,
 }
 
 /// A client connection's place under `max_connections`, held by the
@@ -150,10 +157,19 @@ pub(crate) async fn serve_connection<IO>(
     let budget = SendBudget::default();
     let io = IdleIo::new(stream, setup.idle_timeout, setup.send_timeout, inflight.clone(), budget.clone())
         .with_header_timeout(setup.header_read_timeout);
-    // What a request of this connection may need besides the proxy: one
-    // shared value, so a request clones one `Arc`, not each part.
-    let conn = Arc::new(Conn { peer: client, tunnels: setup.tunnels.clone(), slot });
     let retire = Retire::default();
+    // What a request of this connection needs: one shared value, so a
+    // request clones one `Arc`, not each part.
+    let conn = Arc::new(Conn {
+        proxy,
+        peer: client,
+        tunnels: setup.tunnels.clone(),
+        slot,
+        inflight,
+        budget,
+        retire: retire.clone(),
+        max_requests: setup.max_requests,
+    });
     // A connection is asked to close at its age from a timer of its own:
     // nothing per request or per poll.
     let aging = setup.max_age.map(|age| {
@@ -163,51 +179,61 @@ pub(crate) async fn serve_connection<IO>(
             retire.ask();
         }))
     });
-    let (max_requests, asked) = (setup.max_requests, retire.clone());
-    let svc = service_fn(move |req| {
-        let proxy = proxy.clone();
-        let conn = conn.clone();
-        // In flight until the response body ends: a streaming response
-        // is not an idle connection (see `InflightBody`).
-        let mut busy = inflight.start();
-        // The connection's last request: HTTP/2 gets a GOAWAY (streams
-        // already open finish); HTTP/1.1 closes after this response, which
-        // says so (hyper would say it only if told before its head).
-        let last = inflight.started() >= max_requests;
-        if last {
-            asked.ask();
-        }
-        let close = last && req.version() < hyper::Version::HTTP_2;
-        // HTTP/1.1 sends one response at a time and hyper bounds what
-        // it queues: only HTTP/2's streams share a budget (and the
-        // per-piece count costs HTTP/1.1 nothing).
-        let budget = (req.version() == hyper::Version::HTTP_2).then(|| budget.clone());
-        async move {
-            let mut resp = proxy.handle(req, &conn.peer).await;
-            if resp.status() == hyper::StatusCode::SWITCHING_PROTOCOLS
-                && let Some(pending) = resp.extensions_mut().remove::<tunnel::Pending>()
-            {
-                // The tunnel keeps the connection's slot, and its request
-                // stays in flight so that the connection's own idle timeout
-                // leaves it to the tunnel's.
-                busy.answered();
-                tokio::spawn(pending.run(conn.tunnels.clone(), (conn.slot.clone(), busy)));
-                return Ok(resp.map(|body| Either::Right(InflightBody::untracked(body))));
-            }
-            if close {
-                resp.headers_mut().insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
-            }
-            Ok::<_, Infallible>(resp.map(|body| match budget {
-                Some(budget) => Either::Left(budget.body(InflightBody::new(body, busy))),
-                None => Either::Right(InflightBody::new(body, busy)),
-            }))
-        }
-    });
+    // The closure stays this small so that hyper's dispatcher, inlining
+    // it, builds the request's future in place: a larger one was called
+    // out of line and its future (several KiB) copied on every request.
+    let svc = service_fn(move |req| serve_request(conn.clone(), req));
     let conn = setup.builder.serve_connection_with_upgrades(TokioIo::new(io), svc).into_owned();
     if let Err(e) = watcher.watch_retiring(conn, retire).await {
         tracing::debug!(error = %e, %peer, "connection ended with an error");
     }
     drop(aging);
+}
+
+/// A response body as hyper sends it: HTTP/2's within the connection's
+/// send budget, HTTP/1.1's (and a tunnel's) as it is.
+type ConnBody = Either<BudgetedBody<InflightBody<LoggedBody>>, InflightBody<LoggedBody>>;
+
+/// One request of a connection, from the proxy's answer to the body
+/// hyper sends. Counted in flight from its first poll (hyper polls an
+/// HTTP/1.1 request's future as it takes it, an HTTP/2 stream's as soon
+/// as its task runs) until its response body ends.
+async fn serve_request(
+    conn: Arc<Conn>,
+    req: hyper::Request<hyper::body::Incoming>,
+) -> Result<hyper::Response<ConnBody>, Infallible> {
+    // In flight until the response body ends: a streaming response is not
+    // an idle connection (see `InflightBody`).
+    let mut busy = conn.inflight.start();
+    // The connection's last request: HTTP/2 gets a GOAWAY (streams
+    // already open finish); HTTP/1.1 closes after this response, which
+    // says so (hyper would say it only if told before its head).
+    let last = conn.inflight.started() >= conn.max_requests;
+    if last {
+        conn.retire.ask();
+    }
+    let h2 = req.version() == hyper::Version::HTTP_2;
+    let mut resp = conn.proxy.handle(req, &conn.peer).await;
+    if resp.status() == hyper::StatusCode::SWITCHING_PROTOCOLS
+        && let Some(pending) = resp.extensions_mut().remove::<tunnel::Pending>()
+    {
+        // The tunnel keeps the connection's slot, and its request stays in
+        // flight so that the connection's own idle timeout leaves it to the
+        // tunnel's.
+        busy.answered();
+        tokio::spawn(pending.run(conn.tunnels.clone(), (conn.slot.clone(), busy)));
+        return Ok(resp.map(|body| Either::Right(InflightBody::untracked(body))));
+    }
+    if last && !h2 {
+        resp.headers_mut().insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
+    }
+    // HTTP/1.1 sends one response at a time and hyper bounds what it
+    // queues: only HTTP/2's streams share a budget (and the per-piece
+    // count costs HTTP/1.1 nothing).
+    Ok(resp.map(|body| match h2 {
+        true => Either::Left(conn.budget.body(InflightBody::new(body, busy))),
+        false => Either::Right(InflightBody::new(body, busy)),
+    }))
 }
 
 /// A task that ends with its owner: a connection's age timer.
