@@ -15,8 +15,7 @@ use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
-use http::{Request, Response, StatusCode, Version};
-use hyper::body::Incoming;
+use http::{Response, StatusCode, Version};
 
 use crate::client::Peer;
 use crate::config::Upstream;
@@ -98,12 +97,15 @@ pub struct Downstream<'a> {
 /// `Connection` cannot remove `Host` or a header tollgate sets),
 /// `X-Forwarded-*` and `Via`. Also says whether the request asks the
 /// upstream to switch protocols.
+///
+/// It works on the head alone, leaving `down` as it was, so that a request
+/// sent again is prepared again from the client's head (see
+/// [`crate::upstream`]'s `Replay`).
 pub(crate) fn prepare(
-    req: Request<Incoming>,
-    down: &mut Downstream<'_>,
+    parts: &mut http::request::Parts,
+    down: &Downstream<'_>,
     upstream: &Upstream,
-) -> Result<(http::request::Parts, Incoming, bool), ProxyError> {
-    let (mut parts, body) = req.into_parts();
+) -> Result<bool, ProxyError> {
     let invalid = || ProxyError::BadRequest("The request target is not a valid path.".into());
     let base = upstream.base_path.as_str();
     let pq = match (&down.path, parts.uri.query()) {
@@ -129,7 +131,7 @@ pub(crate) fn prepare(
     }
     // HTTP/2 has no Upgrade: to an h2 upstream the request goes as a
     // plain one.
-    let upgrade = down.upgrade.take().filter(|_| upstream.protocol == crate::config::Protocol::Http1);
+    let upgrade = down.upgrade.clone().filter(|_| upstream.protocol == crate::config::Protocol::Http1);
     let upgrading = upgrade.is_some();
     if let Some(protocol) = upgrade {
         tunnel::ask_upstream(&mut parts.headers, protocol);
@@ -137,15 +139,15 @@ pub(crate) fn prepare(
     // The host that was matched goes to the upstream (virtual hosts
     // behind the proxy keep working): the client's Host, or the target's
     // authority (absolute form, HTTP/2's :authority).
-    if let Some(h) = down.host_header.take() {
-        parts.headers.insert(header::HOST, h);
+    if let Some(h) = &down.host_header {
+        parts.headers.insert(header::HOST, h.clone());
     }
     set_forwarded(&mut parts.headers, down.peer, down.host);
     crate::via::append(&mut parts.headers, parts.version);
     // The pool speaks HTTP/1.1 to upstreams whatever the client spoke to
     // us.
     parts.version = Version::HTTP_11;
-    Ok((parts, body, upgrading))
+    Ok(upgrading)
 }
 
 /// The upstream's response head as the client gets it: without its

@@ -247,44 +247,40 @@ where
     /// Sends `req` (its target in origin form) on an idle connection, or a
     /// new one, and returns the response head, its body still streaming.
     pub async fn send(&self, req: Request<B>) -> Result<Response<UpstreamBody<B>>, PoolError> {
-        self.try_send(req, |_| None).await.map_err(|(e, _)| e)
+        self.try_send(req, || None).await.map_err(|(e, _)| e)
     }
 
     /// [`Pool::send`], which also gives the request back when none of it
     /// was sent (no connection could be opened, or hyper returned it
-    /// unsent), so that it can go to another server. `copy` makes a copy
-    /// of a request that may be sent twice (`None` for one that may not):
-    /// asked for when a reused connection is taken, and sent on a new
-    /// connection if that one fails before any answer comes.
+    /// unsent), so that it can go to another server. `again` makes the
+    /// request once more (`None` for one that may not be sent twice): asked
+    /// for only when a reused connection failed before any answer came, and
+    /// then sent on a new connection.
     pub async fn try_send(
         &self,
         mut req: Request<B>,
-        copy: impl FnOnce(&Request<B>) -> Option<Request<B>>,
-    ) -> Result<Response<UpstreamBody<B>>, (PoolError, Option<Request<B>>)> {
+        again: impl FnOnce() -> Option<Request<B>>,
+    ) -> Result<Response<UpstreamBody<B>>, (PoolError, Option<Box<Request<B>>>)> {
         let add_host = !req.headers().contains_key(HOST);
         if add_host {
             req.headers_mut().insert(HOST, self.shared.host.clone());
         }
         // A request given back goes to another server: without this one's
         // host.
+        // Boxed: it is seldom given back, and the result (moved a few
+        // times on every request) stays the size of a response.
         let give_back = |mut req: Request<B>| {
             if add_host {
                 req.headers_mut().remove(HOST);
             }
-            req
+            Box::new(req)
         };
-        let mut copy = Some(copy);
-        let mut spare: Option<Request<B>> = None;
+        let mut again = Some(again);
         let mut fresh = false;
         loop {
             let checked_out = if fresh { None } else { self.shared.checkout() };
             let (mut sender, reused) = match checked_out {
-                Some(s) => {
-                    if let Some(copy) = copy.take() {
-                        spare = copy(&req);
-                    }
-                    (s, true)
-                }
+                Some(s) => (s, true),
                 // Boxed: a connection is opened seldom, and its future (TCP,
                 // TLS and the HTTP handshake, several KiB) would otherwise
                 // sit in every request's future, copied with it.
@@ -320,9 +316,12 @@ where
                         if reused
                             && unsent.is_none()
                             && stale(&e)
-                            && let Some(again) = spare.take()
+                            && let Some(mut again) = again.take().and_then(|again| again())
                         {
                             tracing::debug!(error = %e, "a reused upstream connection failed: sending again on a new one");
+                            if add_host {
+                                again.headers_mut().insert(HOST, self.shared.host.clone());
+                            }
                             (req, fresh) = (again, true);
                             continue;
                         }

@@ -207,9 +207,15 @@ impl UpstreamClient {
     pub async fn forward(
         &self,
         req: Request<Incoming>,
-        mut down: Downstream<'_>,
+        down: Downstream<'_>,
     ) -> Result<Response<UpstreamBody<RequestBody>>, ProxyError> {
-        let (parts, body, upgrading) = forward::prepare(req, &mut down, &self.config)?;
+        let (mut parts, body) = req.into_parts();
+        // Copied before `prepare` adds tollgate's headers: the client's
+        // head is the smaller one, and it is prepared again only when sent
+        // again.
+        let client_head =
+            idempotent(&parts.method).then(|| head(&parts.method, &parts.uri, parts.version, &parts.headers));
+        let upgrading = forward::prepare(&mut parts, &down, &self.config)?;
         let watch = Arc::new(BodyWatch::default());
         let body = RequestBody::new(body, &down, watch.clone());
         // Read ahead before anything is sent: a body that ends within
@@ -218,10 +224,11 @@ impl UpstreamClient {
             Ok(b) => b,
             Err(e) => return Err(self.client_error(e)),
         };
+        let mut replay = client_head.and_then(|head| Some(Replay { head, body: body.replica()? }));
         let req = Request::from_parts(parts, body);
         if !self.single {
             // Boxed: the single-server path's future stays small.
-            return Box::pin(self.forward_balanced(req, &down, &watch, upgrading)).await;
+            return Box::pin(self.forward_balanced(req, replay, &down, &watch, upgrading)).await;
         }
         let server = &self.servers[0];
         if let Some(chosen) = down.chosen {
@@ -232,7 +239,7 @@ impl UpstreamClient {
         let result = tokio::select! {
             // The upstream first: no random draw per poll.
             biased;
-            r = server.pool.try_send(req, replica) => Some(r),
+            r = server.pool.try_send(req, || replay.take().and_then(|r| r.request(&down, &self.config))) => Some(r),
             () = upstream_deadline(&mut timer, started, self.config.timeout, &watch) => None,
         };
         match result {
@@ -262,6 +269,7 @@ impl UpstreamClient {
     async fn forward_balanced(
         &self,
         mut req: Request<RequestBody>,
+        replay: Option<Replay>,
         down: &Downstream<'_>,
         watch: &Arc<BodyWatch>,
         upgrading: bool,
@@ -280,9 +288,6 @@ impl UpstreamClient {
                 return Err(ProxyError::UpstreamUnavailable);
             }
         };
-        // What a request that may have reached a server is sent again
-        // from: an idempotent request whose body was read whole.
-        let replay = replica(&req);
         let mut retry: Option<RetryGuard<'_>> = None;
         // One deadline for every try.
         let (mut timer, started) = request_timer(self.config.timeout);
@@ -298,7 +303,7 @@ impl UpstreamClient {
             let try_ends = self.config.try_timeout.filter(|_| replay.is_some()).map(|t| Instant::now() + t);
             let result = tokio::select! {
                 biased;
-                r = server.pool.try_send(req, replica) => Some(r),
+                r = server.pool.try_send(req, || replay.as_ref().and_then(Replay::copy).and_then(|r| r.request(down, &self.config))) => Some(r),
                 () = upstream_deadline(&mut timer, started, self.config.timeout, watch) => None,
                 () = until(try_ends) => Some(Err((PoolError::TryTimeout, None))),
             };
@@ -332,7 +337,11 @@ impl UpstreamClient {
             }
             // Unsent (the connection failed first): any request may go
             // elsewhere. Sent: only one that can be replayed.
-            let Some(again) = unsent.or_else(|| replay.as_ref().and_then(replica)) else { return Err(answer) };
+            let again = match unsent {
+                Some(unsent) => Some(*unsent),
+                None => replay.as_ref().and_then(Replay::copy).and_then(|r| r.request(down, &self.config)),
+            };
+            let Some(again) = again else { return Err(answer) };
             // When every server in service has been tried, those out of
             // service are the last resort: a health check's verdict is
             // seconds old, the answer of a server that may be up beats an
@@ -414,21 +423,46 @@ impl UpstreamClient {
     }
 }
 
-/// A copy of an idempotent request (RFC 9110 9.2.2) whose body was read
-/// whole, to be sent again; `None` for any other.
-fn replica(req: &Request<RequestBody>) -> Option<Request<RequestBody>> {
-    use http::Method;
-    let idempotent = [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE, Method::PUT, Method::DELETE];
-    if !idempotent.contains(req.method()) {
-        return None;
+/// What a request that may have reached a server is sent again from (an
+/// idempotent one whose body was read whole): the client's head as it
+/// came, prepared again only when it is sent again, and a copy of the body.
+struct Replay {
+    head: Request<()>,
+    body: RequestBody,
+}
+
+impl Replay {
+    /// The request to send again, prepared as the first one was.
+    fn request(self, down: &Downstream<'_>, upstream: &Upstream) -> Option<Request<RequestBody>> {
+        let (mut parts, ()) = self.head.into_parts();
+        forward::prepare(&mut parts, down, upstream).ok()?;
+        Some(Request::from_parts(parts, self.body))
     }
-    let body = req.body().replica()?;
-    let mut r = Request::new(body);
-    *r.method_mut() = req.method().clone();
-    *r.uri_mut() = req.uri().clone();
-    *r.version_mut() = req.version();
-    *r.headers_mut() = req.headers().clone();
-    Some(r)
+}
+
+impl Replay {
+    /// A copy, for one more server to try: the body's copy is `None`
+    /// never (it was read whole), but `replica` says so in its type.
+    fn copy(&self) -> Option<Replay> {
+        let h = &self.head;
+        Some(Replay { head: head(h.method(), h.uri(), h.version(), h.headers()), body: self.body.replica()? })
+    }
+}
+
+/// Whether a request may be sent twice (RFC 9110 9.2.2).
+fn idempotent(method: &http::Method) -> bool {
+    use http::Method;
+    [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE, Method::PUT, Method::DELETE].contains(method)
+}
+
+/// A copy of a request's head (its extensions left out).
+fn head(method: &http::Method, uri: &http::Uri, version: http::Version, headers: &http::HeaderMap) -> Request<()> {
+    let mut r = Request::new(());
+    *r.method_mut() = method.clone();
+    *r.uri_mut() = uri.clone();
+    *r.version_mut() = version;
+    *r.headers_mut() = headers.clone();
+    r
 }
 
 /// Completes at `at`; never when `None`.
