@@ -213,8 +213,7 @@ impl UpstreamClient {
         // Copied before `prepare` adds tollgate's headers: the client's
         // head is the smaller one, and it is prepared again only when sent
         // again.
-        let client_head =
-            idempotent(&parts.method).then(|| head(&parts.method, &parts.uri, parts.version, &parts.headers));
+        let client_head = idempotent(&parts.method).then(|| ClientHead::of(&parts));
         let upgrading = forward::prepare(&mut parts, &down, &self.config)?;
         let watch = Arc::new(BodyWatch::default());
         let body = RequestBody::new(body, &down, watch.clone());
@@ -427,25 +426,22 @@ impl UpstreamClient {
 /// idempotent one whose body was read whole): the client's head as it
 /// came, prepared again only when it is sent again, and a copy of the body.
 struct Replay {
-    head: Request<()>,
+    head: ClientHead,
     body: RequestBody,
 }
 
 impl Replay {
     /// The request to send again, prepared as the first one was.
     fn request(self, down: &Downstream<'_>, upstream: &Upstream) -> Option<Request<RequestBody>> {
-        let (mut parts, ()) = self.head.into_parts();
+        let mut parts = self.head.request().into_parts().0;
         forward::prepare(&mut parts, down, upstream).ok()?;
         Some(Request::from_parts(parts, self.body))
     }
-}
 
-impl Replay {
-    /// A copy, for one more server to try: the body's copy is `None`
-    /// never (it was read whole), but `replica` says so in its type.
+    /// A copy, for one more server to try (`replica` is never `None` for
+    /// a body that was read whole, but says so in its type).
     fn copy(&self) -> Option<Replay> {
-        let h = &self.head;
-        Some(Replay { head: head(h.method(), h.uri(), h.version(), h.headers()), body: self.body.replica()? })
+        Some(Replay { head: self.head.clone(), body: self.body.replica()? })
     }
 }
 
@@ -455,14 +451,36 @@ fn idempotent(method: &http::Method) -> bool {
     [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE, Method::PUT, Method::DELETE].contains(method)
 }
 
-/// A copy of a request's head (its extensions left out).
-fn head(method: &http::Method, uri: &http::Uri, version: http::Version, headers: &http::HeaderMap) -> Request<()> {
-    let mut r = Request::new(());
-    *r.method_mut() = method.clone();
-    *r.uri_mut() = uri.clone();
-    *r.version_mut() = version;
-    *r.headers_mut() = headers.clone();
-    r
+/// A copy of a request's head (its extensions left out), its fields in a
+/// plain list: copied on every forwarded idempotent request and made a
+/// `HeaderMap` again only for a resend, it costs a third of a map's copy
+/// (no index to build, one allocation).
+#[derive(Clone)]
+struct ClientHead {
+    method: http::Method,
+    uri: http::Uri,
+    version: http::Version,
+    fields: Vec<(http::HeaderName, http::HeaderValue)>,
+}
+
+impl ClientHead {
+    fn of(parts: &http::request::Parts) -> ClientHead {
+        let fields = parts.headers.iter().map(|(name, value)| (name.clone(), value.clone())).collect();
+        ClientHead { method: parts.method.clone(), uri: parts.uri.clone(), version: parts.version, fields }
+    }
+
+    fn request(self) -> Request<()> {
+        let mut r = Request::new(());
+        *r.method_mut() = self.method;
+        *r.uri_mut() = self.uri;
+        *r.version_mut() = self.version;
+        let headers = r.headers_mut();
+        headers.reserve(self.fields.len());
+        for (name, value) in self.fields {
+            headers.append(name, value);
+        }
+        r
+    }
 }
 
 /// Completes at `at`; never when `None`.
