@@ -179,6 +179,11 @@ mod tests {
     use super::*;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    /// What a test waits at most for something that should be immediate: a
+    /// regression fails the test instead of hanging the run.
+    const BOUND: Duration = Duration::from_secs(5);
 
     /// A connection that counts its polls and ends once told to shut down.
     struct Conn {
@@ -209,8 +214,8 @@ mod tests {
         tokio::task::yield_now().await;
         assert!(!task.is_finished());
         // Done within the test's time: the signal woke the connection.
-        tokio::time::timeout(std::time::Duration::from_secs(5), drain.shutdown()).await.expect("drained");
-        task.await.expect("the connection ended");
+        tokio::time::timeout(BOUND, drain.shutdown()).await.expect("drained");
+        tokio::time::timeout(BOUND, task).await.expect("the connection ended in time").expect("the connection ended");
         assert!(polls.load(Ordering::Relaxed) >= 2);
     }
 
@@ -226,9 +231,10 @@ mod tests {
         assert!(!retiring.is_finished());
         // Asked from another task, as the age timer does.
         tokio::spawn(async move { retire.ask() });
-        tokio::time::timeout(std::time::Duration::from_secs(5), retiring).await.expect("told").expect("ended");
+        tokio::time::timeout(BOUND, retiring).await.expect("told").expect("ended");
         assert!(!other.is_finished());
-        tokio::time::timeout(std::time::Duration::from_secs(5), drain.shutdown()).await.expect("drained");
+        tokio::time::timeout(BOUND, drain.shutdown()).await.expect("drained");
+        tokio::time::timeout(BOUND, other).await.expect("the other was told by the drain").expect("ended");
     }
 
     #[tokio::test]
@@ -237,7 +243,10 @@ mod tests {
         let watcher = drain.watcher();
         let shutdown = tokio::spawn(drain.shutdown());
         tokio::task::yield_now().await;
-        watcher.watch(Conn { told: false, polls: Arc::new(AtomicUsize::new(0)) }).await;
-        shutdown.await.expect("drained");
+        let conn = watcher.watch(Conn { told: false, polls: Arc::new(AtomicUsize::new(0)) });
+        // A connection that missed the signal would stay pending: the bound
+        // fails the test instead of hanging the run.
+        tokio::time::timeout(BOUND, conn).await.expect("the connection was told of the drain");
+        tokio::time::timeout(BOUND, shutdown).await.expect("drained").expect("the drain task");
     }
 }

@@ -247,6 +247,7 @@ mod tests {
             assert!(!h.failed(3, || true));
             let mut waited = 0;
             while !h.is_up(h.now_ms()) {
+                assert!(waited < 60_000, "still out after {waited} ms");
                 tokio::time::advance(Duration::from_millis(500)).await;
                 waited += 500;
             }

@@ -3,6 +3,14 @@
 use super::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// `f`, which should end by the timers under test: far longer than any of
+/// them on the paused clock, so a regression that leaves it pending fails
+/// the test instead of hanging the run (a paused clock with no timer due
+/// would wait forever).
+async fn bounded<F: Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(3600), f).await.expect("ended within an hour of test time")
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_idle_connection_reads_as_closed_after_the_timeout() {
     let (client, server) = tokio::io::duplex(64);
@@ -15,7 +23,7 @@ async fn an_idle_connection_reads_as_closed_after_the_timeout() {
     );
     let started = Instant::now();
     let mut buf = [0u8; 8];
-    let n = io.read(&mut buf).await.expect("read");
+    let n = bounded(io.read(&mut buf)).await.expect("read");
     assert_eq!(n, 0, "idle connection reads as end of file");
     assert_eq!(started.elapsed(), Duration::from_secs(5));
     drop(client);
@@ -34,16 +42,16 @@ async fn activity_and_inflight_requests_keep_it_open() {
         client
     });
     let mut buf = [0u8; 8];
-    assert_eq!(io.read(&mut buf).await.expect("read"), 1);
-    let _client = writer.await.expect("writer");
+    assert_eq!(bounded(io.read(&mut buf)).await.expect("read"), 1);
+    let _client = bounded(writer).await.expect("writer");
     // A request in flight for 20 s: not idle, whatever the silence.
     let guard = inflight.start();
     let release = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_secs(20)).await;
         drop(guard);
     });
-    assert_eq!(io.read(&mut buf).await.expect("read"), 0);
-    release.await.expect("release");
+    assert_eq!(bounded(io.read(&mut buf)).await.expect("read"), 0);
+    bounded(release).await.expect("release");
     // Never while the request was in flight (until t = 24 s), nor within
     // a timeout after it; no bytes marked its end, so the timer noticed
     // it late, by up to one timeout (in real use the response's bytes
@@ -73,9 +81,12 @@ async fn bytes_without_a_request_do_not_keep_it_open() {
         }
     });
     let mut buf = [0u8; 8];
-    while io.read(&mut buf).await.expect("read") > 0 {
-        io.write_all(b"a").await.expect("answer");
-    }
+    bounded(async {
+        while io.read(&mut buf).await.expect("read") > 0 {
+            io.write_all(b"a").await.expect("answer");
+        }
+    })
+    .await;
     assert_eq!(started.elapsed(), Duration::from_secs(5));
     pinger.abort();
 }
@@ -93,7 +104,7 @@ async fn the_idle_time_starts_with_the_last_response_bytes() {
     drop(guard);
     io.write_all(b"response").await.expect("answer");
     let mut buf = [0u8; 8];
-    assert_eq!(io.read(&mut buf).await.expect("read"), 0);
+    assert_eq!(bounded(io.read(&mut buf)).await.expect("read"), 0);
     assert_eq!(started.elapsed(), Duration::from_secs(8));
     drop(client);
 }
@@ -108,7 +119,7 @@ fn timed(server: tokio::io::DuplexStream, inflight: &Inflight) -> IdleIo<tokio::
 async fn read_to_close(io: &mut IdleIo<tokio::io::DuplexStream>) -> Duration {
     let started = Instant::now();
     let mut buf = [0u8; 64];
-    while io.read(&mut buf).await.expect("read") > 0 {}
+    while bounded(io.read(&mut buf)).await.expect("read") > 0 {}
     started.elapsed()
 }
 
@@ -140,7 +151,7 @@ async fn http1_times_the_wait_for_each_next_head_and_http2_only_the_first() {
     let mut io = timed(server, &inflight);
     client.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n").await.expect("write");
     let mut buf = [0u8; 64];
-    assert!(io.read(&mut buf).await.expect("read") > 0);
+    assert!(bounded(io.read(&mut buf)).await.expect("read") > 0);
     let guard = inflight.start();
     tokio::time::sleep(Duration::from_secs(20)).await;
     io.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.expect("answer");
@@ -151,7 +162,7 @@ async fn http1_times_the_wait_for_each_next_head_and_http2_only_the_first() {
     let (mut client, server) = tokio::io::duplex(1024);
     let mut io = timed(server, &inflight);
     client.write_all(H2_PREFACE).await.expect("write");
-    assert!(io.read(&mut buf).await.expect("read") > 0);
+    assert!(bounded(io.read(&mut buf)).await.expect("read") > 0);
     drop(inflight.start());
     io.write_all(b"frames").await.expect("answer");
     assert_eq!(read_to_close(&mut io).await, Duration::from_secs(60));
@@ -170,7 +181,7 @@ async fn a_write_blocked_for_the_send_timeout_fails() {
         SendBudget::default(),
     );
     let started = Instant::now();
-    let err = io.write_all(&[b'x'; 1024]).await.expect_err("a write to a peer that never reads fails");
+    let err = bounded(io.write_all(&[b'x'; 1024])).await.expect_err("a write to a peer that never reads fails");
     assert_eq!(err.kind(), io::ErrorKind::TimedOut);
     assert_eq!(started.elapsed(), Duration::from_secs(3));
 }
@@ -185,9 +196,9 @@ async fn a_connection_holding_response_data_that_never_leaves_fails_after_the_se
     let mut io =
         IdleIo::new(server, Duration::from_secs(60), Duration::from_secs(3), Inflight::default(), budget.clone());
     let started = Instant::now();
-    let piece = budget.body(Full::new(bytes::Bytes::from_static(b"held"))).frame().await;
+    let piece = bounded(budget.body(Full::new(bytes::Bytes::from_static(b"held"))).frame()).await;
     let mut buf = [0u8; 8];
-    let err = io.read(&mut buf).await.expect_err("a connection whose responses stall fails");
+    let err = bounded(io.read(&mut buf)).await.expect_err("a connection whose responses stall fails");
     assert_eq!(err.kind(), io::ErrorKind::TimedOut);
     assert_eq!(started.elapsed(), Duration::from_secs(3));
     drop(piece);

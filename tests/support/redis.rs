@@ -34,9 +34,15 @@ pub fn window(key: &str) -> [&str; 4] {
     ["EVAL", READ, "1", key]
 }
 
-pub fn available() -> bool {
+fn available() -> bool {
     let runs = |bin: &str| Command::new(bin).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status();
     matches!(runs("redis-server"), Ok(s) if s.success()) && matches!(runs("redis-cli"), Ok(s) if s.success())
+}
+
+/// Fails the test when redis-server or redis-cli is missing: a test that
+/// returned early would pass without having checked anything.
+pub fn require() {
+    assert!(available(), "redis-server and redis-cli are needed (scripts/test installs them)");
 }
 
 /// Runs `redis-cli -p port args...` and returns its output (errors too:
