@@ -24,11 +24,12 @@
 //! counted and shown on `/rules`.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use notify::{RecursiveMode, Watcher};
+use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
 use crate::config::{Config, ConfigErrors, load_rules};
@@ -96,9 +97,9 @@ impl Reloader {
     /// Returns whether the rules were reloaded. Blocking (file IO): the
     /// watcher runs it on a blocking thread.
     pub fn poll(&self) -> bool {
-        let path = lock(&self.config).path.clone();
+        let path = self.config.lock().path.clone();
         let main = file_fingerprint(&path);
-        if main != std::mem::replace(&mut *lock(&self.main_fingerprint), main) {
+        if main != std::mem::replace(&mut *self.main_fingerprint.lock(), main) {
             let _ = self.reload_config();
         }
         let reloaded = self.changed();
@@ -113,7 +114,7 @@ impl Reloader {
     pub fn reload_jwks_if_changed(&self) {
         let (Some((path, last)), Some(jwt)) = (&self.jwks, self.proxy.jwt()) else { return };
         let now = file_fingerprint(path);
-        if now == std::mem::replace(&mut *lock(last), now) {
+        if now == std::mem::replace(&mut *last.lock(), now) {
             return;
         }
         self.content_reads.fetch_add(1, Ordering::Relaxed);
@@ -127,12 +128,12 @@ impl Reloader {
     /// stay.
     pub fn reload(&self) -> Result<(), ConfigErrors> {
         let m = &self.proxy.metrics;
-        let config = lock(&self.config).clone();
+        let config = self.config.lock().clone();
         let (print, racy) = fingerprint_racy(&config.rules_path);
         // A file modified within the timestamps' resolution of this look
         // could be written again with the same metadata: look again next
         // time (at most one extra reload).
-        *lock(&self.fingerprint) = if racy { 0 } else { print };
+        *self.fingerprint.lock() = if racy { 0 } else { print };
         self.content_reads.fetch_add(1, Ordering::Relaxed);
         match load_rules(&config.rules_path, &config) {
             Ok(loaded) => {
@@ -140,7 +141,7 @@ impl Reloader {
                 let n = set.rules.len();
                 self.proxy.swap_rules(set);
                 m.rules_reloads_total.with_label_values(&["success"]).inc();
-                let mut s = lock(&self.status);
+                let mut s = self.status.lock();
                 s.last_success = Some(SystemTime::now());
                 s.last_error = None;
                 s.reloads += 1;
@@ -149,7 +150,7 @@ impl Reloader {
             }
             Err(e) => {
                 m.rules_reloads_total.with_label_values(&["failure"]).inc();
-                let mut s = lock(&self.status);
+                let mut s = self.status.lock();
                 s.last_error = Some(e.to_string());
                 s.last_error_at = Some(SystemTime::now());
                 s.failures += 1;
@@ -163,12 +164,12 @@ impl Reloader {
 
     /// The config in force (its routes and upstreams as last reloaded).
     pub fn running(&self) -> Config {
-        lock(&self.config).clone()
+        self.config.lock().clone()
     }
 
     /// Whether the files changed since the last reload attempt.
     fn changed(&self) -> bool {
-        fingerprint(&lock(&self.config).rules_path) != *lock(&self.fingerprint)
+        fingerprint(&self.config.lock().rules_path) != *self.fingerprint.lock()
     }
 
     /// Reads and validates the main file now and puts its routes and
@@ -176,7 +177,7 @@ impl Reloader {
     /// then validated again against the new routes and upstreams.
     pub fn reload_config(&self) -> Result<(), ConfigErrors> {
         let m = &self.proxy.metrics;
-        let path = lock(&self.config).path.clone();
+        let path = self.config.lock().path.clone();
         let new = match Config::load(&path) {
             Ok(c) => c,
             Err(e) => {
@@ -188,7 +189,7 @@ impl Reloader {
             }
         };
         let restart = {
-            let mut running = lock(&self.config);
+            let mut running = self.config.lock();
             let restart = needs_restart(&running, &new);
             self.proxy.reroute(&new);
             running.upstreams = new.upstreams;
@@ -213,7 +214,7 @@ impl Reloader {
     pub async fn watch(self: Arc<Self>) {
         let (tx, mut rx) = mpsc::unbounded_channel::<()>();
         let (rules_path, main_path) = {
-            let c = lock(&self.config);
+            let c = self.config.lock();
             (c.rules_path.clone(), c.path.clone())
         };
         // The main file's directory, for an edit or a rename over it; the
@@ -294,10 +295,6 @@ fn needs_restart(running: &Config, new: &Config) -> Vec<&'static str> {
         .filter(|((_, a), (_, b))| a != b)
         .map(|((name, _), _)| name)
         .collect()
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn watcher(path: &Path, tx: mpsc::UnboundedSender<()>) -> notify::Result<notify::RecommendedWatcher> {

@@ -29,10 +29,11 @@ mod expiry;
 pub use client_auth::{ClientAuth, client_subject};
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use parking_lot::Mutex;
 use prometheus::{IntCounter, IntGaugeVec};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -244,7 +245,7 @@ impl CertWatcher {
     /// blocking thread. Returns how many tables were replaced.
     pub fn poll(&self) -> usize {
         let current = self.resolver.current();
-        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = self.seen.lock();
         let mut next: Vec<Certificate> = current.as_ref().clone();
         let mut replaced = 0;
         for (i, cert) in current.iter().enumerate() {
