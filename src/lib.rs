@@ -45,7 +45,7 @@
 //!
 //! | module | responsibility |
 //! |---|---|
-//! | [`config`] | the only code that reads files: main config and rules, validated with file:line:column errors |
+//! | [`config`] | the only code that reads files: main config and rules, validated with file:line:column errors; [`config::watch`], the one file watcher (rules, main file, TLS certificates) |
 //! | [`reload`] | watch the rules, debounce, validate, swap; keep the old rules on error |
 //! | [`admin`] | `/metrics`, `/healthz`, `/readyz`, `/rules`, `/config`, `/top` |
 //! | [`decision`] | `[listen] decision`: `POST /v1/check`, the proxy's decision for services not behind it ([`decision::decide`], shared with `envoy_rls`) |

@@ -8,16 +8,13 @@
 //! and the reload says so in its log line. A broken main file keeps the
 //! running config, like a broken rules file does.
 //!
-//! The rules path is watched with notify, together with its parent
-//! directory, so that both an edited file and a Kubernetes ConfigMap style
-//! swap (a `..data` symlink, or the rules directory itself being a symlink
-//! that is atomically replaced) are seen. Bursts of events are debounced.
-//! A watch can silently go stale when the watched directory is replaced, so
-//! the files' fingerprint is also polled every few seconds as a backstop.
-//! The fingerprint is made of the files' metadata (size, modification and
-//! change times, inode), so an unchanged file is never read; and every look
-//! at the files (the poll, a reload) runs on a blocking thread, never on the
-//! runtime that serves requests (on one CPU it has a single thread).
+//! The rules path is watched (with [`crate::config::watch`]) together with
+//! its parent directory, so that both an edited file and a Kubernetes
+//! ConfigMap style swap (a `..data` symlink, or the rules directory itself
+//! being a symlink that is atomically replaced) are seen; the files are also
+//! polled every few seconds as a backstop. The fingerprint is made of the
+//! files' metadata (size, modification and change times, inode), so an
+//! unchanged file is never read.
 //!
 //! An invalid rule set never replaces a valid one: the previous rules keep
 //! running, the error is logged with file:line:column, the failure is
@@ -28,19 +25,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
-use notify::{RecursiveMode, Watcher};
 use parking_lot::Mutex;
-use tokio::sync::mpsc;
 
+use crate::config::watch::{self, Names, Watched};
 use crate::config::{Config, ConfigErrors, load_rules};
 use crate::proxy::Proxy;
 use crate::rules::RuleSet;
 
-/// How long file events must pause before a reload.
-pub const DEBOUNCE: Duration = Duration::from_millis(200);
-/// How often the files' metadata is looked at in case a watch missed a
-/// change.
-pub const POLL: Duration = Duration::from_secs(2);
+pub use crate::config::watch::{DEBOUNCE, POLL};
 
 /// The outcome of the most recent reload, for `/rules` and tests.
 #[derive(Debug, Clone, Default)]
@@ -212,58 +204,20 @@ impl Reloader {
 
     /// Watches the rules path and the main file until the task is dropped.
     pub async fn watch(self: Arc<Self>) {
-        let (tx, mut rx) = mpsc::unbounded_channel::<()>();
         let (rules_path, main_path) = {
             let c = self.config.lock();
             (c.rules_path.clone(), c.path.clone())
         };
-        // The main file's directory, for an edit or a rename over it; the
-        // poll covers what a watch misses.
-        let _main_watcher = main_path.parent().filter(|p| !p.as_os_str().is_empty()).and_then(|dir| {
-            let tx = tx.clone();
-            let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-                if res.is_ok() {
-                    let _ = tx.send(());
-                }
-            })
-            .ok()?;
-            w.watch(dir, RecursiveMode::NonRecursive).ok()?;
-            Some(w)
-        });
-        let _watcher = match watcher(&rules_path, tx) {
-            Ok(w) => Some(w),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot watch the rules path; polling every {POLL:?} instead");
-                None
-            }
-        };
-        let mut poll = tokio::time::interval(POLL);
-        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                ev = rx.recv() => {
-                    if ev.is_none() { return; }
-                    // Debounce: wait until events stop arriving for DEBOUNCE.
-                    loop {
-                        match tokio::time::timeout(DEBOUNCE, rx.recv()).await {
-                            Ok(Some(())) => continue,
-                            Ok(None) => return,
-                            Err(_) => break,
-                        }
-                    }
-                    self.poll_off_runtime().await;
-                }
-                _ = poll.tick() => self.poll_off_runtime().await,
-            }
-        }
-    }
-
-    /// [`Reloader::poll`] on a blocking thread.
-    async fn poll_off_runtime(self: &Arc<Self>) {
-        let me = self.clone();
-        if let Err(e) = tokio::task::spawn_blocking(move || me.poll()).await {
-            tracing::error!(error = %e, "the rules poll failed");
-        }
+        // The path itself (a file, or a directory and what is in it), and
+        // its parent, which sees the path being replaced (symlink swap,
+        // editors that write a new file and rename it over the old one);
+        // the main file's directory, for an edit or a rename over it.
+        let paths = [Watched::parent_of(&main_path), Some(Watched::tree(&rules_path)), Watched::parent_of(&rules_path)];
+        let names = Names { files: "the rules path", poll: "the rules poll" };
+        watch::watch(names, paths.into_iter().flatten().collect(), move || {
+            self.poll();
+        })
+        .await;
     }
 }
 
@@ -295,22 +249,6 @@ fn needs_restart(running: &Config, new: &Config) -> Vec<&'static str> {
         .filter(|((_, a), (_, b))| a != b)
         .map(|((name, _), _)| name)
         .collect()
-}
-
-fn watcher(path: &Path, tx: mpsc::UnboundedSender<()>) -> notify::Result<notify::RecommendedWatcher> {
-    let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        if res.is_ok() {
-            let _ = tx.send(());
-        }
-    })?;
-    // The path itself (a file, or a directory and what is in it)...
-    w.watch(path, RecursiveMode::Recursive)?;
-    // ...and its parent, which sees the path being replaced (symlink swap,
-    // editors that write a new file and rename it over the old one).
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        let _ = w.watch(parent, RecursiveMode::NonRecursive);
-    }
-    Ok(w)
 }
 
 /// A summary of one file's metadata (0 when it cannot be read): follows

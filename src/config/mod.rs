@@ -21,6 +21,7 @@ mod rules_file;
 mod tls;
 mod upstream;
 mod upstream_tls;
+pub mod watch;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
