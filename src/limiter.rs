@@ -21,9 +21,9 @@ use std::collections::VecDeque;
 
 use serde::Deserialize;
 
-mod settle;
+mod reservation;
 pub mod shards;
-pub use settle::{refundable, settle, settles};
+pub use reservation::{refundable, settle, settles};
 
 /// Nanoseconds since the UNIX epoch. Fixed and sliding windows are aligned to
 /// the epoch, so every tollgate instance agrees on where a window starts.
