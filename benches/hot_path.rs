@@ -9,10 +9,11 @@ use std::collections::HashMap;
 use std::hint::black_box;
 use std::net::IpAddr;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use http::{HeaderMap, HeaderValue, Method};
+use parking_lot::Mutex;
 use tollgate::clock::{ManualClock, SystemClock};
 use tollgate::config::{Config, parse_rules};
 use tollgate::headers::{self, RuleReport};
@@ -175,7 +176,7 @@ fn algorithms(c: &mut Criterion) {
             i = (i + 1) % keys.len();
             let now = tollgate::clock::Clock::now(&clock);
             let window = now / NANOS_PER_SEC;
-            let mut map = naive.lock().unwrap_or_else(|p| p.into_inner());
+            let mut map = naive.lock();
             let e = map.entry(keys[i].clone()).or_insert((window, 0));
             if e.0 != window {
                 *e = (window, 0);

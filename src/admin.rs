@@ -152,7 +152,7 @@ impl Admin {
 
     fn rules(&self) -> Response<Full<Bytes>> {
         let set = self.proxy.rules.load();
-        let status = self.reloader.status.lock().map(|s| s.clone()).unwrap_or_else(|p| p.into_inner().clone());
+        let status = self.reloader.status.lock().clone();
         let rules: Vec<_> = set
             .rules
             .iter()

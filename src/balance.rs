@@ -11,10 +11,10 @@
 //! [`crate::upstream`]'s.
 
 use std::net::IpAddr;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use http::HeaderMap;
+use parking_lot::Mutex;
 
 use crate::config::{Balance, HashKey, Server};
 
@@ -84,7 +84,7 @@ impl Balancer {
     /// weight, the one ahead is picked and loses the total. With one of
     /// three equal servers out, the other two share its turns evenly.
     fn round_robin(&self, n: usize, usable: &impl Fn(usize) -> bool) -> Option<usize> {
-        let mut current = self.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut current = self.current.lock();
         let mut total: i64 = 0;
         let mut best: Option<usize> = None;
         for i in 0..n {

@@ -8,7 +8,7 @@
 //! current window and recomputes it only when the clock reaches its end: the
 //! time-zone arithmetic runs once per window, a request costs a comparison.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 
 use jiff::civil::Date;
 use jiff::tz::TimeZone;
@@ -122,7 +122,7 @@ impl Calendar {
     /// for an instant the time-zone database cannot place, so a request is
     /// still counted somewhere.
     pub fn window(&self, now: Nanos) -> Window {
-        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        let mut current = self.current.lock();
         if current.start <= now && now < current.end {
             return *current;
         }
@@ -138,7 +138,7 @@ impl Calendar {
     /// `w=` and the 429 body (the window last computed: a request computed
     /// it just before).
     pub fn window_secs(&self) -> u64 {
-        let current = *self.current.lock().unwrap_or_else(|p| p.into_inner());
+        let current = *self.current.lock();
         let len = if current.is_empty() { self.period.longest() } else { current.len() };
         crate::limiter::ceil_secs(len).max(1)
     }

@@ -23,7 +23,7 @@ use crate::clock::SystemClock;
 use crate::config::{Backend, Config, ConfigErrors, load_rules};
 use crate::limiter::Verdict;
 use crate::metrics::Metrics;
-use crate::rules::{RequestFacts, RuleSet};
+use crate::rules::{RequestFacts, Rule, RuleSet};
 use crate::store::{Check, MemoryStore, Mode, RedisStore, Store};
 
 /// Exit code for a config that does not validate (EX_USAGE... EX_CONFIG is
@@ -132,13 +132,7 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
     let set = RuleSet::from_loaded(loaded, &metrics);
     let method = Method::from_bytes(args.method.to_ascii_uppercase().as_bytes())
         .map_err(|_| format!("{:?} is not an HTTP method", args.method))?;
-    let mut headers = HeaderMap::new();
-    for h in &args.headers {
-        let (k, v) = h.split_once(':').ok_or_else(|| format!("--header {h:?} must look like 'name: value'"))?;
-        let name = HeaderName::from_bytes(k.trim().as_bytes()).map_err(|_| format!("{k:?} is not a header name"))?;
-        let value = HeaderValue::from_str(v.trim()).map_err(|_| format!("{v:?} is not a header value"))?;
-        headers.append(name, value);
-    }
+    let headers = parse_headers(&args.headers)?;
     let (path, query) = match args.path.split_once('?') {
         Some((p, q)) => (p, Some(q)),
         None => (args.path.as_str(), None),
@@ -147,32 +141,11 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
     let path = crate::normalize::path(path, &config.listen.normalization).map_err(|e| e.reason().to_string())?;
     let path = path.as_ref();
     let host = args.host.as_ref().map(|h| crate::config::canonical_host(h));
-    let mut routes: Vec<&crate::config::Route> = config.routes.iter().collect();
-    routes.sort_by_key(|r| (std::cmp::Reverse(r.path_prefix.len()), r.host.is_none()));
-    let route = routes.into_iter().find(|r| {
-        path.starts_with(r.path_prefix.as_str()) && r.host.as_deref().is_none_or(|h| Some(h) == host.as_deref())
-    });
+    let route = find_route(&config, path, host.as_deref());
 
     let mut out = String::new();
     let _ = writeln!(out, "request: {method} {} from {}", args.path, args.ip);
-    match route {
-        Some(r) => {
-            let u = &config.upstreams[r.upstream];
-            let servers: Vec<String> =
-                u.servers.iter().map(|s| format!("{}://{}{}", s.scheme, s.authority, u.base_path)).collect();
-            let _ = writeln!(
-                out,
-                "route:   {} (prefix {}) -> upstream {} at {}",
-                r.name,
-                r.path_prefix,
-                u.name,
-                servers.join(", ")
-            );
-        }
-        None => {
-            let _ = writeln!(out, "route:   none (tollgate would answer 404 after checking the rules)");
-        }
-    }
+    write_route(&mut out, &config, route);
     // A tier read from a JWT claim: the token is verified as the proxy
     // would (explain shows the `default` tier without a valid one).
     let tier_claim = match (&config.client.jwt, &set.tier_claim) {
@@ -197,11 +170,58 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
         // a client certificate.
         client_cert: None,
     };
-    let matching: Vec<_> = set.matching(&facts).collect();
+    let matching: Vec<&Rule> = set.matching(&facts).collect();
     if matching.is_empty() {
         let _ = writeln!(out, "rules:   none match (no rate-limit headers would be sent)");
         return Ok(out);
     }
+    write_rules(&mut out, &config, &matching, &facts)?;
+    Ok(out)
+}
+
+/// `--header 'name: value'` arguments as a header map.
+fn parse_headers(args: &[String]) -> Result<HeaderMap, String> {
+    let mut headers = HeaderMap::new();
+    for h in args {
+        let (k, v) = h.split_once(':').ok_or_else(|| format!("--header {h:?} must look like 'name: value'"))?;
+        let name = HeaderName::from_bytes(k.trim().as_bytes()).map_err(|_| format!("{k:?} is not a header name"))?;
+        let value = HeaderValue::from_str(v.trim()).map_err(|_| format!("{v:?} is not a header value"))?;
+        headers.append(name, value);
+    }
+    Ok(headers)
+}
+
+/// The route the proxy would take: the longest prefix, a route naming the
+/// host before one for any host.
+fn find_route<'c>(config: &'c Config, path: &str, host: Option<&str>) -> Option<&'c crate::config::Route> {
+    let mut routes: Vec<&crate::config::Route> = config.routes.iter().collect();
+    routes.sort_by_key(|r| (std::cmp::Reverse(r.path_prefix.len()), r.host.is_none()));
+    routes
+        .into_iter()
+        .find(|r| path.starts_with(r.path_prefix.as_str()) && r.host.as_deref().is_none_or(|h| Some(h) == host))
+}
+
+fn write_route(out: &mut String, config: &Config, route: Option<&crate::config::Route>) {
+    let Some(r) = route else {
+        let _ = writeln!(out, "route:   none (tollgate would answer 404 after checking the rules)");
+        return;
+    };
+    let u = &config.upstreams[r.upstream];
+    let servers: Vec<String> =
+        u.servers.iter().map(|s| format!("{}://{}{}", s.scheme, s.authority, u.base_path)).collect();
+    let _ = writeln!(
+        out,
+        "route:   {} (prefix {}) -> upstream {} at {}",
+        r.name,
+        r.path_prefix,
+        u.name,
+        servers.join(", ")
+    );
+}
+
+/// Every matching rule: its spec, its bucket for this request, and the
+/// quota left there.
+fn write_rules(out: &mut String, config: &Config, matching: &[&Rule], facts: &RequestFacts<'_>) -> Result<(), String> {
     // Every matching rule's bucket, peeked at in the configured store
     // without consuming: this process's memory is always empty, so it can
     // only show the full quota; the shared store shows live counts.
@@ -209,12 +229,12 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
         .iter()
         .map(|rule| {
             let mut key = String::new();
-            rule.key(&facts, &mut key)?;
-            Ok((key, rule.cost(&headers).unwrap_or(1)))
+            rule.key(facts, &mut key)?;
+            Ok((key, rule.cost(facts.headers).unwrap_or(1)))
         })
         .collect::<Result<_, String>>()?;
     let plans: Vec<&crate::rules::Plan> =
-        matching.iter().zip(&buckets).map(|(rule, (key, _))| rule.plan_for(key, &facts)).collect();
+        matching.iter().zip(&buckets).map(|(rule, (key, _))| rule.plan_for(key, facts)).collect();
     let checks: Vec<Check<'_>> = matching
         .iter()
         .zip(&buckets)
@@ -229,105 +249,121 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
             settles: false,
         })
         .collect();
-    let (peeked, source) = peek(&config, &checks);
+    let (peeked, source) = peek(config, &checks);
     let _ = writeln!(out, "rules:   {} match", matching.len());
     for (((rule, (key, _)), plan), verdict) in matching.iter().zip(&buckets).zip(&plans).zip(peeked) {
         let s = &rule.spec;
-        let _ = writeln!(out, "  - {} ({}:{})", s.name, s.source.display(), s.line);
-        if s.algorithm.holds() {
-            let _ = writeln!(
-                out,
-                "    concurrency: at most {} in flight, slot_ttl {:?}, mode {:?}, throttle {:?}",
-                s.limit, s.window, s.mode, s.throttle
-            );
-        } else if let Some(c) = &s.calendar {
-            let _ = writeln!(
-                out,
-                "    {} {} per calendar {} ({}), mode {:?}, throttle {:?}",
-                s.algorithm.as_str(),
-                s.limit,
-                c.period.as_str(),
-                c.timezone,
-                s.mode,
-                s.throttle
-            );
-        } else {
-            let _ = writeln!(
-                out,
-                "    {} {} per {:?}, burst {}, mode {:?}, throttle {:?}",
-                s.algorithm.as_str(),
-                s.limit,
-                s.window,
-                s.burst,
-                s.mode,
-                s.throttle
-            );
-        }
-        for o in &s.overrides {
-            let _ = writeln!(out, "    override {} (line {}): limit {}, burst {}", o.key, o.line, o.limit, o.burst);
-        }
-        if let Some(t) = &s.tiers {
-            let listed: Vec<String> = t.tiers.iter().map(|(n, l, b)| format!("{n} = {l}/{b}")).collect();
-            let _ = writeln!(
-                out,
-                "    tier from {}: {}{}default = {}/{} (limit/burst)",
-                t.source.describe(),
-                listed.join(", "),
-                if listed.is_empty() { "" } else { ", " },
-                t.default.0,
-                t.default.1
-            );
-        }
-        if let Some(h) = &s.cost_response_header {
-            let reserved = match &s.cost {
-                crate::config::Cost::Fixed(n) => format!("{n}"),
-                crate::config::Cost::Header(c) => format!("the {c} header's value (absent: 1, at most {})", s.max_cost),
-            };
-            let _ = writeln!(
-                out,
-                "    cost settled from response header {h} (or trailer): reserves {reserved} until the response says"
-            );
-        }
-        if let Some(u) = &s.quota_unit {
-            let _ = writeln!(out, "    quota unit: {u}");
-        }
+        write_spec(out, s);
         let parts: Vec<String> = s.key.iter().map(|k| k.describe()).collect();
         let _ = writeln!(out, "    key [{}] -> bucket {key}", parts.join(", "));
-        if plan.source != crate::rules::PlanSource::Rule
-            && let Some(c) = &s.calendar
-        {
+        write_plan(out, s, plan);
+        write_verdict(out, plan, verdict, source);
+    }
+    Ok(())
+}
+
+/// What a rule says, as its file says it.
+fn write_spec(out: &mut String, s: &crate::config::RuleSpec) {
+    let _ = writeln!(out, "  - {} ({}:{})", s.name, s.source.display(), s.line);
+    if s.algorithm.holds() {
+        let _ = writeln!(
+            out,
+            "    concurrency: at most {} in flight, slot_ttl {:?}, mode {:?}, throttle {:?}",
+            s.limit, s.window, s.mode, s.throttle
+        );
+    } else if let Some(c) = &s.calendar {
+        let _ = writeln!(
+            out,
+            "    {} {} per calendar {} ({}), mode {:?}, throttle {:?}",
+            s.algorithm.as_str(),
+            s.limit,
+            c.period.as_str(),
+            c.timezone,
+            s.mode,
+            s.throttle
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "    {} {} per {:?}, burst {}, mode {:?}, throttle {:?}",
+            s.algorithm.as_str(),
+            s.limit,
+            s.window,
+            s.burst,
+            s.mode,
+            s.throttle
+        );
+    }
+    for o in &s.overrides {
+        let _ = writeln!(out, "    override {} (line {}): limit {}, burst {}", o.key, o.line, o.limit, o.burst);
+    }
+    if let Some(t) = &s.tiers {
+        let listed: Vec<String> = t.tiers.iter().map(|(n, l, b)| format!("{n} = {l}/{b}")).collect();
+        let _ = writeln!(
+            out,
+            "    tier from {}: {}{}default = {}/{} (limit/burst)",
+            t.source.describe(),
+            listed.join(", "),
+            if listed.is_empty() { "" } else { ", " },
+            t.default.0,
+            t.default.1
+        );
+    }
+    if let Some(h) = &s.cost_response_header {
+        let reserved = match &s.cost {
+            crate::config::Cost::Fixed(n) => format!("{n}"),
+            crate::config::Cost::Header(c) => format!("the {c} header's value (absent: 1, at most {})", s.max_cost),
+        };
+        let _ = writeln!(
+            out,
+            "    cost settled from response header {h} (or trailer): reserves {reserved} until the response says"
+        );
+    }
+    if let Some(u) = &s.quota_unit {
+        let _ = writeln!(out, "    quota unit: {u}");
+    }
+}
+
+/// The limits of this request, when an override or a tier replaced the
+/// rule's.
+fn write_plan(out: &mut String, s: &crate::config::RuleSpec, plan: &crate::rules::Plan) {
+    if plan.source == crate::rules::PlanSource::Rule {
+        return;
+    }
+    if let Some(c) = &s.calendar {
+        let _ = writeln!(
+            out,
+            "    limits of this request: {}: {} per calendar {}",
+            plan.source,
+            plan.nominal.limit,
+            c.period.as_str()
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "    limits of this request: {}: {} per {:?}, burst {}",
+            plan.source, plan.nominal.limit, s.window, plan.nominal.burst
+        );
+    }
+}
+
+fn write_verdict(out: &mut String, plan: &crate::rules::Plan, verdict: Result<Verdict, String>, source: &str) {
+    let capacity = plan.nominal.capacity();
+    match verdict {
+        Ok(v) if v.allowed => {
+            let _ = writeln!(out, "    remaining after this request: {} of {capacity} ({source})", v.remaining);
+        }
+        Ok(v) => {
             let _ = writeln!(
                 out,
-                "    limits of this request: {}: {} per calendar {}",
-                plan.source,
-                plan.nominal.limit,
-                c.period.as_str()
-            );
-        } else if plan.source != crate::rules::PlanSource::Rule {
-            let _ = writeln!(
-                out,
-                "    limits of this request: {}: {} per {:?}, burst {}",
-                plan.source, plan.nominal.limit, s.window, plan.nominal.burst
+                "    remaining: 0 of {capacity}: this request would be limited, retry in {} s ({source})",
+                crate::limiter::ceil_secs(v.retry_after).max(1)
             );
         }
-        let capacity = plan.nominal.capacity();
-        match verdict {
-            Ok(v) if v.allowed => {
-                let _ = writeln!(out, "    remaining after this request: {} of {capacity} ({source})", v.remaining);
-            }
-            Ok(v) => {
-                let _ = writeln!(
-                    out,
-                    "    remaining: 0 of {capacity}: this request would be limited, retry in {} s ({source})",
-                    crate::limiter::ceil_secs(v.retry_after).max(1)
-                );
-            }
-            Err(e) => {
-                let _ = writeln!(out, "    remaining: unknown ({e})");
-            }
+        Err(e) => {
+            let _ = writeln!(out, "    remaining: unknown ({e})");
         }
     }
-    Ok(out)
 }
 
 /// Peeks at each check alone in the configured store, without consuming.

@@ -27,15 +27,16 @@
 //! must all be of one family (HMAC, RSA, EC, EdDSA).
 
 use std::collections::HashMap;
-use std::hash::BuildHasher;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use http::{HeaderMap, HeaderName};
 use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{Algorithm, AlgorithmFamily, DecodingKey, Validation};
+
+use crate::limiter::shards::Shards;
 
 /// What the identity of a request turned out to be.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -322,8 +323,7 @@ fn family_name(f: AlgorithmFamily) -> &'static str {
 /// a full shard first drops what has expired, then takes nothing new (those
 /// tokens are simply verified every time), so it holds at most about 32 MB.
 struct VerifiedTokens {
-    shards: Box<[Mutex<TokenMap>]>,
-    hasher: foldhash::quality::RandomState,
+    shards: Shards<TokenMap>,
     generation: AtomicU64,
 }
 
@@ -357,19 +357,9 @@ const MAX_CACHED_TOKEN_BYTES: usize = 2_048;
 impl VerifiedTokens {
     fn new() -> VerifiedTokens {
         VerifiedTokens {
-            shards: (0..TOKEN_SHARDS)
-                .map(|_| Mutex::new(HashMap::with_hasher(foldhash::fast::RandomState::default())))
-                .collect(),
-            hasher: foldhash::quality::RandomState::default(),
+            shards: Shards::new(TOKEN_SHARDS, || HashMap::with_hasher(foldhash::fast::RandomState::default())),
             generation: AtomicU64::new(0),
         }
-    }
-
-    fn shard(&self, token: &str) -> std::sync::MutexGuard<'_, TokenMap> {
-        let i = self.hasher.hash_one(token) as usize % TOKEN_SHARDS;
-        // Entries are inserted and removed whole, so a panic elsewhere while
-        // the lock was held cannot have left one half-written.
-        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn generation(&self) -> u64 {
@@ -385,7 +375,7 @@ impl VerifiedTokens {
         now: u64,
         tier_claim: Option<&str>,
     ) -> Option<Result<(String, Option<String>), Identity>> {
-        let shard = self.shard(token);
+        let shard = self.shards.lock_key(token);
         let entry = shard.get(token)?;
         if entry.valid_until < now || entry.generation != self.generation() {
             return None;
@@ -420,7 +410,7 @@ impl VerifiedTokens {
         // Failures take at most half of a shard: a flood of forged tokens
         // cannot push out the tokens that verified.
         let room = if outcome.is_ok() { TOKENS_PER_SHARD } else { TOKENS_PER_SHARD / 2 };
-        let mut shard = self.shard(token);
+        let mut shard = self.shards.lock_key(token);
         if shard.len() >= room {
             let current = self.generation();
             shard.retain(|_, e| e.valid_until >= now && e.generation == current);
@@ -438,9 +428,7 @@ impl VerifiedTokens {
     /// Called when the keys change.
     fn forget_all(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);
-        for shard in self.shards.iter() {
-            shard.lock().unwrap_or_else(|p| p.into_inner()).clear();
-        }
+        self.shards.each().for_each(|mut s| s.clear());
     }
 }
 

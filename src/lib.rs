@@ -33,7 +33,7 @@
 //! | [`identity`] | verified user identity from a JWT (`[client] jwt`) |
 //! | [`rules`] | the compiled rule set: which rules match, the bucket key and limits (overrides, tiers) of each |
 //! | [`store`] | the [`store::Store`] trait; [`store::memory`] keeps counters in this process, [`store::redis`] in a shared Redis (Cluster) |
-//! | [`limiter`] | the six algorithms' arithmetic, pure, time injected |
+//! | [`limiter`] | the six algorithms' arithmetic, pure, time injected, and a reservation corrected to its real cost; [`limiter::shards`], the one sharded map, locked per shard (every lock is `parking_lot`'s) |
 //! | [`calendar`] | `calendar` rules: where the current day, week or month starts in the rule's time zone |
 //! | [`headers`] | `X-RateLimit-*`, `RateLimit-Policy`, `RateLimit`, `Retry-After` |
 //! | [`error`] | every status tollgate answers itself, with its JSON body |
@@ -45,7 +45,7 @@
 //!
 //! | module | responsibility |
 //! |---|---|
-//! | [`config`] | the only code that reads files: main config and rules, validated with file:line:column errors |
+//! | [`config`] | the only code that reads files: main config and rules, validated with file:line:column errors; [`config::watch`], the one file watcher (rules, main file, TLS certificates) |
 //! | [`reload`] | watch the rules, debounce, validate, swap; keep the old rules on error |
 //! | [`admin`] | `/metrics`, `/healthz`, `/readyz`, `/rules`, `/config`, `/top` |
 //! | [`decision`] | `[listen] decision`: `POST /v1/check`, the proxy's decision for services not behind it ([`decision::decide`], shared with `envoy_rls`) |

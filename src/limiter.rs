@@ -1,7 +1,8 @@
 //! The arithmetic of the six algorithms, as pure functions of
 //! `(state, now, limits, cost)`.
 //!
-//! Nothing here reads a clock, takes a lock or does IO: the memory store
+//! Nothing here reads a clock, takes a lock or does IO (but [`shards`], the
+//! sharded map the stores keep their state in): the memory store
 //! calls these under its shard lock with the time its [`Clock`] gives, and the
 //! unit tests drive them with made-up timestamps. The Redis Lua scripts in
 //! `src/store/lua/` implement the same arithmetic on the server, so the two
@@ -20,8 +21,9 @@ use std::collections::VecDeque;
 
 use serde::Deserialize;
 
-mod settle;
-pub use settle::{refundable, settle, settles};
+mod reservation;
+pub mod shards;
+pub use reservation::{refundable, settle, settles};
 
 /// Nanoseconds since the UNIX epoch. Fixed and sliding windows are aligned to
 /// the epoch, so every tollgate instance agrees on where a window starts.

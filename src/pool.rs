@@ -26,7 +26,9 @@
 //! request at once (ALPN `h2` over TLS, prior knowledge over cleartext),
 //! opened again when it closes.
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use http::header::{HOST, HeaderValue};
@@ -337,7 +339,7 @@ where
     /// end.
     pub fn discard_h2(&self) {
         if let Some(h2) = &self.shared.h2 {
-            *h2.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            *h2.lock() = None;
         }
     }
 
@@ -387,7 +389,7 @@ where
                     tracing::debug!(error = %e, "upstream HTTP/2 connection ended with an error");
                 }
             });
-            *shared.lock().unwrap_or_else(|p| p.into_inner()) = Some(sender.clone());
+            *shared.lock() = Some(sender.clone());
             return Ok(Sender::H2(sender));
         }
         let (sender, conn) = http1::Builder::new()
@@ -410,15 +412,15 @@ where
 }
 
 impl<B: Send + 'static> Shared<B> {
-    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Idle<B>>> {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    fn idle(&self) -> parking_lot::MutexGuard<'_, Vec<Idle<B>>> {
+        self.idle.lock()
     }
 
     /// The most recently used idle connection that can take a request (or
     /// the HTTP/2 connection, while it is open).
     fn checkout(&self) -> Option<Sender<B>> {
         if let Some(h2) = &self.h2 {
-            let shared = h2.lock().unwrap_or_else(|p| p.into_inner());
+            let shared = h2.lock();
             return shared.as_ref().filter(|s| s.is_ready()).map(|s| Sender::H2(s.clone()));
         }
         let mut idle = self.idle();

@@ -55,7 +55,7 @@ pub struct Proxy {
     /// per-descriptor overrides), kept across reloads: the store's horizon
     /// is the larger of it and the rules'. The lock orders a reload's
     /// update of the store's horizon with [`Proxy::cover_idle_horizon`]'s.
-    extra_idle_horizon: std::sync::Mutex<crate::limiter::Nanos>,
+    extra_idle_horizon: parking_lot::Mutex<crate::limiter::Nanos>,
     pub metrics: Arc<Metrics>,
     client: ClientConfig,
     store_timeout: Duration,
@@ -165,7 +165,7 @@ impl Proxy {
         Proxy {
             access_log,
             rules: ArcSwap::from_pointee(rules),
-            extra_idle_horizon: std::sync::Mutex::new(0),
+            extra_idle_horizon: parking_lot::Mutex::new(0),
             store,
             no_route: metrics.route_counters("none"),
             metrics,
@@ -218,7 +218,7 @@ impl Proxy {
         if let Some(t) = &self.top {
             t.attach(&mut rules);
         }
-        let extra = self.extra_idle_horizon.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let extra = self.extra_idle_horizon.lock();
         self.store.set_idle_horizon(rules.idle_horizon.max(*extra));
         self.metrics.rules_active.set(rules.rules.len() as i64);
         self.rules.store(Arc::new(rules));
@@ -232,7 +232,7 @@ impl Proxy {
     /// told only when it does.
     pub fn cover_idle_horizon(&self, limits: &crate::limiter::Limits) {
         let h = limits.idle_horizon().saturating_mul(2);
-        let mut extra = self.extra_idle_horizon.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut extra = self.extra_idle_horizon.lock();
         if h > *extra {
             *extra = h;
             self.store.set_idle_horizon(self.rules.load().idle_horizon.max(h));

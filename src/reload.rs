@@ -8,38 +8,31 @@
 //! and the reload says so in its log line. A broken main file keeps the
 //! running config, like a broken rules file does.
 //!
-//! The rules path is watched with notify, together with its parent
-//! directory, so that both an edited file and a Kubernetes ConfigMap style
-//! swap (a `..data` symlink, or the rules directory itself being a symlink
-//! that is atomically replaced) are seen. Bursts of events are debounced.
-//! A watch can silently go stale when the watched directory is replaced, so
-//! the files' fingerprint is also polled every few seconds as a backstop.
-//! The fingerprint is made of the files' metadata (size, modification and
-//! change times, inode), so an unchanged file is never read; and every look
-//! at the files (the poll, a reload) runs on a blocking thread, never on the
-//! runtime that serves requests (on one CPU it has a single thread).
+//! The rules path is watched (with [`crate::config::watch`]) together with
+//! its parent directory, so that both an edited file and a Kubernetes
+//! ConfigMap style swap (a `..data` symlink, or the rules directory itself
+//! being a symlink that is atomically replaced) are seen; the files are also
+//! polled every few seconds as a backstop. The fingerprint is made of the
+//! files' metadata (size, modification and change times, inode), so an
+//! unchanged file is never read.
 //!
 //! An invalid rule set never replaces a valid one: the previous rules keep
 //! running, the error is logged with file:line:column, the failure is
 //! counted and shown on `/rules`.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use notify::{RecursiveMode, Watcher};
-use tokio::sync::mpsc;
+use parking_lot::Mutex;
 
+use crate::config::watch::{self, Names, Watched};
 use crate::config::{Config, ConfigErrors, load_rules};
 use crate::proxy::Proxy;
 use crate::rules::RuleSet;
 
-/// How long file events must pause before a reload.
-pub const DEBOUNCE: Duration = Duration::from_millis(200);
-/// How often the files' metadata is looked at in case a watch missed a
-/// change.
-pub const POLL: Duration = Duration::from_secs(2);
+pub use crate::config::watch::{DEBOUNCE, POLL};
 
 /// The outcome of the most recent reload, for `/rules` and tests.
 #[derive(Debug, Clone, Default)]
@@ -96,9 +89,9 @@ impl Reloader {
     /// Returns whether the rules were reloaded. Blocking (file IO): the
     /// watcher runs it on a blocking thread.
     pub fn poll(&self) -> bool {
-        let path = lock(&self.config).path.clone();
+        let path = self.config.lock().path.clone();
         let main = file_fingerprint(&path);
-        if main != std::mem::replace(&mut *lock(&self.main_fingerprint), main) {
+        if main != std::mem::replace(&mut *self.main_fingerprint.lock(), main) {
             let _ = self.reload_config();
         }
         let reloaded = self.changed();
@@ -113,7 +106,7 @@ impl Reloader {
     pub fn reload_jwks_if_changed(&self) {
         let (Some((path, last)), Some(jwt)) = (&self.jwks, self.proxy.jwt()) else { return };
         let now = file_fingerprint(path);
-        if now == std::mem::replace(&mut *lock(last), now) {
+        if now == std::mem::replace(&mut *last.lock(), now) {
             return;
         }
         self.content_reads.fetch_add(1, Ordering::Relaxed);
@@ -127,12 +120,12 @@ impl Reloader {
     /// stay.
     pub fn reload(&self) -> Result<(), ConfigErrors> {
         let m = &self.proxy.metrics;
-        let config = lock(&self.config).clone();
+        let config = self.config.lock().clone();
         let (print, racy) = fingerprint_racy(&config.rules_path);
         // A file modified within the timestamps' resolution of this look
         // could be written again with the same metadata: look again next
         // time (at most one extra reload).
-        *lock(&self.fingerprint) = if racy { 0 } else { print };
+        *self.fingerprint.lock() = if racy { 0 } else { print };
         self.content_reads.fetch_add(1, Ordering::Relaxed);
         match load_rules(&config.rules_path, &config) {
             Ok(loaded) => {
@@ -140,7 +133,7 @@ impl Reloader {
                 let n = set.rules.len();
                 self.proxy.swap_rules(set);
                 m.rules_reloads_total.with_label_values(&["success"]).inc();
-                let mut s = lock(&self.status);
+                let mut s = self.status.lock();
                 s.last_success = Some(SystemTime::now());
                 s.last_error = None;
                 s.reloads += 1;
@@ -149,7 +142,7 @@ impl Reloader {
             }
             Err(e) => {
                 m.rules_reloads_total.with_label_values(&["failure"]).inc();
-                let mut s = lock(&self.status);
+                let mut s = self.status.lock();
                 s.last_error = Some(e.to_string());
                 s.last_error_at = Some(SystemTime::now());
                 s.failures += 1;
@@ -163,12 +156,12 @@ impl Reloader {
 
     /// The config in force (its routes and upstreams as last reloaded).
     pub fn running(&self) -> Config {
-        lock(&self.config).clone()
+        self.config.lock().clone()
     }
 
     /// Whether the files changed since the last reload attempt.
     fn changed(&self) -> bool {
-        fingerprint(&lock(&self.config).rules_path) != *lock(&self.fingerprint)
+        fingerprint(&self.config.lock().rules_path) != *self.fingerprint.lock()
     }
 
     /// Reads and validates the main file now and puts its routes and
@@ -176,7 +169,7 @@ impl Reloader {
     /// then validated again against the new routes and upstreams.
     pub fn reload_config(&self) -> Result<(), ConfigErrors> {
         let m = &self.proxy.metrics;
-        let path = lock(&self.config).path.clone();
+        let path = self.config.lock().path.clone();
         let new = match Config::load(&path) {
             Ok(c) => c,
             Err(e) => {
@@ -188,7 +181,7 @@ impl Reloader {
             }
         };
         let restart = {
-            let mut running = lock(&self.config);
+            let mut running = self.config.lock();
             let restart = needs_restart(&running, &new);
             self.proxy.reroute(&new);
             running.upstreams = new.upstreams;
@@ -211,58 +204,20 @@ impl Reloader {
 
     /// Watches the rules path and the main file until the task is dropped.
     pub async fn watch(self: Arc<Self>) {
-        let (tx, mut rx) = mpsc::unbounded_channel::<()>();
         let (rules_path, main_path) = {
-            let c = lock(&self.config);
+            let c = self.config.lock();
             (c.rules_path.clone(), c.path.clone())
         };
-        // The main file's directory, for an edit or a rename over it; the
-        // poll covers what a watch misses.
-        let _main_watcher = main_path.parent().filter(|p| !p.as_os_str().is_empty()).and_then(|dir| {
-            let tx = tx.clone();
-            let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-                if res.is_ok() {
-                    let _ = tx.send(());
-                }
-            })
-            .ok()?;
-            w.watch(dir, RecursiveMode::NonRecursive).ok()?;
-            Some(w)
-        });
-        let _watcher = match watcher(&rules_path, tx) {
-            Ok(w) => Some(w),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot watch the rules path; polling every {POLL:?} instead");
-                None
-            }
-        };
-        let mut poll = tokio::time::interval(POLL);
-        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                ev = rx.recv() => {
-                    if ev.is_none() { return; }
-                    // Debounce: wait until events stop arriving for DEBOUNCE.
-                    loop {
-                        match tokio::time::timeout(DEBOUNCE, rx.recv()).await {
-                            Ok(Some(())) => continue,
-                            Ok(None) => return,
-                            Err(_) => break,
-                        }
-                    }
-                    self.poll_off_runtime().await;
-                }
-                _ = poll.tick() => self.poll_off_runtime().await,
-            }
-        }
-    }
-
-    /// [`Reloader::poll`] on a blocking thread.
-    async fn poll_off_runtime(self: &Arc<Self>) {
-        let me = self.clone();
-        if let Err(e) = tokio::task::spawn_blocking(move || me.poll()).await {
-            tracing::error!(error = %e, "the rules poll failed");
-        }
+        // The path itself (a file, or a directory and what is in it), and
+        // its parent, which sees the path being replaced (symlink swap,
+        // editors that write a new file and rename it over the old one);
+        // the main file's directory, for an edit or a rename over it.
+        let paths = [Watched::parent_of(&main_path), Some(Watched::tree(&rules_path)), Watched::parent_of(&rules_path)];
+        let names = Names { files: "the rules path", poll: "the rules poll" };
+        watch::watch(names, paths.into_iter().flatten().collect(), move || {
+            self.poll();
+        })
+        .await;
     }
 }
 
@@ -294,26 +249,6 @@ fn needs_restart(running: &Config, new: &Config) -> Vec<&'static str> {
         .filter(|((_, a), (_, b))| a != b)
         .map(|((name, _), _)| name)
         .collect()
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn watcher(path: &Path, tx: mpsc::UnboundedSender<()>) -> notify::Result<notify::RecommendedWatcher> {
-    let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        if res.is_ok() {
-            let _ = tx.send(());
-        }
-    })?;
-    // The path itself (a file, or a directory and what is in it)...
-    w.watch(path, RecursiveMode::Recursive)?;
-    // ...and its parent, which sees the path being replaced (symlink swap,
-    // editors that write a new file and rename it over the old one).
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        let _ = w.watch(parent, RecursiveMode::NonRecursive);
-    }
-    Ok(w)
 }
 
 /// A summary of one file's metadata (0 when it cannot be read): follows

@@ -26,11 +26,12 @@
 //! socket write.
 
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
+use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use crate::forward::UPSTREAM_READ_BUFFER;
@@ -63,22 +64,15 @@ struct Held {
 }
 
 impl SendBudget {
-    /// A std mutex: it is held for a few instructions, never across an
-    /// await, once per piece of at most 16 KiB. A poisoned lock only means
-    /// another response panicked mid-update of plain counters; carry on.
-    fn lock(&self) -> MutexGuard<'_, Held> {
-        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     /// Response body bytes this connection holds now.
     pub fn held(&self) -> usize {
-        self.lock().bytes
+        self.0.lock().bytes
     }
 
     /// Since when the connection has held response data without any of it
     /// leaving; `None` while it holds none.
     pub fn stalled_since(&self) -> Option<Instant> {
-        self.lock().stalled_since
+        self.0.lock().stalled_since
     }
 
     /// Wraps a response body so its pieces count against this budget.
@@ -89,7 +83,7 @@ impl SendBudget {
     /// Whether a response may take its next piece; when not, `cx` is woken
     /// once pieces are freed.
     fn poll_room(&self, cx: &mut Context<'_>) -> bool {
-        let mut held = self.lock();
+        let mut held = self.0.lock();
         if held.bytes <= TAKE_BELOW {
             return true;
         }
@@ -101,7 +95,7 @@ impl SendBudget {
 
     /// Counts a piece of `n` bytes taken from a response body.
     fn take(&self, n: usize) {
-        let mut held = self.lock();
+        let mut held = self.0.lock();
         if held.bytes == 0 {
             held.stalled_since = Some(Instant::now());
         }
@@ -112,7 +106,7 @@ impl SendBudget {
     /// stream. Wakes the waiting responses once there is room.
     fn release(&self, n: usize) {
         let waiting = {
-            let mut held = self.lock();
+            let mut held = self.0.lock();
             held.bytes = held.bytes.saturating_sub(n);
             held.stalled_since = (held.bytes > 0).then(Instant::now);
             if held.bytes > TAKE_BELOW {

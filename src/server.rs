@@ -327,16 +327,7 @@ async fn serve_proxy(
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off instead
-                    // of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+            accepted = accept(&listener) => accepted,
             _ = &mut shutdown => break,
         };
         let Ok(permit) = slots.clone().try_acquire_owned() else {
@@ -387,13 +378,31 @@ async fn serve_proxy(
     drop(listener);
     // Its `Tunnels`: the drain below waits for the tunnels themselves.
     drop(setup);
+    drain(graceful, close_tunnels, config.listen.drain_timeout).await;
+}
+
+/// The next connection. An error (out of file descriptors and the like)
+/// is logged and followed by a pause instead of spinning.
+async fn accept(listener: &TcpListener) -> (TcpStream, SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok(accepted) => return accepted,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Waits up to `timeout` for the connections and the tunnels to end.
+async fn drain(graceful: Drain, mut close_tunnels: tunnel::Closer, timeout: Duration) {
     tracing::info!("shutting down: draining in-flight requests and tunnels");
-    let mut close_tunnels = close_tunnels;
     let drained = async {
         graceful.shutdown().await;
         close_tunnels.ended().await;
     };
-    if tokio::time::timeout(config.listen.drain_timeout, drained).await.is_err() {
+    if tokio::time::timeout(timeout, drained).await.is_err() {
         tracing::warn!("drain timeout reached; closing the remaining connections and tunnels");
     }
     // Tunnels seldom end by themselves: those still open are closed with a

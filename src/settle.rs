@@ -2,7 +2,7 @@
 //! is admitted, and its response says what it really cost (LLM tokens,
 //! bytes, query work), which corrects the counters: the difference is
 //! given back, or charged on top even past the limit (a debt the next
-//! requests wait out; see `src/limiter/settle.rs`).
+//! requests wait out; see `src/limiter/reservation.rs`).
 //!
 //! The real cost is read from the response head when the upstream sends
 //! it there, or else from the body's trailers, which only come at its end:

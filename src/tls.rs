@@ -29,16 +29,18 @@ mod expiry;
 pub use client_auth::{ClientAuth, client_subject};
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use parking_lot::Mutex;
 use prometheus::{IntCounter, IntGaugeVec};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-use tokio::sync::mpsc;
+
+use crate::config::watch::{Names, Watched, watch};
 
 /// One `[[listen.tls]]` table, loaded: where it was read from, the chain
 /// and key, and the DNS names SNI chooses it by.
@@ -187,13 +189,6 @@ impl Tls {
     }
 }
 
-/// How long file events must pause before the certificates are re-read
-/// (a renewal writes the chain and the key one after the other).
-const DEBOUNCE: Duration = crate::reload::DEBOUNCE;
-/// How often the files' metadata is looked at in case a watch missed a
-/// change.
-const POLL: Duration = crate::reload::POLL;
-
 /// Re-reads the certificates when their files change.
 pub struct CertWatcher {
     resolver: Arc<CertResolver>,
@@ -244,7 +239,7 @@ impl CertWatcher {
     /// blocking thread. Returns how many tables were replaced.
     pub fn poll(&self) -> usize {
         let current = self.resolver.current();
-        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = self.seen.lock();
         let mut next: Vec<Certificate> = current.as_ref().clone();
         let mut replaced = 0;
         for (i, cert) in current.iter().enumerate() {
@@ -281,66 +276,24 @@ impl CertWatcher {
     }
 
     /// Watches the certificate and key files until the task is dropped.
+    /// Their directories, not the files: a renewal usually replaces a file
+    /// (rename, or a swapped symlink as certbot's `live/` does), which a
+    /// watch on the file itself would miss. The debounce also waits out a
+    /// renewal writing the chain and the key one after the other.
     pub async fn watch(self: Arc<Self>) {
-        let (tx, mut rx) = mpsc::unbounded_channel::<()>();
-        let _watcher = match self.watcher(tx) {
-            Ok(w) => Some(w),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot watch the TLS files; polling every {POLL:?} instead");
-                None
-            }
-        };
-        let mut poll = tokio::time::interval(POLL);
-        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                ev = rx.recv() => {
-                    if ev.is_none() { return; }
-                    loop {
-                        match tokio::time::timeout(DEBOUNCE, rx.recv()).await {
-                            Ok(Some(())) => continue,
-                            Ok(None) => return,
-                            Err(_) => break,
-                        }
-                    }
-                    self.poll_off_runtime().await;
-                }
-                _ = poll.tick() => self.poll_off_runtime().await,
-            }
-        }
-    }
-
-    async fn poll_off_runtime(self: &Arc<Self>) {
-        let me = self.clone();
-        if let Err(e) = tokio::task::spawn_blocking(move || me.poll()).await {
-            tracing::error!(error = %e, "the TLS certificate poll failed");
-        }
-    }
-
-    /// Watches the directories holding the files: a renewal usually
-    /// replaces a file (rename, or a swapped symlink as certbot's `live/`
-    /// does), which a watch on the file itself would miss.
-    fn watcher(&self, tx: mpsc::UnboundedSender<()>) -> notify::Result<notify::RecommendedWatcher> {
-        use notify::{RecursiveMode, Watcher};
-        let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-            if res.is_ok() {
-                let _ = tx.send(());
-            }
-        })?;
-        let mut dirs: Vec<PathBuf> = Vec::new();
+        let mut paths: Vec<Watched> = Vec::new();
         for c in self.resolver.current().iter() {
             for p in [&c.cert_path, &c.key_path] {
-                if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty())
-                    && !dirs.iter().any(|d| d == dir)
-                {
-                    dirs.push(dir.to_path_buf());
+                if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    paths.push(Watched::dir(dir));
                 }
             }
         }
-        for dir in &dirs {
-            w.watch(dir, RecursiveMode::NonRecursive)?;
-        }
-        Ok(w)
+        let names = Names { files: "the TLS files", poll: "the TLS certificate poll" };
+        watch(names, paths, move || {
+            self.poll();
+        })
+        .await;
     }
 }
 

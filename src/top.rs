@@ -29,14 +29,17 @@
 mod space_saving;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 pub use space_saving::SpaceSaving;
 
 use crate::clock::SharedClock;
 use crate::limiter::Nanos;
+use crate::limiter::shards::Shards;
 use crate::rules::RuleSet;
 
 /// How long one period lasts: a report covers the current one and the one
@@ -97,7 +100,7 @@ pub struct TopKeys {
 
 /// One rule's sketches.
 pub struct RuleTop {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Shards<Shard>,
 }
 
 /// What one shard saw in the current period and the one before.
@@ -175,7 +178,7 @@ impl TopKeys {
     /// keeps what it counted; the sketches of rules gone are dropped, so
     /// memory follows the rules in force.
     pub fn attach(&self, set: &mut RuleSet) {
-        let mut by_rule = lock(&self.by_rule);
+        let mut by_rule = self.by_rule.lock();
         let mut next = HashMap::with_capacity(set.rules.len());
         for rule in &mut set.rules {
             let top = match by_rule.remove(rule.name()).or_else(|| next.get(rule.name()).cloned()) {
@@ -206,33 +209,30 @@ impl RuleTop {
             // once, whether it is counted once or twice.
             let hasher = foldhash::fast::RandomState::default();
             let sketch = || SpaceSaving::with_hasher(capacity, hasher.clone());
-            Mutex::new(Shard { period: 0, current: [sketch(), sketch()], previous: [sketch(), sketch()] })
+            Shard { period: 0, current: [sketch(), sketch()], previous: [sketch(), sketch()] }
         };
-        RuleTop { shards: (0..shards).map(|_| shard()).collect() }
+        RuleTop { shards: Shards::new(shards, shard) }
     }
 
     /// Counts one request of `key` in `period` ([`TopKeys::period_now`]),
     /// and as limited when it was.
     pub fn record(&self, period: u64, key: &str, limited: bool) {
-        let n = self.shards.len();
+        let n = self.shards.count();
         let first = thread_slot() % n;
         for i in 0..n {
-            match self.shards[(first + i) % n].try_lock() {
-                Ok(mut shard) => return shard.record(period, key, limited),
-                Err(TryLockError::Poisoned(p)) => return p.into_inner().record(period, key, limited),
-                Err(TryLockError::WouldBlock) => {}
+            if let Some(mut shard) = self.shards.try_lock((first + i) % n) {
+                return shard.record(period, key, limited);
             }
         }
         // Every shard busy: wait for this thread's own rather than skip.
-        lock(&self.shards[first]).record(period, key, limited);
+        self.shards.lock(first).record(period, key, limited);
     }
 
     /// Each shard's sketches by `by` that lie in `period` or the one
     /// before.
     fn summaries(&self, period: u64, by: By) -> Vec<Summary> {
-        let mut out = Vec::with_capacity(2 * self.shards.len());
-        for shard in self.shards.iter() {
-            let shard = lock(shard);
+        let mut out = Vec::with_capacity(2 * self.shards.count());
+        for shard in self.shards.each() {
             let b = by.index();
             if shard.period >= period {
                 out.push(Summary::of(&shard.current[b]));
@@ -309,10 +309,6 @@ fn thread_slot() -> usize {
         static SLOT: usize = NEXT.fetch_add(1, Ordering::Relaxed);
     }
     SLOT.with(|s| *s)
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]

@@ -20,8 +20,10 @@
 //! path ([`UpstreamClient::forward`]) with no health or balancing work.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};

@@ -11,7 +11,9 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -245,7 +247,7 @@ fn spawn_via(dir: &Path, wrapper: &[&str]) -> Process {
     let sink = stderr.clone();
     std::thread::spawn(move || {
         for line in lines.map_while(Result::ok) {
-            sink.lock().expect("log").push(line);
+            sink.lock().push(line);
         }
     });
     Process { child, proxy, admin, stderr }
@@ -276,7 +278,7 @@ async fn sighup_reopens_the_file_and_reloads_the_rules() {
         reloaded(Call::new("GET", p.admin, "/metrics").send().await.text()) == Some(1.0)
     })
     .await;
-    eventually("SIGHUP logged", || async { p.stderr.lock().expect("log").iter().any(|l| l.contains("SIGHUP")) }).await;
+    eventually("SIGHUP logged", || async { p.stderr.lock().iter().any(|l| l.contains("SIGHUP")) }).await;
 
     for i in 0..2 {
         let r = Call::new("GET", p.proxy, "/").header("x-request-id", &format!("after-{i}")).send().await;
@@ -311,8 +313,7 @@ async fn sigusr1_reopens_the_file_without_reloading() {
         assert!(ok.success(), "kill -s {name}");
     };
     signal("USR1", p.child.id());
-    eventually("SIGUSR1 logged", || async { p.stderr.lock().expect("log").iter().any(|l| l.contains("SIGUSR1")) })
-        .await;
+    eventually("SIGUSR1 logged", || async { p.stderr.lock().iter().any(|l| l.contains("SIGUSR1")) }).await;
     assert!(p.child.try_wait().expect("wait").is_none(), "tollgate ended on SIGUSR1");
     let r = Call::new("GET", p.proxy, "/").header("x-request-id", "after-0").send().await;
     assert_eq!(r.status, 200);

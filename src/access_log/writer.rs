@@ -165,7 +165,7 @@ fn write_all(out: &mut dyn Write, first: &[u8], rest: &[u8]) -> (usize, std::io:
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
+    use parking_lot::Mutex;
 
     use super::*;
 
@@ -179,13 +179,13 @@ mod tests {
 
     impl Write for Tight {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            let mut room = self.room.lock().unwrap_or_else(|p| p.into_inner());
+            let mut room = self.room.lock();
             if *room == 0 {
                 return Err(std::io::Error::from_raw_os_error(28)); // ENOSPC
             }
             let n = buf.len().min(*room);
             *room -= n;
-            self.taken.lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(&buf[..n]);
+            self.taken.lock().extend_from_slice(&buf[..n]);
             Ok(n)
         }
 
@@ -207,17 +207,17 @@ mod tests {
     #[test]
     fn a_stream_cut_short_mid_line_starts_the_next_batch_on_a_new_line() {
         let tight = Tight::default();
-        *tight.room.lock().expect("room") = 20;
+        *tight.room.lock() = 20;
         let mut w = writer(Output::Stream(Box::new(tight.clone())));
         w.write(b"{\"a\":1}\n{\"b\":22222222}\n").expect_err("no room for the second line");
         // The failed stream is reopened for the next batch: the test's
         // stands in for stdout again, with room.
-        *tight.room.lock().expect("room") = 1000;
+        *tight.room.lock() = 1000;
         w.out = Some(Output::Stream(Box::new(tight.clone())));
         w.write(b"{\"c\":3}\n").expect("room again");
         w.out = Some(Output::Stream(Box::new(tight.clone())));
         w.write(b"{\"d\":4}\n").expect("still room");
-        let taken = String::from_utf8(tight.taken.lock().expect("taken").clone()).expect("text");
+        let taken = String::from_utf8(tight.taken.lock().clone()).expect("text");
         assert_eq!(taken, "{\"a\":1}\n{\"b\":2222222\n{\"c\":3}\n{\"d\":4}\n");
     }
 

@@ -132,56 +132,12 @@ impl Validator<'_> {
             }
             (Some(a), Some(b)) => (a, b),
         };
-        let text = tier.get_ref().trim();
-        let source = if let Some(h) = text.strip_prefix("header:") {
-            HeaderName::from_bytes(h.trim().as_bytes()).ok().map(TierSource::Header)
-        } else if let Some(c) = text.strip_prefix("claim:") {
-            let c = c.trim();
-            if c.is_empty() {
-                None
-            } else if !jwt {
-                self.error(tier.span(), format!("tier {text:?} reads a JWT claim: configure [client] jwt first"));
-                return None;
-            } else {
-                Some(TierSource::Claim(c.to_string()))
-            }
-        } else {
-            None
-        };
-        let Some(source) = source else {
-            self.error(tier.span(), format!("tier {text:?} is not \"header:NAME\" or \"claim:NAME\""));
-            return None;
-        };
+        let source = self.tier_source(tier, jwt)?;
         let mut default = None;
         let mut list = Vec::new();
         let errors_before = self.errors.len();
         for (name, value) in tiers.get_ref() {
-            let (limit, burst) = match value.get_ref() {
-                toml::Value::Integer(n) => (Spanned::new(value.span(), *n), None),
-                toml::Value::Table(t) => {
-                    if let Some(k) = t.keys().find(|k| *k != "limit" && *k != "burst") {
-                        self.error(value.span(), format!("tier {name:?}: unknown key {k:?} (limit, burst)"));
-                        continue;
-                    }
-                    let int = |k: &str| t.get(k).and_then(toml::Value::as_integer);
-                    let Some(limit) = int("limit") else {
-                        self.error(value.span(), format!("tier {name:?} needs a whole-number limit"));
-                        continue;
-                    };
-                    if t.contains_key("burst") && int("burst").is_none() {
-                        self.error(value.span(), format!("tier {name:?}: burst must be a whole number"));
-                        continue;
-                    }
-                    (Spanned::new(value.span(), limit), int("burst").map(|b| Spanned::new(value.span(), b)))
-                }
-                _ => {
-                    self.error(
-                        value.span(),
-                        format!("tier {name:?} must be a limit (a whole number) or {{ limit, burst }}"),
-                    );
-                    continue;
-                }
-            };
+            let Some((limit, burst)) = self.tier_value(name, value) else { continue };
             let Some(limits) = self.variant(&limit, burst.as_ref(), base, &format!("tier {name:?}")) else { continue };
             if name == "default" {
                 default = Some(limits);
@@ -200,6 +156,62 @@ impl Validator<'_> {
             return None;
         };
         Some(TiersSpec { source, tiers: list, default })
+    }
+
+    /// `tier = "header:NAME"` or `"claim:NAME"` (a claim only with
+    /// `[client] jwt`).
+    fn tier_source(&mut self, tier: &Spanned<String>, jwt: bool) -> Option<TierSource> {
+        let text = tier.get_ref().trim();
+        let source = if let Some(h) = text.strip_prefix("header:") {
+            HeaderName::from_bytes(h.trim().as_bytes()).ok().map(TierSource::Header)
+        } else if let Some(c) = text.strip_prefix("claim:") {
+            let c = c.trim();
+            if c.is_empty() {
+                None
+            } else if !jwt {
+                self.error(tier.span(), format!("tier {text:?} reads a JWT claim: configure [client] jwt first"));
+                return None;
+            } else {
+                Some(TierSource::Claim(c.to_string()))
+            }
+        } else {
+            None
+        };
+        if source.is_none() {
+            self.error(tier.span(), format!("tier {text:?} is not \"header:NAME\" or \"claim:NAME\""));
+        }
+        source
+    }
+
+    /// One entry of `tiers`: a limit, or `{ limit, burst }`.
+    #[allow(clippy::type_complexity)]
+    fn tier_value(&mut self, name: &str, value: &Spanned<toml::Value>) -> Option<(Spanned<i64>, Option<Spanned<i64>>)> {
+        match value.get_ref() {
+            toml::Value::Integer(n) => Some((Spanned::new(value.span(), *n), None)),
+            toml::Value::Table(t) => {
+                if let Some(k) = t.keys().find(|k| *k != "limit" && *k != "burst") {
+                    self.error(value.span(), format!("tier {name:?}: unknown key {k:?} (limit, burst)"));
+                    return None;
+                }
+                let int = |k: &str| t.get(k).and_then(toml::Value::as_integer);
+                let Some(limit) = int("limit") else {
+                    self.error(value.span(), format!("tier {name:?} needs a whole-number limit"));
+                    return None;
+                };
+                if t.contains_key("burst") && int("burst").is_none() {
+                    self.error(value.span(), format!("tier {name:?}: burst must be a whole number"));
+                    return None;
+                }
+                Some((Spanned::new(value.span(), limit), int("burst").map(|b| Spanned::new(value.span(), b))))
+            }
+            _ => {
+                self.error(
+                    value.span(),
+                    format!("tier {name:?} must be a limit (a whole number) or {{ limit, burst }}"),
+                );
+                None
+            }
+        }
     }
 
     /// An override's or tier's limit and burst, within the rule's bounds.

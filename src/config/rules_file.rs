@@ -421,34 +421,17 @@ impl Validator<'_> {
         }
     }
 
-    fn rule(&mut self, r: RawRule, line: usize, config: &Config) -> Option<RuleSpec> {
+    fn rule(&mut self, mut r: RawRule, line: usize, config: &Config) -> Option<RuleSpec> {
         let errors_before = self.errors.len();
-        let name = r.name.get_ref().trim().to_string();
-        // The name goes into `RateLimit-Policy` and `RateLimit` as a
-        // structured-field string, which holds printable ASCII only, with
-        // `"` and `\` escaped: allow exactly what needs no escaping.
-        if name.is_empty()
-            || name.len() > 128
-            || !name.bytes().all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
-        {
-            self.error(
-                r.name.span(),
-                "rule name must be 1 to 128 printable ASCII characters, without quotes or backslashes",
-            );
-        }
+        let name = self.rule_name(&r);
         let calendar = self.calendar(&r);
         // A calendar quota counts in fixed windows unless told otherwise
         // (and `calendar` refuses every other algorithm).
         let algorithm =
             r.algorithm.unwrap_or(if r.calendar.is_some() { Algorithm::FixedWindow } else { Algorithm::default() });
         let limit = self.count(&r.limit, "limit");
-        let window = match &calendar {
-            Some(c) => Some(Duration::from_nanos(c.period.longest())),
-            None if algorithm == Algorithm::Concurrency => self.concurrency(&r),
-            None if r.calendar.is_some() => None,
-            None => self.window(&r),
-        };
-        let matcher = match r.matcher {
+        let window = self.rule_window(&r, calendar.as_ref(), algorithm);
+        let matcher = match r.matcher.take() {
             Some(m) => self.matcher(m.into_inner(), config),
             None => MatchSpec::default(),
         };
@@ -460,7 +443,78 @@ impl Validator<'_> {
             Some(b) => self.count(b, "burst"),
             None => limit,
         };
-        let throttle = match r.throttle.as_ref().map(|t| t.get_ref().as_str()) {
+        let throttle = self.throttle(&r);
+        let capacity = if matches!(algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket) { burst } else { limit };
+        let exempt = r.exempt.take().map_or_else(ClientSet::default, |e| {
+            let e = e.into_inner();
+            self.clients(e.ips.as_deref(), e.users, e.api_keys)
+        });
+        let (cost, max_cost) = self.cost(&r, capacity);
+        let cost_response_header = self.cost_response_header(&r, algorithm);
+        let quota_unit = self.quota_unit(&r);
+        let (mut overrides, mut tiers) = (Vec::new(), None);
+        if let (Some(limit), Some(burst)) = (limit, burst) {
+            let base = Base {
+                name: &name,
+                key: &key,
+                algorithm,
+                limit,
+                burst,
+                cost: &cost,
+                max_cost: r.max_cost.is_some().then_some(max_cost),
+                ipv6_prefix: config.client.ipv6_prefix,
+            };
+            overrides = self.overrides(r.overrides.unwrap_or_default(), &base);
+            tiers = self.tiers(r.tier.as_ref(), r.tiers.as_ref(), &base, config.client.jwt.is_some());
+        }
+        if self.errors.len() > errors_before {
+            return None;
+        }
+        Some(RuleSpec {
+            name,
+            source: self.file.to_path_buf(),
+            line,
+            matcher,
+            key,
+            algorithm,
+            limit: limit?,
+            window: window?,
+            calendar,
+            burst: burst?,
+            mode: r.mode.unwrap_or_default(),
+            throttle,
+            cost,
+            max_cost,
+            cost_response_header,
+            quota_unit,
+            on_error: r.on_error,
+            exempt,
+            on_invalid_token: r.on_invalid_token.unwrap_or_default(),
+            overrides,
+            tiers,
+        })
+    }
+
+    /// A rule's `name`, trimmed. It goes into `RateLimit-Policy` and
+    /// `RateLimit` as a structured-field string, which holds printable ASCII
+    /// only, with `"` and `\` escaped: allow exactly what needs no escaping.
+    fn rule_name(&mut self, r: &RawRule) -> String {
+        let name = r.name.get_ref().trim().to_string();
+        if name.is_empty()
+            || name.len() > 128
+            || !name.bytes().all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
+        {
+            self.error(
+                r.name.span(),
+                "rule name must be 1 to 128 printable ASCII characters, without quotes or backslashes",
+            );
+        }
+        name
+    }
+
+    /// `throttle`, with `soft_percent` or the `elastic_*` keys.
+    fn throttle(&mut self, r: &RawRule) -> Throttle {
+        match r.throttle.as_ref().map(|t| t.get_ref().as_str()) {
             None | Some("hard") => Throttle::Hard,
             Some("soft") => Throttle::Soft { percent: self.percent(r.soft_percent.as_ref(), "soft_percent", 10) },
             Some("elastic") => {
@@ -477,15 +531,12 @@ impl Validator<'_> {
                 }
                 Throttle::Hard
             }
-        };
-        let capacity = if matches!(algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket) { burst } else { limit };
-        let exempt = match r.exempt {
-            Some(e) => {
-                let e = e.into_inner();
-                self.clients(e.ips.as_deref(), e.users, e.api_keys)
-            }
-            None => ClientSet::default(),
-        };
+        }
+    }
+
+    /// `cost` or `cost_header`, and `max_cost`: neither may exceed the
+    /// bucket's `capacity`, or no request could ever pass.
+    fn cost(&mut self, r: &RawRule, capacity: Option<u64>) -> (Cost, u64) {
         let cost = match (&r.cost, &r.cost_header) {
             (Some(c), Some(h)) => {
                 self.error(h.span(), "set either cost or cost_header, not both");
@@ -529,7 +580,12 @@ impl Validator<'_> {
             }
             (Cost::Header(_), None) => capacity.unwrap_or(1).min(DEFAULT_MAX_COST),
         };
-        let cost_response_header = r.cost_response_header.as_ref().and_then(|h| {
+        (cost, max_cost)
+    }
+
+    /// `cost_response_header`: only for the algorithms that can settle.
+    fn cost_response_header(&mut self, r: &RawRule, algorithm: Algorithm) -> Option<HeaderName> {
+        r.cost_response_header.as_ref().and_then(|h| {
             if !crate::limiter::settles(algorithm) {
                 self.error(
                     h.span(),
@@ -540,8 +596,11 @@ impl Validator<'_> {
                 );
             }
             self.header_name(h, "cost_response_header")
-        });
-        let quota_unit = r.quota_unit.as_ref().map(|u| {
+        })
+    }
+
+    fn quota_unit(&mut self, r: &RawRule) -> Option<String> {
+        r.quota_unit.as_ref().map(|u| {
             let unit = u.get_ref();
             let ok = (1..=32).contains(&unit.len())
                 && unit.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
@@ -552,48 +611,18 @@ impl Validator<'_> {
                 );
             }
             unit.clone()
-        });
-        let (mut overrides, mut tiers) = (Vec::new(), None);
-        if let (Some(limit), Some(burst)) = (limit, burst) {
-            let base = Base {
-                name: &name,
-                key: &key,
-                algorithm,
-                limit,
-                burst,
-                cost: &cost,
-                max_cost: r.max_cost.is_some().then_some(max_cost),
-                ipv6_prefix: config.client.ipv6_prefix,
-            };
-            overrides = self.overrides(r.overrides.unwrap_or_default(), &base);
-            tiers = self.tiers(r.tier.as_ref(), r.tiers.as_ref(), &base, config.client.jwt.is_some());
-        }
-        if self.errors.len() > errors_before {
-            return None;
-        }
-        Some(RuleSpec {
-            name,
-            source: self.file.to_path_buf(),
-            line,
-            matcher,
-            key,
-            algorithm,
-            limit: limit?,
-            window: window?,
-            calendar,
-            burst: burst?,
-            mode: r.mode.unwrap_or_default(),
-            throttle,
-            cost,
-            max_cost,
-            cost_response_header,
-            quota_unit,
-            on_error: r.on_error,
-            exempt,
-            on_invalid_token: r.on_invalid_token.unwrap_or_default(),
-            overrides,
-            tiers,
         })
+    }
+
+    /// The window a rule counts in: its calendar period's longest, a
+    /// concurrency rule's `slot_ttl`, or a rate rule's `window`.
+    fn rule_window(&mut self, r: &RawRule, calendar: Option<&CalendarSpec>, algorithm: Algorithm) -> Option<Duration> {
+        match calendar {
+            Some(c) => Some(Duration::from_nanos(c.period.longest())),
+            None if algorithm == Algorithm::Concurrency => self.concurrency(r),
+            None if r.calendar.is_some() => None,
+            None => self.window(r),
+        }
     }
 
     /// A rate rule's `window`: required, 1ms to 366d; `slot_ttl` is not

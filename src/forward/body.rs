@@ -5,8 +5,10 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+
+use parking_lot::Mutex;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -58,19 +60,19 @@ impl BodyWatch {
     }
 
     pub(crate) fn client_wait(&self, now: Instant) -> Duration {
-        let w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        let w = self.waiting.lock();
         w.0 + w.1.map_or(Duration::ZERO, |since| now.saturating_duration_since(since))
     }
 
     fn start_waiting(&self) {
-        let mut w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = self.waiting.lock();
         if w.1.is_none() {
             w.1 = Some(Instant::now());
         }
     }
 
     fn stop_waiting(&self) {
-        let mut w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = self.waiting.lock();
         if let Some(since) = w.1.take() {
             w.0 += since.elapsed();
         }

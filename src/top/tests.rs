@@ -139,7 +139,7 @@ fn a_busy_shard_sends_the_count_to_another() {
     let t = TopKeys::with_shards(4, 2, Arc::new(clock.clone())).expect("on");
     let r = RuleTop::new(4, 2);
     let p = t.period_now();
-    let held = lock(&r.shards[thread_slot() % 2]);
+    let held = r.shards.lock(thread_slot() % 2);
     r.record(p, "a", false);
     drop(held);
     r.record(p, "a", false);
@@ -161,6 +161,6 @@ fn a_reload_keeps_the_counts_of_rules_kept_and_drops_the_others() {
     let report = |set: &RuleSet, i: usize| t.report(set.rules[i].top.as_ref().expect("attached"), By::Requests, 4);
     assert_eq!(keys(&report(&second, 0)), [("k", 1, 0)]);
     assert!(report(&second, 1).keys.is_empty());
-    assert_eq!(lock(&t.by_rule).len(), 2);
-    assert!(!lock(&t.by_rule).contains_key("gone"));
+    assert_eq!(t.by_rule.lock().len(), 2);
+    assert!(!t.by_rule.lock().contains_key("gone"));
 }

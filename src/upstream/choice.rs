@@ -118,7 +118,7 @@ impl UpstreamClient {
             return;
         }
         let taken_out = server.health.failed(self.config.eject_after, || {
-            let _one_at_a_time = self.ejecting.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let _one_at_a_time = self.ejecting.lock();
             self.may_eject(i)
         });
         if taken_out {

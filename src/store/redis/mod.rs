@@ -103,11 +103,12 @@ mod scripts;
 mod slots;
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fred::clients::{Client, Pool};
 use fred::interfaces::{ClientLike, EventInterface};
+use parking_lot::Mutex;
 use tokio::task::JoinHandle;
 
 use crate::clock::SharedClock;

@@ -1,5 +1,7 @@
-//! Settlement: a request reserved its estimated cost when it was admitted,
-//! and its real cost arrives with its response (`cost_response_header`).
+//! A reservation corrected to its real cost (the arithmetic of settlement;
+//! reading the cost from the response is `crate::settle`'s): a request
+//! reserved its estimated cost when it was admitted, and its real cost
+//! arrives with its response (`cost_response_header`).
 //! The difference is given back or charged on top, unconditionally: a
 //! request whose real cost exceeds what was left is counted in full, and
 //! the bucket goes into debt (a token bucket's level above its burst, a
