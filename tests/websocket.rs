@@ -2,7 +2,8 @@
 //! `websockets` package, installed by scripts/test): messages both ways, the
 //! upgrade counted and refused with 429 over the limit, the tunnel's own
 //! idle timeout and `max_connections` slot, its concurrency slot held until
-//! it closes, shutdown closing it, and
+//! it closes, `send_timeout` closing it when its client stops reading,
+//! shutdown closing it, and
 //! upgrades that would carry HTTP past the limiter never tunnelled.
 
 mod support;
