@@ -58,6 +58,28 @@
 //! | [`process`] | what the binaries share: the async runtime, logging, the shutdown signals (SIGTERM: lame duck first; SIGINT: drain at once), SIGHUP (reload) and SIGUSR1 (reopen the access log) |
 //! | [`floor`] | `tollgate-floor`: the same server setup and upstream pool with nothing between them, a bench target |
 
+//! # Layers
+//!
+//! Each module may import only from its own row and the rows below it, and
+//! no two files may import each other, directly or around a circle.
+//! `scripts/layers` reads this table (the number and the linked modules of
+//! each row) and reports every import that breaks it, as file:line.
+//!
+//! | layer | modules | what the layer holds |
+//! |---|---|---|
+//! | 12 | [`cli`] [`floor`] | the command line and the bench binary's setup |
+//! | 11 | [`server`] [`connection`] [`handshake`] [`tls`] [`redirect`] [`idle`] [`send_budget`] [`drain`] [`process`] | the edge: listeners, connections, TLS, shutdown, the composition root |
+//! | 10 | [`admin`] [`reload`] | operating a running proxy |
+//! | 9 | [`proxy`] [`held`] [`settle`] | the request path: route, decide, forward or reject, settle |
+//! | 8 | [`decision`] [`envoy_rls`] | the decision API and Envoy's rate limit service |
+//! | 7 | [`rules`] [`top`] | the compiled rules: which match, their keys and limits, the heaviest keys |
+//! | 6 | [`store`] | where counters live: this process, or Redis |
+//! | 5 | [`upstream`] [`forward`] [`pool`] [`balance`] [`health`] [`tunnel`] | talking to upstream servers |
+//! | 4 | [`metrics`] [`access_log`] [`summary`] | what tollgate tells operators |
+//! | 3 | [`config`] | reading and validating the configuration |
+//! | 2 | [`normalize`] [`client`] [`identity`] [`request_id`] [`via`] [`headers`] [`error`] | the HTTP a request arrives as and an answer leaves as |
+//! | 1 | [`limiter`] [`calendar`] [`clock`] | the algorithms' arithmetic and time, pure |
+
 #![forbid(unsafe_code)]
 
 pub mod access_log;
