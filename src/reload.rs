@@ -8,16 +8,12 @@
 //! and the reload says so in its log line. A broken main file keeps the
 //! running config, like a broken rules file does.
 //!
-//! The rules path is watched with notify, together with its parent
-//! directory, so that both an edited file and a Kubernetes ConfigMap style
-//! swap (a `..data` symlink, or the rules directory itself being a symlink
-//! that is atomically replaced) are seen. Bursts of events are debounced.
-//! A watch can silently go stale when the watched directory is replaced, so
-//! the files' fingerprint is also polled every few seconds as a backstop.
-//! The fingerprint is made of the files' metadata (size, modification and
-//! change times, inode), so an unchanged file is never read; and every look
-//! at the files (the poll, a reload) runs on a blocking thread, never on the
-//! runtime that serves requests (on one CPU it has a single thread).
+//! The rules path is watched (with [`crate::config::watch`]) together with
+//! its parent directory, so that both an edited file and a Kubernetes
+//! ConfigMap style swap (a `..data` symlink, or the rules directory itself
+//! being a symlink that is atomically replaced) are seen. Bursts of events
+//! are debounced, the files' metadata is polled as a backstop, and every
+//! look at the files (the poll, a reload) runs on a blocking thread.
 //!
 //! An invalid rule set never replaces a valid one: the previous rules keep
 //! running, the error is logged with file:line:column, the failure is
@@ -26,20 +22,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-use notify::{RecursiveMode, Watcher};
-use tokio::sync::mpsc;
-
+use crate::config::watch::{self, Target, file_fingerprint, files_fingerprint};
 use crate::config::{Config, ConfigErrors, load_rules};
 use crate::proxy::Proxy;
 use crate::rules::RuleSet;
-
-/// How long file events must pause before a reload.
-pub const DEBOUNCE: Duration = Duration::from_millis(200);
-/// How often the files' metadata is looked at in case a watch missed a
-/// change.
-pub const POLL: Duration = Duration::from_secs(2);
 
 /// The outcome of the most recent reload, for `/rules` and tests.
 #[derive(Debug, Clone, Default)]
@@ -211,58 +199,22 @@ impl Reloader {
 
     /// Watches the rules path and the main file until the task is dropped.
     pub async fn watch(self: Arc<Self>) {
-        let (tx, mut rx) = mpsc::unbounded_channel::<()>();
         let (rules_path, main_path) = {
             let c = lock(&self.config);
             (c.rules_path.clone(), c.path.clone())
         };
-        // The main file's directory, for an edit or a rename over it; the
-        // poll covers what a watch misses.
-        let _main_watcher = main_path.parent().filter(|p| !p.as_os_str().is_empty()).and_then(|dir| {
-            let tx = tx.clone();
-            let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-                if res.is_ok() {
-                    let _ = tx.send(());
-                }
-            })
-            .ok()?;
-            w.watch(dir, RecursiveMode::NonRecursive).ok()?;
-            Some(w)
-        });
-        let _watcher = match watcher(&rules_path, tx) {
-            Ok(w) => Some(w),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot watch the rules path; polling every {POLL:?} instead");
-                None
-            }
-        };
-        let mut poll = tokio::time::interval(POLL);
-        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                ev = rx.recv() => {
-                    if ev.is_none() { return; }
-                    // Debounce: wait until events stop arriving for DEBOUNCE.
-                    loop {
-                        match tokio::time::timeout(DEBOUNCE, rx.recv()).await {
-                            Ok(Some(())) => continue,
-                            Ok(None) => return,
-                            Err(_) => break,
-                        }
-                    }
-                    self.poll_off_runtime().await;
-                }
-                _ = poll.tick() => self.poll_off_runtime().await,
-            }
+        // The rules path itself (a file, or a directory and what is in it),
+        // its parent, which sees the path being replaced (symlink swap,
+        // editors that write a new file and rename it over the old one), and
+        // the main file's directory; the poll covers what a watch misses.
+        let mut targets = vec![Target { path: rules_path.clone(), recursive: true, required: true }];
+        for dir in [watch::parent(&rules_path), watch::parent(&main_path)].into_iter().flatten() {
+            targets.push(Target { path: dir, recursive: false, required: false });
         }
-    }
-
-    /// [`Reloader::poll`] on a blocking thread.
-    async fn poll_off_runtime(self: &Arc<Self>) {
-        let me = self.clone();
-        if let Err(e) = tokio::task::spawn_blocking(move || me.poll()).await {
-            tracing::error!(error = %e, "the rules poll failed");
-        }
+        watch::watch("rules path", targets, move || {
+            self.poll();
+        })
+        .await;
     }
 }
 
@@ -300,76 +252,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn watcher(path: &Path, tx: mpsc::UnboundedSender<()>) -> notify::Result<notify::RecommendedWatcher> {
-    let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        if res.is_ok() {
-            let _ = tx.send(());
-        }
-    })?;
-    // The path itself (a file, or a directory and what is in it)...
-    w.watch(path, RecursiveMode::Recursive)?;
-    // ...and its parent, which sees the path being replaced (symlink swap,
-    // editors that write a new file and rename it over the old one).
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        let _ = w.watch(parent, RecursiveMode::NonRecursive);
-    }
-    Ok(w)
-}
-
-/// A summary of one file's metadata (0 when it cannot be read): follows
-/// symlinks, so a swapped link shows as another inode.
-pub(crate) fn file_fingerprint(path: &Path) -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = foldhash::quality::FixedState::with_seed(2).build_hasher();
-    match std::fs::metadata(path) {
-        Ok(meta) => write_metadata(&mut h, &meta),
-        Err(_) => return 0,
-    }
-    h.finish()
-}
-
-/// A cheap summary of the rules files: changes when any file is added,
-/// removed or edited, including through a swapped symlink. Reads metadata
-/// only, never contents.
+/// A cheap summary of the rules files (see [`files_fingerprint`]).
 fn fingerprint(path: &Path) -> u64 {
     fingerprint_racy(path).0
 }
 
-/// File times are as coarse as the kernel's clock tick (up to 10 ms): a
-/// file modified this recently may change again without its metadata
-/// changing.
-const RACY: Duration = Duration::from_millis(50);
-
-/// [`fingerprint`], and whether any file was modified within [`RACY`] of
-/// now.
+/// [`fingerprint`], and whether any file was modified too recently for
+/// its metadata to show a next change.
 fn fingerprint_racy(path: &Path) -> (u64, bool) {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = foldhash::quality::FixedState::with_seed(1).build_hasher();
-    let mut racy = false;
     let files: Vec<PathBuf> = crate::config::rule_files_or_empty(path);
-    for f in files {
-        h.write(f.as_os_str().as_encoded_bytes());
-        match std::fs::metadata(&f) {
-            Ok(meta) => {
-                write_metadata(&mut h, &meta);
-                racy |= meta.modified().is_ok_and(|m| m.elapsed().is_ok_and(|age| age < RACY));
-            }
-            Err(_) => h.write_u8(0),
-        }
-    }
-    (h.finish(), racy)
-}
-
-/// Size, modification and change times (to the nanosecond) and identity: an
-/// edit changes the times, a rename over the file or a swapped symlink the
-/// inode.
-fn write_metadata(h: &mut impl std::hash::Hasher, meta: &std::fs::Metadata) {
-    use std::os::unix::fs::MetadataExt;
-    h.write_u64(meta.len());
-    h.write_i64(meta.mtime());
-    h.write_i64(meta.mtime_nsec());
-    h.write_i64(meta.ctime());
-    h.write_i64(meta.ctime_nsec());
-    h.write_u64(meta.ino());
-    h.write_u64(meta.dev());
+    files_fingerprint(&files)
 }

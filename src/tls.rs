@@ -23,103 +23,32 @@
 //! expiry is `tollgate_tls_certificate_expiry_timestamp_seconds{name}`,
 //! kept current as certificates are re-read.
 
-mod client_auth;
-mod expiry;
-
-pub use client_auth::{ClientAuth, client_subject};
-
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use prometheus::{IntCounter, IntGaugeVec};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-use tokio::sync::mpsc;
 
-/// One `[[listen.tls]]` table, loaded: where it was read from, the chain
-/// and key, and the DNS names SNI chooses it by.
-#[derive(Debug, Clone)]
-pub struct Certificate {
-    pub cert_path: PathBuf,
-    pub key_path: PathBuf,
-    pub key: Arc<CertifiedKey>,
-    /// Lower-case DNS names of the end-entity certificate, wildcards as
-    /// `*.example.com`.
-    pub names: Vec<String>,
-    /// When the end-entity certificate expires (`notAfter`), in seconds
-    /// since the epoch; `None` if it could not be read.
-    pub not_after: Option<i64>,
-}
+use crate::config::der::common_name;
+use crate::config::pem::provider;
+use crate::config::watch::{self, Target, file_fingerprint, recently_modified};
+use crate::config::{Certificate, ClientAuth};
 
-impl Certificate {
-    /// Reads and checks a certificate chain and its key. Errors are plain
-    /// sentences naming the file at fault.
-    pub fn read(cert_path: &Path, key_path: &Path) -> Result<Certificate, String> {
-        let cert = std::fs::read(cert_path).map_err(|e| format!("cannot read {}: {e}", cert_path.display()))?;
-        let key = std::fs::read(key_path).map_err(|e| format!("cannot read {}: {e}", key_path.display()))?;
-        Certificate::from_pem(cert_path, &cert, key_path, &key)
-    }
-
-    /// [`Certificate::read`] from the files' contents.
-    pub fn from_pem(cert_path: &Path, cert: &[u8], key_path: &Path, key: &[u8]) -> Result<Certificate, String> {
-        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert)
-            .collect::<Result<_, _>>()
-            .map_err(|e| format!("{} is not a PEM certificate file ({e})", cert_path.display()))?;
-        let Some(leaf) = chain.first() else {
-            return Err(format!("{} holds no PEM certificate (-----BEGIN CERTIFICATE-----)", cert_path.display()));
-        };
-        let end_entity = webpki::EndEntityCert::try_from(leaf)
-            .map_err(|e| format!("the first certificate in {} cannot be parsed ({e})", cert_path.display()))?;
-        let names = end_entity.valid_dns_names().map(str::to_ascii_lowercase).collect();
-        let not_after = expiry::not_after(leaf);
-        let private = PrivateKeyDer::from_pem_slice(key)
-            .map_err(|e| format!("{} holds no PEM private key ({e})", key_path.display()))?;
-        let signing = provider()
-            .key_provider
-            .load_private_key(private)
-            .map_err(|e| format!("the private key in {} cannot be used ({e})", key_path.display()))?;
-        let certified = CertifiedKey::new(chain, signing);
-        certified.keys_match().map_err(|_| {
-            format!(
-                "the private key in {} does not go with the certificate in {}",
-                key_path.display(),
-                cert_path.display()
-            )
-        })?;
-        Ok(Certificate {
-            cert_path: cert_path.to_path_buf(),
-            key_path: key_path.to_path_buf(),
-            key: Arc::new(certified),
-            names,
-            not_after,
-        })
-    }
-
-    /// The `name` label of its expiry metric: its first DNS name, or for a
-    /// certificate without one its file.
-    pub fn metric_name(&self) -> String {
-        self.names.first().cloned().unwrap_or_else(|| self.cert_path.display().to_string())
-    }
-
-    /// Whether this certificate carries `name` (already known to be a DNS
-    /// name): exactly, or through a wildcard covering its first label.
-    fn covers(&self, name: &str) -> bool {
-        self.names.iter().any(|n| match n.strip_prefix("*.") {
-            Some(suffix) => {
-                name.split_once('.').is_some_and(|(label, rest)| !label.is_empty() && rest.eq_ignore_ascii_case(suffix))
-            }
-            None => n.eq_ignore_ascii_case(name),
-        })
-    }
-}
-
-/// The ring provider: the one crypto backend linked.
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+/// The common name of the subject of the client certificate `conn`
+/// verified, if it sent one and it has a common name: the `client_cert`
+/// key part.
+///
+/// The key is the certificate subject's common name: short, readable in
+/// bucket keys and logs, and what CAs for clients put the client's identity
+/// in. The whole distinguished name would need an RFC 4514 renderer (type
+/// names, escaping, multi-valued RDNs) for little gain. A certificate
+/// without a common name keys like a request without one.
+pub fn client_subject(conn: &rustls::ServerConnection) -> Option<Arc<[u8]>> {
+    // rustls only reports certificates its verifier accepted.
+    let leaf = conn.peer_certificates()?.first()?;
+    common_name(leaf).map(Arc::from)
 }
 
 /// Chooses the certificate for a handshake from the current set.
@@ -186,13 +115,6 @@ impl Tls {
         Ok(Tls { acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)), resolver })
     }
 }
-
-/// How long file events must pause before the certificates are re-read
-/// (a renewal writes the chain and the key one after the other).
-const DEBOUNCE: Duration = crate::reload::DEBOUNCE;
-/// How often the files' metadata is looked at in case a watch missed a
-/// change.
-const POLL: Duration = crate::reload::POLL;
 
 /// Re-reads the certificates when their files change.
 pub struct CertWatcher {
@@ -280,82 +202,35 @@ impl CertWatcher {
         replaced
     }
 
-    /// Watches the certificate and key files until the task is dropped.
+    /// Watches the directories holding the certificate and key files until
+    /// the task is dropped: a renewal usually replaces a file (rename, or a
+    /// swapped symlink as certbot's `live/` does), which a watch on the file
+    /// itself would miss.
     pub async fn watch(self: Arc<Self>) {
-        let (tx, mut rx) = mpsc::unbounded_channel::<()>();
-        let _watcher = match self.watcher(tx) {
-            Ok(w) => Some(w),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot watch the TLS files; polling every {POLL:?} instead");
-                None
-            }
-        };
-        let mut poll = tokio::time::interval(POLL);
-        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                ev = rx.recv() => {
-                    if ev.is_none() { return; }
-                    loop {
-                        match tokio::time::timeout(DEBOUNCE, rx.recv()).await {
-                            Ok(Some(())) => continue,
-                            Ok(None) => return,
-                            Err(_) => break,
-                        }
-                    }
-                    self.poll_off_runtime().await;
-                }
-                _ = poll.tick() => self.poll_off_runtime().await,
-            }
-        }
-    }
-
-    async fn poll_off_runtime(self: &Arc<Self>) {
-        let me = self.clone();
-        if let Err(e) = tokio::task::spawn_blocking(move || me.poll()).await {
-            tracing::error!(error = %e, "the TLS certificate poll failed");
-        }
-    }
-
-    /// Watches the directories holding the files: a renewal usually
-    /// replaces a file (rename, or a swapped symlink as certbot's `live/`
-    /// does), which a watch on the file itself would miss.
-    fn watcher(&self, tx: mpsc::UnboundedSender<()>) -> notify::Result<notify::RecommendedWatcher> {
-        use notify::{RecursiveMode, Watcher};
-        let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-            if res.is_ok() {
-                let _ = tx.send(());
-            }
-        })?;
         let mut dirs: Vec<PathBuf> = Vec::new();
         for c in self.resolver.current().iter() {
-            for p in [&c.cert_path, &c.key_path] {
-                if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty())
-                    && !dirs.iter().any(|d| d == dir)
-                {
-                    dirs.push(dir.to_path_buf());
+            for dir in [&c.cert_path, &c.key_path].into_iter().filter_map(|p| watch::parent(p)) {
+                if !dirs.contains(&dir) {
+                    dirs.push(dir);
                 }
             }
         }
-        for dir in &dirs {
-            w.watch(dir, RecursiveMode::NonRecursive)?;
-        }
-        Ok(w)
+        let targets = dirs.into_iter().map(|path| Target { path, recursive: false, required: true }).collect();
+        watch::watch("TLS files", targets, move || {
+            self.poll();
+        })
+        .await;
     }
 }
 
 fn fingerprints(c: &Certificate) -> (u64, u64) {
-    (crate::reload::file_fingerprint(&c.cert_path), crate::reload::file_fingerprint(&c.key_path))
-}
-
-fn recently_modified(path: &Path) -> bool {
-    std::fs::metadata(path)
-        .and_then(|m| m.modified())
-        .is_ok_and(|m| m.elapsed().is_ok_and(|age| age < Duration::from_millis(50)))
+    (file_fingerprint(&c.cert_path), file_fingerprint(&c.key_path))
 }
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     fn cert(names: &[&str]) -> Certificate {
@@ -383,22 +258,5 @@ mod tests {
         assert_eq!(chosen(Some("example.com")), 0, "nor the bare domain");
         assert_eq!(chosen(Some("default.test")), 0);
         assert_eq!(chosen(None), 0);
-    }
-
-    #[test]
-    fn a_key_of_another_certificate_is_refused() {
-        let a = rcgen::KeyPair::generate().expect("key");
-        let b = rcgen::KeyPair::generate().expect("key");
-        let pem = rcgen::CertificateParams::new(vec!["a.test".to_string()])
-            .expect("params")
-            .self_signed(&a)
-            .expect("certificate")
-            .pem();
-        let err =
-            Certificate::from_pem(Path::new("a.crt"), pem.as_bytes(), Path::new("b.key"), b.serialize_pem().as_bytes())
-                .expect_err("mismatched pair");
-        assert_eq!(err, "the private key in b.key does not go with the certificate in a.crt");
-        let err = Certificate::from_pem(Path::new("a.crt"), b"", Path::new("b.key"), b"").expect_err("empty");
-        assert!(err.contains("a.crt holds no PEM certificate"), "{err}");
     }
 }

@@ -10,17 +10,20 @@
 //! every reload.
 
 mod admin;
+pub(crate) mod der;
 mod envoy;
 mod error;
 mod listen;
 mod log;
 mod machine;
 mod overrides;
+pub mod pem;
 mod raw;
 mod rules_file;
 mod tls;
 mod upstream;
 mod upstream_tls;
+pub mod watch;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -38,6 +41,7 @@ pub use envoy::EnvoyMapping;
 pub use error::{ConfigError, ConfigErrors, line_col};
 pub use log::{AccessLogTarget, LogConfig};
 pub use overrides::{OverrideSpec, TierSource, TiersSpec};
+pub use pem::{Certificate, ClientAuth};
 pub use rules_file::{
     CalendarSpec, ClientSet, Cost, DenySpec, InvalidToken, KeyPart, LoadedRules, MatchSpec, PathPattern, RuleMode,
     RuleSpec, RulesFile, Throttle, load_rules, parse_rules, parse_rules_file, rule_files, rule_files_or_empty,
@@ -130,7 +134,7 @@ pub struct Listen {
     pub shutdown_delay: Duration,
     /// `[[listen.tls]]`, read and checked: when not empty the proxy
     /// listener speaks TLS only, and the first is the default certificate.
-    pub tls: Vec<crate::tls::Certificate>,
+    pub tls: Vec<Certificate>,
     /// A plain-HTTP listener answering 308 to the `https://` URL.
     pub http_redirect: Option<SocketAddr>,
     /// The public HTTPS port the redirects name (left out when 443): the
@@ -139,7 +143,7 @@ pub struct Listen {
     pub redirect_port: u16,
     /// `client_ca_file` and `client_auth`: client certificates asked for
     /// in the TLS handshake; none when `client_ca_file` is not set.
-    pub client_auth: Option<crate::tls::ClientAuth>,
+    pub client_auth: Option<ClientAuth>,
     /// `[listen] decision`: the decision API's listener (`POST /v1/check`,
     /// see [`crate::decision`]); none when not set.
     pub decision: Option<SocketAddr>,
@@ -513,7 +517,7 @@ impl Validator<'_> {
         }
         let tls_ca = store.tls_ca_file.as_ref().filter(|_| tls_url).and_then(|f| {
             let (path, pem) = self.read_relative(f)?;
-            if let Err(e) = crate::store::redis::tls_roots(&pem) {
+            if let Err(e) = pem::roots(&pem) {
                 self.error(f.span(), format!("{}: {e}", path.display()));
                 return None;
             }
@@ -524,18 +528,13 @@ impl Validator<'_> {
                 let cert = self.read_relative(c);
                 let key = self.read_relative(k);
                 match (cert, key) {
-                    (Some((cert_path, cert)), Some((key_path, key))) => {
-                        match crate::store::redis::tls_client_identity(&cert, &key) {
-                            Ok(_) => Some(TlsClientFiles { cert_path, cert, key_path, key }),
-                            Err(e) => {
-                                self.error(
-                                    c.span(),
-                                    format!("{} and {}: {e}", cert_path.display(), key_path.display()),
-                                );
-                                None
-                            }
+                    (Some((cert_path, cert)), Some((key_path, key))) => match pem::client_identity(&cert, &key) {
+                        Ok(_) => Some(TlsClientFiles { cert_path, cert, key_path, key }),
+                        Err(e) => {
+                            self.error(c.span(), format!("{} and {}: {e}", cert_path.display(), key_path.display()));
+                            None
                         }
-                    }
+                    },
                     _ => None,
                 }
             }

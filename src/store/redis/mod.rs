@@ -118,7 +118,6 @@ use crate::store::{Answer, Check, MemoryStore, Mode, Store, StoreError, memory};
 
 use check::RequestIds;
 use connection::{START_WAIT, keep_connected, log_errors, redact};
-pub use connection::{tls_client_identity, tls_roots};
 use scripts::Scripts;
 pub use scripts::{Outcome, Reply, fresh_bucket, parse_batch, redis_key, source as script_source, suffix};
 pub use slots::Slots;

@@ -1,9 +1,10 @@
-//! When a certificate expires: its `notAfter`, read from the DER of the
-//! end-entity certificate for `tollgate_tls_certificate_expiry_timestamp_seconds`.
+//! The two fields tollgate reads from a DER certificate itself: when it
+//! expires (`notAfter`, for `tollgate_tls_certificate_expiry_timestamp_seconds`)
+//! and its subject's common name (the `client_cert` key part).
 //!
-//! rustls and webpki check validity but do not expose it, and the few
-//! fields on the way to it (RFC 5280 §4.1) are read here rather than
-//! linking a whole X.509 parser for one date.
+//! rustls and webpki check validity but do not expose either, and the few
+//! fields on the way to them (RFC 5280 §4.1) are read here rather than
+//! linking a whole X.509 parser for one date and one name.
 
 /// `notAfter` of the DER certificate `cert`, in seconds since the epoch;
 /// `None` when it cannot be read.
@@ -28,7 +29,7 @@ pub fn not_after(cert: &[u8]) -> Option<i64> {
 
 /// The DER element at the start of `der`: its tag, its contents and what
 /// follows it.
-pub(super) fn element(der: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+fn element(der: &[u8]) -> Option<(u8, &[u8], &[u8])> {
     let (&tag, rest) = der.split_first()?;
     let (&first, rest) = rest.split_first()?;
     let (len, rest) = if first < 0x80 {
@@ -79,6 +80,40 @@ fn number(digits: &[u8]) -> Option<i64> {
     digits.iter().try_fold(0i64, |acc, &d| d.is_ascii_digit().then(|| acc * 10 + i64::from(d - b'0')))
 }
 
+/// The first common name (OID 2.5.4.3) in the subject of the DER
+/// certificate `cert`, its string's bytes as they are.
+pub fn common_name(cert: &[u8]) -> Option<&[u8]> {
+    const SEQUENCE: u8 = 0x30;
+    const SET: u8 = 0x31;
+    const VERSION: u8 = 0xa0;
+    const OID: u8 = 0x06;
+    const COMMON_NAME: &[u8] = &[0x55, 0x04, 0x03];
+    let (SEQUENCE, certificate, _) = element(cert)? else { return None };
+    let (SEQUENCE, tbs, _) = element(certificate)? else { return None };
+    // [0] version, serialNumber, signature, issuer, validity, subject.
+    let mut rest = tbs;
+    if element(rest)?.0 == VERSION {
+        rest = element(rest)?.2;
+    }
+    for _ in 0..4 {
+        rest = element(rest)?.2;
+    }
+    let (SEQUENCE, mut rdns, _) = element(rest)? else { return None };
+    while !rdns.is_empty() {
+        let (SET, mut attributes, next) = element(rdns)? else { return None };
+        while !attributes.is_empty() {
+            let (SEQUENCE, attribute, after) = element(attributes)? else { return None };
+            let (tag, oid, value) = element(attribute)?;
+            if tag == OID && oid == COMMON_NAME {
+                return Some(element(value)?.1);
+            }
+            attributes = after;
+        }
+        rdns = next;
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,5 +141,23 @@ mod tests {
         assert_eq!(timestamp(0x17, b"20000101000000Z"), None);
         assert_eq!(timestamp(0x18, b"2000010100000aZ"), None);
         assert_eq!(timestamp(0x18, b"20001301000000Z"), None);
+    }
+
+    fn der(cn: Option<&str>) -> Vec<u8> {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut params = rcgen::CertificateParams::new(vec!["a.test".to_string()]).expect("params");
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params.distinguished_name.push(rcgen::DnType::OrganizationName, "Example");
+        if let Some(cn) = cn {
+            params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        }
+        params.self_signed(&key).expect("certificate").der().to_vec()
+    }
+
+    #[test]
+    fn reads_the_common_name_after_other_attributes() {
+        assert_eq!(common_name(&der(Some("alice"))), Some(&b"alice"[..]));
+        assert_eq!(common_name(&der(None)), None);
+        assert_eq!(common_name(b""), None);
     }
 }
