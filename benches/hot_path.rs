@@ -15,9 +15,10 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use http::{HeaderMap, HeaderValue, Method};
 use tollgate::clock::{ManualClock, SystemClock};
 use tollgate::config::{Config, parse_rules};
-use tollgate::headers::{self, RuleReport};
+use tollgate::headers;
 use tollgate::limiter::{self, Algorithm, Cell, Limits, NANOS_PER_SEC};
 use tollgate::metrics::Metrics;
+use tollgate::rules::RuleReport;
 use tollgate::rules::{RequestFacts, RuleSet};
 use tollgate::store::{Check, MemoryStore, Mode};
 

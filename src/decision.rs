@@ -39,9 +39,10 @@ use tokio::sync::Semaphore;
 
 use crate::config::{Cost, KeyPart, OnError, TierSource};
 use crate::error::json_response;
-use crate::headers::{self, RuleReport};
+use crate::headers;
 use crate::limiter::{NANOS_PER_SEC, Nanos, ceil_secs};
 use crate::proxy::Proxy;
+use crate::rules::RuleReport;
 use crate::rules::{Plan, RequestFacts, Rule};
 
 /// The largest request body read: a check is a few hundred bytes; anything

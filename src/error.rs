@@ -195,7 +195,7 @@ impl ProxyError {
         self,
         request_id: &HeaderValue,
         head: &headers::RejectHead,
-        report: &headers::RuleReport<'_>,
+        report: &impl headers::Report,
     ) -> Response<Full<Bytes>> {
         let Some(retry) = self.retry_after().filter(|_| self.status() == StatusCode::TOO_MANY_REQUESTS) else {
             let mut resp = self.into_response(request_id);

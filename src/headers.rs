@@ -8,9 +8,6 @@
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
-use crate::limiter::{Verdict, ceil_secs};
-use crate::rules::{Plan, Rule};
-
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
@@ -18,35 +15,26 @@ pub const X_RATELIMIT_RETRY_AFTER: HeaderName = HeaderName::from_static("x-ratel
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
-/// What one matching rule reported for this request, as the client sees it.
-#[derive(Clone, Copy)]
-pub struct RuleReport<'r> {
-    pub rule: &'r Rule,
-    /// The limits the request was checked against: the rule's own, an
-    /// override's or a tier's.
-    pub plan: &'r Plan,
-    /// Requests left, against the rule's nominal limit (soft and elastic
-    /// headroom is not advertised).
-    pub remaining: u64,
+/// What one matching rule reported for a request, as the client sees it:
+/// the values the headers are written from. The rules implement it
+/// ([`crate::rules::RuleReport`]), so that this module works on plain
+/// values and knows nothing of rules.
+pub trait Report {
+    /// The rule's name as a structured-field string, quotes included.
+    fn quoted_name(&self) -> &str;
+    /// The limit as the `X-RateLimit-Limit` value.
+    fn limit_value(&self) -> &HeaderValue;
+    /// The rule's part of `RateLimit-Policy`: `"name";q=5;w=60`.
+    fn policy(&self) -> &str;
+    /// The same as a header value, rendered at reload; `None` for a
+    /// calendar rule, whose window changes.
+    fn policy_value(&self) -> Option<&HeaderValue>;
+    /// A calendar rule's current window, in seconds; `None` for others.
+    fn calendar_window_secs(&self) -> Option<u64>;
+    /// Requests left, against the rule's nominal limit.
+    fn remaining(&self) -> u64;
     /// Seconds until the quota is fully available again.
-    pub reset_secs: u64,
-}
-
-impl<'r> RuleReport<'r> {
-    /// Turns a store verdict into what the client is told. Throttling
-    /// headroom above the nominal capacity is subtracted, so a soft rule
-    /// shows remaining 0 at its nominal limit while it still admits.
-    pub fn new(rule: &'r Rule, verdict: &Verdict, effective_capacity: u64) -> Self {
-        RuleReport::of(rule, &rule.plan, verdict, effective_capacity)
-    }
-
-    /// [`new`](Self::new) for a request checked against `plan`, one of
-    /// the rule's.
-    pub fn of(rule: &'r Rule, plan: &'r Plan, verdict: &Verdict, effective_capacity: u64) -> Self {
-        let headroom = effective_capacity.saturating_sub(plan.nominal.capacity());
-        let remaining = if verdict.allowed { verdict.remaining.saturating_sub(headroom) } else { 0 };
-        RuleReport { rule, plan, remaining, reset_secs: ceil_secs(verdict.reset_after) }
-    }
+    fn reset_secs(&self) -> u64;
 }
 
 /// A whole number as a header value. Those below [`SMALL`] (retry and
@@ -125,15 +113,15 @@ fn digits(n: u64) -> usize {
 /// remaining is lower than tollgate's stays as the upstream sent it. With no
 /// upstream headers (the common case) this costs nothing more than writing
 /// tollgate's own.
-pub fn write(headers: &mut HeaderMap, reports: &[RuleReport<'_>], primary: usize) {
+pub fn write<R: Report>(headers: &mut HeaderMap, reports: &[R], primary: usize) {
     let Some(p) = reports.get(primary) else { return };
-    match headers.insert(X_RATELIMIT_REMAINING, number(p.remaining)) {
-        Some(theirs) if parse_u64(&theirs).is_some_and(|t| t < p.remaining) => {
+    match headers.insert(X_RATELIMIT_REMAINING, number(p.remaining())) {
+        Some(theirs) if parse_u64(&theirs).is_some_and(|t| t < p.remaining()) => {
             headers.insert(X_RATELIMIT_REMAINING, theirs);
         }
         _ => {
-            headers.insert(X_RATELIMIT_LIMIT, p.plan.limit_value.clone());
-            headers.insert(X_RATELIMIT_RESET, number(p.reset_secs));
+            headers.insert(X_RATELIMIT_LIMIT, p.limit_value().clone());
+            headers.insert(X_RATELIMIT_RESET, number(p.reset_secs()));
         }
     }
 
@@ -143,18 +131,18 @@ pub fn write(headers: &mut HeaderMap, reports: &[RuleReport<'_>], primary: usize
         if i > 0 {
             policy.push_str(", ");
         }
-        if reports.len() > 1 || r.plan.policy_value.is_none() {
-            policy.push_str(&r.plan.policy);
-            if let Some(c) = &r.rule.calendar {
+        if reports.len() > 1 || r.policy_value().is_none() {
+            policy.push_str(r.policy());
+            if let Some(w) = r.calendar_window_secs() {
                 // The current calendar window's length.
                 policy.push_str(";w=");
-                policy.push_str(buffer.format(c.window_secs()));
+                policy.push_str(buffer.format(w));
             }
         }
     }
     // One rule, the common case: its policy value was rendered at reload.
     if let [only] = reports
-        && let Some(v) = &only.plan.policy_value
+        && let Some(v) = only.policy_value()
     {
         headers.append(RATELIMIT_POLICY, v.clone());
     }
@@ -213,14 +201,14 @@ impl RejectHead {
     /// The headers of one rejection of request `request_id` by `report`'s
     /// rule, the only one the request matched: retry after `retry_secs`
     /// (at least 1, as [`write_retry_after`] writes it).
-    pub fn render(&self, request_id: &HeaderValue, retry_secs: u64, report: &RuleReport<'_>) -> HeaderMap {
+    pub fn render<R: Report>(&self, request_id: &HeaderValue, retry_secs: u64, report: &R) -> HeaderMap {
         let mut h = self.0.clone();
         let retry = number(retry_secs.max(1));
         for (i, (_, v)) in h.iter_mut().enumerate() {
             match i {
                 HEAD_REQUEST_ID => *v = request_id.clone(),
                 HEAD_RETRY_AFTER | HEAD_X_RETRY_AFTER => *v = retry.clone(),
-                HEAD_RESET => *v = number(report.reset_secs),
+                HEAD_RESET => *v = number(report.reset_secs()),
                 HEAD_RATELIMIT => {
                     if let Some(s) = state(std::slice::from_ref(report)) {
                         *v = s;
@@ -237,12 +225,12 @@ impl RejectHead {
 /// Rule names are validated to printable ASCII without quotes or
 /// backslashes (the sf-string alphabet, nothing to escape), so this is
 /// `None` only if that ever changes.
-fn state(reports: &[RuleReport<'_>]) -> Option<HeaderValue> {
+fn state<R: Report>(reports: &[R]) -> Option<HeaderValue> {
     // Written into a buffer of its exact length, which then becomes the
     // header value without another copy.
     let len = reports
         .iter()
-        .map(|r| r.rule.quoted_name.len() + 6 + digits(r.remaining) + digits(r.reset_secs))
+        .map(|r| r.quoted_name().len() + 6 + digits(r.remaining()) + digits(r.reset_secs()))
         .sum::<usize>()
         + 2 * reports.len().saturating_sub(1);
     let mut state = Vec::with_capacity(len);
@@ -251,11 +239,11 @@ fn state(reports: &[RuleReport<'_>]) -> Option<HeaderValue> {
         if i > 0 {
             state.extend_from_slice(b", ");
         }
-        state.extend_from_slice(r.rule.quoted_name.as_bytes());
+        state.extend_from_slice(r.quoted_name().as_bytes());
         state.extend_from_slice(b";r=");
-        state.extend_from_slice(buffer.format(r.remaining).as_bytes());
+        state.extend_from_slice(buffer.format(r.remaining()).as_bytes());
         state.extend_from_slice(b";t=");
-        state.extend_from_slice(buffer.format(r.reset_secs).as_bytes());
+        state.extend_from_slice(buffer.format(r.reset_secs()).as_bytes());
     }
     HeaderValue::from_maybe_shared(Bytes::from(state)).ok()
 }
@@ -268,8 +256,8 @@ pub fn write_retry_after(headers: &mut HeaderMap, secs: u64) {
 }
 
 /// The index of the most restrictive report: least remaining, first on ties.
-pub fn most_restrictive(reports: &[RuleReport<'_>]) -> usize {
-    reports.iter().enumerate().min_by_key(|(i, r)| (r.remaining, *i)).map_or(0, |(i, _)| i)
+pub fn most_restrictive<R: Report>(reports: &[R]) -> usize {
+    reports.iter().enumerate().min_by_key(|(i, r)| (r.remaining(), *i)).map_or(0, |(i, _)| i)
 }
 
 #[cfg(test)]

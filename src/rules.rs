@@ -8,6 +8,10 @@
 //! each `[[rule.override]]`'s, each tier's) with its `RateLimit-Policy` item
 //! and `X-RateLimit-Limit` value.
 
+mod report;
+
+pub use report::RuleReport;
+
 use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -784,6 +788,14 @@ pub(crate) fn form_decode(s: &str) -> Vec<u8> {
 /// Window length in nanoseconds as whole seconds, at least 1.
 pub fn whole_secs(ns: Nanos) -> u64 {
     ns.div_ceil(NANOS_PER_SEC).max(1)
+}
+
+impl crate::top::Sketched for RuleSet {
+    fn each_sketch(&mut self, f: &mut dyn FnMut(&str, &mut Option<std::sync::Arc<crate::top::RuleTop>>)) {
+        for rule in &mut self.rules {
+            f(&rule.spec.name, &mut rule.top);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -37,7 +37,6 @@ pub use space_saving::SpaceSaving;
 
 use crate::clock::SharedClock;
 use crate::limiter::Nanos;
-use crate::rules::RuleSet;
 
 /// How long one period lasts: a report covers the current one and the one
 /// before.
@@ -83,6 +82,14 @@ impl By {
     fn index(self) -> usize {
         self as usize
     }
+}
+
+/// Rules that each hold their sketches, by name: the rule set
+/// ([`crate::rules::RuleSet`]), which this module sits below and does not
+/// name.
+pub trait Sketched {
+    /// Calls `f` with each rule's name and where its sketches go.
+    fn each_sketch(&mut self, f: &mut dyn FnMut(&str, &mut Option<Arc<RuleTop>>));
 }
 
 /// The sketches of every rule in force, kept across reloads by rule name.
@@ -174,17 +181,17 @@ impl TopKeys {
     /// Gives every rule of `set` its sketches: a rule kept by a reload
     /// keeps what it counted; the sketches of rules gone are dropped, so
     /// memory follows the rules in force.
-    pub fn attach(&self, set: &mut RuleSet) {
+    pub fn attach(&self, set: &mut impl Sketched) {
         let mut by_rule = lock(&self.by_rule);
-        let mut next = HashMap::with_capacity(set.rules.len());
-        for rule in &mut set.rules {
-            let top = match by_rule.remove(rule.name()).or_else(|| next.get(rule.name()).cloned()) {
+        let mut next = HashMap::new();
+        set.each_sketch(&mut |name, slot| {
+            let top = match by_rule.remove(name).or_else(|| next.get(name).cloned()) {
                 Some(top) => top,
                 None => Arc::new(RuleTop::new(self.capacity, self.shards)),
             };
-            next.insert(rule.name().to_string(), top.clone());
-            rule.top = Some(top);
-        }
+            next.insert(name.to_string(), top.clone());
+            *slot = Some(top);
+        });
         *by_rule = next;
     }
 

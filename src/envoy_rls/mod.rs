@@ -28,8 +28,8 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::decision::Ask;
-use crate::headers::RuleReport;
 use crate::proxy::Proxy;
+use crate::rules::RuleReport;
 use crate::rules::{Plan, Rule};
 use proto::envoy::config::core::v3::HeaderValue;
 use proto::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit};

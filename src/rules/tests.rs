@@ -9,8 +9,9 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method};
 
 use super::*;
 use crate::config::{Config, parse_rules};
-use crate::headers::{self, RuleReport};
+use crate::headers;
 use crate::limiter::{Algorithm, Verdict};
+use crate::rules::RuleReport;
 
 const SEC: Nanos = NANOS_PER_SEC;
 
@@ -842,9 +843,9 @@ fn ties_go_to_the_first_rule() {
 
 #[test]
 fn no_rule_no_headers() {
-    assert_eq!(headers::most_restrictive(&[]), 0);
+    assert_eq!(headers::most_restrictive::<RuleReport<'_>>(&[]), 0);
     let mut h = HeaderMap::new();
-    headers::write(&mut h, &[], 0);
+    headers::write::<RuleReport<'_>>(&mut h, &[], 0);
     assert!(h.is_empty());
     // An out-of-range primary writes nothing rather than panicking.
     let s = one("");

@@ -10,6 +10,7 @@ use crate::clock::ManualClock;
 use crate::config::{Config, parse_rules};
 use crate::limiter::NANOS_PER_SEC;
 use crate::metrics::Metrics;
+use crate::rules::RuleSet;
 
 /// An instant at the start of a period, far from the epoch.
 const T0: Nanos = 1_000 * PERIOD_NANOS;
