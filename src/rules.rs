@@ -19,6 +19,7 @@ use std::time::SystemTime;
 
 use http::{HeaderMap, Method};
 
+use crate::config::key::{encode, push_sha256_hex, tag};
 use crate::config::{
     Cost, DenySpec, EnvoyMapping, KeyPart, LoadedRules, PathPattern, RuleMode, RuleSpec, Throttle, TierSource,
 };
@@ -687,60 +688,6 @@ fn path_fits(pattern: Option<&PathPattern>, path: &str) -> bool {
         None => true,
         Some(PathPattern::Exact(p)) => p == crate::normalize::match_path(path),
         Some(PathPattern::Prefix(p)) => path.starts_with(p.as_str()) || p.strip_suffix('/') == Some(path),
-    }
-}
-
-/// The tag of a key part in bucket keys.
-pub(crate) fn tag(part: &KeyPart) -> &'static str {
-    match part {
-        KeyPart::Ip => "ip",
-        KeyPart::User => "user",
-        KeyPart::ApiKey => "api_key",
-        KeyPart::Route => "route",
-        KeyPart::Method => "method",
-        KeyPart::Path => "path",
-        KeyPart::ClientCert => "client_cert",
-        KeyPart::Header(_) => "h",
-        KeyPart::Query(_) => "q",
-    }
-}
-
-/// Appends the SHA-256 of `value` as 64 lower-case hex digits.
-pub(crate) fn push_sha256_hex(out: &mut String, value: &[u8]) {
-    use sha2::Digest as _;
-    for b in sha2::Sha256::digest(value) {
-        let _ = write!(out, "{b:02x}");
-    }
-}
-
-/// Longest key value kept as text; longer values (a client stuffing a
-/// megabyte into its user header) are replaced by a hash of themselves, so a
-/// key stays small and still distinct.
-const MAX_VALUE_BYTES: usize = 128;
-
-/// Appends `value`, percent-encoding every byte outside a small safe set:
-/// an injective encoding that keeps `|`, `{`, `}` and control bytes out of
-/// keys (the Redis store puts keys inside a `{hash tag}`).
-pub(crate) fn encode(out: &mut String, value: &[u8]) {
-    if value.len() > MAX_VALUE_BYTES {
-        // Every instance must derive the same key, and no client may craft
-        // a value whose key is a victim's: a cryptographic hash with no
-        // secret, its first 128 bits (a seeded 64-bit hash was collidable
-        // by anyone who read the seed).
-        use sha2::Digest as _;
-        out.push('~');
-        for b in &sha2::Sha256::digest(value)[..16] {
-            let _ = write!(out, "{b:02x}");
-        }
-        let _ = write!(out, "{:x}", value.len());
-        return;
-    }
-    for &b in value {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b':' | b'/' | b'@' | b'+' | b',') {
-            out.push(b as char);
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
     }
 }
 

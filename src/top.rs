@@ -50,8 +50,8 @@ pub const TICK: Duration = Duration::from_secs(1);
 /// and each shard is memory.
 pub const MAX_SHARDS: usize = 8;
 
-/// Most `[admin] top_keys`.
-pub const MAX_TOP_KEYS: usize = 10_000;
+/// Most `[admin] top_keys`, checked by the config.
+pub use crate::config::MAX_TOP_KEYS;
 
 /// What a report ranks keys by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,6 +13,7 @@ mod admin;
 pub(crate) mod der;
 mod envoy;
 mod error;
+pub mod key;
 mod listen;
 mod log;
 mod machine;
@@ -20,6 +21,7 @@ mod overrides;
 pub mod pem;
 mod raw;
 mod rules_file;
+mod spec;
 mod tls;
 mod upstream;
 mod upstream_tls;
@@ -36,15 +38,17 @@ use toml::Spanned;
 
 pub use crate::normalize::{EncodedSlashes, Normalization};
 
-pub use admin::AdminConfig;
+pub use admin::{AdminConfig, MAX_TOP_KEYS};
 pub use envoy::EnvoyMapping;
 pub use error::{ConfigError, ConfigErrors, line_col};
 pub use log::{AccessLogTarget, LogConfig};
-pub use overrides::{OverrideSpec, TierSource, TiersSpec};
 pub use pem::{Certificate, ClientAuth};
 pub use rules_file::{
-    CalendarSpec, ClientSet, Cost, DenySpec, InvalidToken, KeyPart, LoadedRules, MatchSpec, PathPattern, RuleMode,
-    RuleSpec, RulesFile, Throttle, load_rules, parse_rules, parse_rules_file, rule_files, rule_files_or_empty,
+    LoadedRules, RulesFile, load_rules, parse_rules, parse_rules_file, rule_files, rule_files_or_empty,
+};
+pub use spec::{
+    CalendarSpec, ClientSet, Cost, DenySpec, InvalidToken, KeyPart, MatchSpec, OverrideSpec, PathPattern, RuleMode,
+    RuleSpec, Throttle, TierSource, TiersSpec,
 };
 pub use upstream::{
     Balance, HashKey, HealthCheck, MIN_RETRY_CONCURRENCY, POOL_IDLE_TIMEOUT, Protocol, Server, Upstream, UpstreamTls,
