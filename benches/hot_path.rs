@@ -13,9 +13,9 @@ use std::sync::{Arc, Mutex};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use http::{HeaderMap, HeaderValue, Method};
-use tollgate::clock::{ManualClock, SystemClock};
 use tollgate::config::{Config, parse_rules};
 use tollgate::headers;
+use tollgate::limiter::clock::{ManualClock, SystemClock};
 use tollgate::limiter::{self, Algorithm, Cell, Limits, NANOS_PER_SEC};
 use tollgate::metrics::Metrics;
 use tollgate::rules::RuleReport;
@@ -174,7 +174,7 @@ fn algorithms(c: &mut Criterion) {
     g.bench_function("naive_global_mutex_fixed_window", |b| {
         b.iter(|| {
             i = (i + 1) % keys.len();
-            let now = tollgate::clock::Clock::now(&clock);
+            let now = tollgate::limiter::clock::Clock::now(&clock);
             let window = now / NANOS_PER_SEC;
             let mut map = naive.lock().unwrap_or_else(|p| p.into_inner());
             let e = map.entry(keys[i].clone()).or_insert((window, 0));

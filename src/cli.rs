@@ -19,9 +19,9 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 
-use crate::clock::SystemClock;
 use crate::config::{Backend, Config, ConfigErrors, load_rules};
 use crate::limiter::Verdict;
+use crate::limiter::clock::SystemClock;
 use crate::metrics::Metrics;
 use crate::rules::{RequestFacts, RuleSet};
 use crate::store::{Check, MemoryStore, Mode, RedisStore, Store};

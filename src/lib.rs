@@ -34,7 +34,7 @@
 //! | [`rules`] | the compiled rule set: which rules match, the bucket key and limits (overrides, tiers) of each |
 //! | [`store`] | the [`store::Store`] trait; [`store::memory`] keeps counters in this process, [`store::redis`] in a shared Redis (Cluster) |
 //! | [`limiter`] | the six algorithms' arithmetic, pure, time injected |
-//! | [`calendar`] | `calendar` rules: where the current day, week or month starts in the rule's time zone |
+//! | [`limiter::calendar`] | `calendar` rules: where the current day, week or month starts in the rule's time zone |
 //! | [`headers`] | `X-RateLimit-*`, `RateLimit-Policy`, `RateLimit`, `Retry-After` |
 //! | [`error`] | every status tollgate answers itself, with its JSON body |
 //! | [`request_id`] | `X-Request-Id`: kept from a trusted proxy or generated, sent upstream and in every answer |
@@ -53,7 +53,7 @@
 //! | [`metrics`] | Prometheus metrics on an explicit registry |
 //! | [`summary`] | a periodic `info` log line: requests allowed and limited since the last one |
 //! | [`top`] | the heaviest keys of each rule (`/top`, `tollgate top`) in fixed-memory sketches |
-//! | [`clock`] | wall-clock time, or a manual clock for tests |
+//! | [`limiter::clock`] | wall-clock time, or a manual clock for tests |
 //! | [`cli`] | the `tollgate` command line: run, `check`, `explain`, `top` |
 //! | [`process`] | what the binaries share: the async runtime, logging, the shutdown signals (SIGTERM: lame duck first; SIGINT: drain at once), SIGHUP (reload) and SIGUSR1 (reopen the access log) |
 //! | [`floor`] | `tollgate-floor`: the same server setup and upstream pool with nothing between them, a bench target |
@@ -78,17 +78,15 @@
 //! | 4 | [`metrics`] [`access_log`] [`summary`] | what tollgate tells operators |
 //! | 3 | [`config`] | reading and validating the configuration |
 //! | 2 | [`normalize`] [`client`] [`identity`] [`request_id`] [`via`] [`headers`] [`error`] | the HTTP a request arrives as and an answer leaves as |
-//! | 1 | [`limiter`] [`calendar`] [`clock`] | the algorithms' arithmetic and time, pure |
+//! | 1 | [`limiter`] | the algorithms' arithmetic, calendar windows and time, pure |
 
 #![forbid(unsafe_code)]
 
 pub mod access_log;
 pub mod admin;
 pub mod balance;
-pub mod calendar;
 pub mod cli;
 pub mod client;
-pub mod clock;
 pub mod config;
 pub mod connection;
 pub mod decision;

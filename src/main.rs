@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use clap::Parser;
 use tollgate::cli::{self, Cli, Command};
-use tollgate::clock::SystemClock;
 use tollgate::config::Config;
+use tollgate::limiter::clock::SystemClock;
 use tollgate::process;
 use tollgate::server::{Server, StartError};
 

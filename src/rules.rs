@@ -88,7 +88,7 @@ pub struct Rule {
     pub window_secs: u64,
     /// A `calendar` rule's current window; `None` for every other rule,
     /// which then never reads the clock here.
-    pub calendar: Option<Box<crate::calendar::Calendar>>,
+    pub calendar: Option<Box<crate::limiter::calendar::Calendar>>,
     /// The start of every key of this rule: the encoded name and a `|`.
     key_prefix: String,
     pub counters: RuleCounters,
@@ -401,7 +401,7 @@ impl Rule {
         key_prefix.push('|');
         let counters = metrics.rule_counters(&spec.name);
         let calendar =
-            spec.calendar.as_ref().map(|c| Box::new(crate::calendar::Calendar::new(c.period, c.zone.clone())));
+            spec.calendar.as_ref().map(|c| Box::new(crate::limiter::calendar::Calendar::new(c.period, c.zone.clone())));
         Rule { spec, plan: own, variants, quoted_name, window_secs, calendar, key_prefix, counters, top: None }
     }
 
@@ -550,12 +550,12 @@ impl Rule {
     /// applied, and for a calendar rule the current calendar window.
     /// `clock` is read for calendar rules only (the store's clock, so the
     /// memory store counts in the window computed here).
-    pub fn limits_of(&self, plan: &Plan, inflight: usize, clock: &dyn crate::clock::Clock) -> Limits {
+    pub fn limits_of(&self, plan: &Plan, inflight: usize, clock: &dyn crate::limiter::clock::Clock) -> Limits {
         self.in_calendar(self.throttled(plan, inflight), clock)
     }
 
     /// `limits` in the current calendar window, for a calendar rule.
-    pub fn in_calendar(&self, limits: Limits, clock: &dyn crate::clock::Clock) -> Limits {
+    pub fn in_calendar(&self, limits: Limits, clock: &dyn crate::limiter::clock::Clock) -> Limits {
         match &self.calendar {
             None => limits,
             Some(c) => {

@@ -22,10 +22,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::admin::Admin;
-use crate::clock::SharedClock;
 use crate::config::{Backend, Config, ConfigErrors, load_rules};
 use crate::connection::{ConnectionSetup, Slot, serve_connection};
 use crate::drain::Drain;
+use crate::limiter::clock::SharedClock;
 use crate::metrics::Metrics;
 use crate::process::Stop;
 use crate::proxy::Proxy;

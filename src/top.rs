@@ -35,8 +35,8 @@ use std::time::Duration;
 
 pub use space_saving::SpaceSaving;
 
-use crate::clock::SharedClock;
 use crate::limiter::Nanos;
+use crate::limiter::clock::SharedClock;
 
 /// How long one period lasts: a report covers the current one and the one
 /// before.

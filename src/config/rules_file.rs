@@ -456,7 +456,7 @@ impl Validator<'_> {
             self.error(t.span(), "slot_ttl applies to algorithm = \"concurrency\" only");
             ok = false;
         }
-        let period = crate::calendar::Period::parse(raw.get_ref().trim());
+        let period = crate::limiter::calendar::Period::parse(raw.get_ref().trim());
         if period.is_none() {
             self.error(raw.span(), format!("calendar {:?} is not one of day, week, month", raw.get_ref()));
         }

@@ -156,7 +156,7 @@ pub(super) const MAX_SLOT_TTL: Duration = Duration::from_secs(3600);
 /// `calendar` and `timezone`: a quota per calendar window.
 #[derive(Debug, Clone)]
 pub struct CalendarSpec {
-    pub period: crate::calendar::Period,
+    pub period: crate::limiter::calendar::Period,
     /// The IANA name as written (`"UTC"` when left out).
     pub timezone: String,
     pub zone: jiff::tz::TimeZone,
@@ -175,7 +175,7 @@ pub struct RuleSpec {
     pub limit: u64,
     /// The window; for `algorithm = "concurrency"`, the slot TTL
     /// (`slot_ttl`), the one duration such a rule has; for a `calendar`
-    /// rule, its longest window ([`crate::calendar::Period::longest`]).
+    /// rule, its longest window ([`crate::limiter::calendar::Period::longest`]).
     pub window: Duration,
     /// `calendar`: windows on calendar boundaries rather than of `window`.
     pub calendar: Option<CalendarSpec>,

@@ -6,9 +6,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::*;
-use crate::clock::ManualClock;
 use crate::config::{Config, parse_rules};
 use crate::limiter::NANOS_PER_SEC;
+use crate::limiter::clock::ManualClock;
 use crate::metrics::Metrics;
 use crate::rules::RuleSet;
 

@@ -110,7 +110,7 @@ fn headers_report_the_limits_the_request_was_checked_against() {
     r.key(&facts, &mut k).expect("key");
     let p = r.plan_for(&k, &facts);
     // Soft headroom applies to an override's limits as to the rule's.
-    let limits = r.limits_of(p, 0, &crate::clock::SystemClock);
+    let limits = r.limits_of(p, 0, &crate::limiter::clock::SystemClock);
     assert_eq!((limits.limit, limits.burst), (60, 60));
     let reports = [RuleReport::of(r, p, &verdict(true, 50, 1_000), limits.capacity())];
     let mut h = HeaderMap::new();

@@ -110,8 +110,8 @@ use fred::clients::{Client, Pool};
 use fred::interfaces::{ClientLike, EventInterface};
 use tokio::task::JoinHandle;
 
-use crate::clock::SharedClock;
 use crate::config::StoreConfig;
+use crate::limiter::clock::SharedClock;
 use crate::limiter::{Nanos, Verdict};
 use crate::metrics::Metrics;
 use crate::store::{Answer, Check, MemoryStore, Mode, Store, StoreError, memory};
@@ -238,7 +238,7 @@ impl RedisStore {
 
     /// The clock of the local fallback (Redis itself counts on the server's
     /// clock).
-    pub fn clock(&self) -> &dyn crate::clock::Clock {
+    pub fn clock(&self) -> &dyn crate::limiter::clock::Clock {
         self.shared.local.clock()
     }
 

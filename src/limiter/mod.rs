@@ -14,13 +14,16 @@
 //! rejected request must never consume quota, so nothing is written until
 //! every rule has answered.
 //!
-//! [`Clock`]: crate::clock::Clock
+//! [`Clock`]: crate::limiter::clock::Clock
 
 use std::collections::VecDeque;
 
 use serde::Deserialize;
 
+pub mod calendar;
+pub mod clock;
 mod settle;
+
 pub use settle::{refundable, settle, settles};
 
 /// Nanoseconds since the UNIX epoch. Fixed and sliding windows are aligned to
@@ -118,7 +121,7 @@ pub struct Limits {
     /// Where a fixed window's windows are aligned: 0 (the epoch) for a rule
     /// with a `window`, the current window's start for a `calendar` rule,
     /// whose `window` is then that window's length (see
-    /// [`crate::calendar`]).
+    /// [`crate::limiter::calendar`]).
     pub origin: Nanos,
 }
 
