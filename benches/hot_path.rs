@@ -14,13 +14,13 @@ use std::sync::{Arc, Mutex};
 use criterion::{Criterion, criterion_group, criterion_main};
 use http::{HeaderMap, HeaderValue, Method};
 use tollgate::config::{Config, parse_rules};
-use tollgate::headers;
 use tollgate::limiter::clock::{ManualClock, SystemClock};
 use tollgate::limiter::{self, Algorithm, Cell, Limits, NANOS_PER_SEC};
 use tollgate::metrics::Metrics;
 use tollgate::rules::RuleReport;
 use tollgate::rules::{RequestFacts, RuleSet};
 use tollgate::store::{Check, MemoryStore, Mode};
+use tollgate::wire::headers;
 
 const MAIN: &str = r#"
 [[upstream]]
@@ -242,7 +242,7 @@ fn header_rendering(c: &mut Criterion) {
 /// request, against the remembered identity on the requests that follow.
 fn jwt_identity(c: &mut Criterion) {
     use jsonwebtoken::{Algorithm as Jwa, EncodingKey, Header};
-    use tollgate::identity::{Identity, JwtConfig, JwtVerifier, KeySource};
+    use tollgate::wire::identity::{Identity, JwtConfig, JwtVerifier, KeySource};
 
     // A key pair made for this benchmark only (benches/fixtures/).
     let private = include_bytes!("fixtures/bench-rsa-private.pem");

@@ -273,7 +273,7 @@ impl Note<'_> {
         self.0.is_some()
     }
 
-    /// The client address as tollgate resolved it (see [`crate::client`]).
+    /// The client address as tollgate resolved it (see [`crate::wire::client`]).
     pub fn client(&mut self, ip: IpAddr) {
         if let Some(e) = &mut self.0 {
             e.client = ip;

@@ -27,10 +27,10 @@ use http_body_util::Full;
 use serde_json::json;
 
 use crate::config::{Cost, OnError};
-use crate::error::{AdminError, json_response};
 use crate::proxy::Proxy;
 use crate::reload::Reloader;
 use crate::store::Store;
+use crate::wire::error::{AdminError, json_response};
 
 /// How long `/readyz` waits for the store to answer a ping.
 const READY_PING_TIMEOUT: Duration = Duration::from_millis(500);

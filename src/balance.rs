@@ -51,7 +51,7 @@ impl Balancer {
     /// balances, and when the header it hashes is missing.
     pub fn key(&self, client_ip: IpAddr, headers: &HeaderMap) -> Option<u64> {
         match &self.balance {
-            Balance::Hash(HashKey::Ip) => match crate::client::key_addr(client_ip, self.ipv6_prefix) {
+            Balance::Hash(HashKey::Ip) => match crate::wire::client::key_addr(client_ip, self.ipv6_prefix) {
                 IpAddr::V4(a) => Some(hash_bytes(&a.octets())),
                 IpAddr::V6(a) => Some(hash_bytes(&a.octets())),
             },

@@ -144,7 +144,7 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
         None => (args.path.as_str(), None),
     };
     // Matched as the proxy matches it: by its canonical spelling.
-    let path = crate::normalize::path(path, &config.listen.normalization).map_err(|e| e.reason().to_string())?;
+    let path = crate::wire::normalize::path(path, &config.listen.normalization).map_err(|e| e.reason().to_string())?;
     let path = path.as_ref();
     let host = args.host.as_ref().map(|h| crate::config::canonical_host(h));
     let mut routes: Vec<&crate::config::Route> = config.routes.iter().collect();
@@ -177,7 +177,7 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
     // would (explain shows the `default` tier without a valid one).
     let tier_claim = match (&config.client.jwt, &set.tier_claim) {
         (Some(jwt), Some(claim)) => {
-            crate::identity::JwtVerifier::new(jwt).ok().and_then(|v| v.verify_with_claim(&headers, claim).1)
+            crate::wire::identity::JwtVerifier::new(jwt).ok().and_then(|v| v.verify_with_claim(&headers, claim).1)
         }
         _ => None,
     };
@@ -188,7 +188,7 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
         host: host.as_deref(),
         route: route.map(|r| (r.name.as_str(), config.upstreams[r.upstream].name.as_str())),
         headers: &headers,
-        client: crate::client::key_addr(args.ip, config.client.ipv6_prefix),
+        client: crate::wire::client::key_addr(args.ip, config.client.ipv6_prefix),
         client_ip: args.ip,
         user: headers.get(&config.client.user_header).map(|v| v.as_bytes()),
         api_key: headers.get(&config.client.api_key_header).map(|v| v.as_bytes()),

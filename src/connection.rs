@@ -16,13 +16,13 @@ use hyper_util::server::conn::auto;
 use prometheus::IntGauge;
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::client::Peer;
 use crate::config::Config;
 use crate::drain::{Retire, Watcher};
 use crate::idle::{IdleIo, Inflight, InflightBody};
 use crate::proxy::Proxy;
 use crate::send_budget::SendBudget;
 use crate::tunnel::{self, Tunnels};
+use crate::wire::client::Peer;
 
 /// The most an HTTP/2 stream's response holds waiting for the client's
 /// flow-control window. All streams of a connection together hold at most

@@ -18,11 +18,11 @@ use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 
-use crate::client::Peer;
 use crate::config::Upstream;
-use crate::error::ProxyError;
 use crate::pool::UpstreamBody;
 use crate::tunnel;
+use crate::wire::client::Peer;
+use crate::wire::error::ProxyError;
 
 mod body;
 pub use body::{AheadBudget, BodyFailed, BodyFailure, BodyWatch, RequestBody};
@@ -66,7 +66,7 @@ pub struct Downstream<'a> {
     pub host: Option<&'a str>,
     /// The `Host` header to send instead of the client's: the host that was
     /// matched, when it came from the request target or was spelled
-    /// differently (see [`crate::normalize::host`]).
+    /// differently (see [`crate::wire::normalize::host`]).
     pub host_header: Option<HeaderValue>,
     /// The canonical path, when the client spelled it otherwise: the
     /// upstream receives the path the rules matched.
@@ -141,7 +141,7 @@ pub(crate) fn prepare(
         parts.headers.insert(header::HOST, h);
     }
     set_forwarded(&mut parts.headers, down.peer, down.host);
-    crate::via::append(&mut parts.headers, parts.version);
+    crate::wire::via::append(&mut parts.headers, parts.version);
     // The pool speaks HTTP/1.1 to upstreams whatever the client spoke to
     // us.
     parts.version = Version::HTTP_11;
@@ -161,7 +161,7 @@ pub(crate) fn response_head(
     let version = resp.version();
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         strip_hop_by_hop(resp.headers_mut(), false);
-        crate::via::append(resp.headers_mut(), version);
+        crate::wire::via::append(resp.headers_mut(), version);
         return Ok(resp);
     }
     // A switch nobody asked for would leave the client reading a protocol
@@ -173,7 +173,7 @@ pub(crate) fn response_head(
     }
     let protocol = resp.headers().get(header::UPGRADE).cloned();
     strip_hop_by_hop(resp.headers_mut(), false);
-    crate::via::append(resp.headers_mut(), version);
+    crate::wire::via::append(resp.headers_mut(), version);
     tunnel::answer_client(resp.headers_mut(), protocol);
     Ok(resp)
 }
@@ -215,7 +215,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, request: bool) -> bool {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .filter(|n| !request || (*n != header::HOST && *n != crate::request_id::X_REQUEST_ID))
+        .filter(|n| !request || (*n != header::HOST && *n != crate::wire::request_id::X_REQUEST_ID))
         .collect();
     for name in named.iter().chain(HOP_BY_HOP.iter()) {
         headers.remove(name);

@@ -26,8 +26,8 @@ use tokio::time::{Instant, timeout_at};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
-use crate::error::ProxyError;
 use crate::proxy::Proxy;
+use crate::wire::error::ProxyError;
 
 /// The most of a plain request's head read before it is answered: its
 /// request line is all the answer and the access log need.
@@ -92,7 +92,7 @@ async fn answer_plain(mut stream: TcpStream, proxy: &Proxy, peer: SocketAddr, de
     proxy.metrics.tls_plain_http_total.inc();
     let mut head = Vec::with_capacity(1024);
     let _ = timeout_at(deadline, read_head(&mut stream, &mut head)).await;
-    let request_id = crate::request_id::generate();
+    let request_id = crate::wire::request_id::generate();
     let mut pending = proxy.log_refused(&head, peer.ip(), &request_id);
     let resp = ProxyError::PlainHttpToTls.into_response(&request_id);
     let (parts, body) = resp.into_parts();

@@ -19,7 +19,7 @@
 //! | [`redirect`] | `listen.http_redirect`: a plain-HTTP listener answering 308 to the `https://` URL |
 //! | [`idle`] | closes connections with no request in flight for `listen.idle_timeout`, and clients that read nothing for `listen.send_timeout` |
 //! | [`send_budget`] | at most 128 KiB of response bodies held per client connection, whatever its HTTP/2 streams |
-//! | [`normalize`] | one spelling per request: canonical path, host, method and header names, or 400 |
+//! | [`wire::normalize`] | one spelling per request: canonical path, host, method and header names, or 400 |
 //! | [`proxy`] | the request path: route, decide, forward or reject |
 //! | [`upstream`] | one upstream's servers and a request's tries on them: servers in service (`eject_after`, `max_ejected_percent`, panic mode, backups, `max_inflight`), retries within one deadline and a budget, what each failure is answered with |
 //! | [`forward`] | hop-by-hop and `X-Forwarded-*` headers, request bodies (read ahead up to `buffer_body` and the connection's `connection_body_buffer`, `max_body`, `body_read_timeout`) |
@@ -29,16 +29,16 @@
 //! | [`balance`] | which of the candidate servers a request goes to: smooth weighted round robin, least request, weighted rendezvous hash |
 //! | [`health`] | one server's health: out after `eject_after` failures in a row for a doubling backoff, active health checks |
 //! | [`pool`] | keep-alive connections to one upstream server, reused request after request; a request the server closed a reused connection on is sent once more on a new one |
-//! | [`client`] | who the client is: trusted proxies, `X-Forwarded-For`, IPv6 prefixes |
-//! | [`identity`] | verified user identity from a JWT (`[client] jwt`) |
+//! | [`wire::client`] | who the client is: trusted proxies, `X-Forwarded-For`, IPv6 prefixes |
+//! | [`wire::identity`] | verified user identity from a JWT (`[client] jwt`) |
 //! | [`rules`] | the compiled rule set: which rules match, the bucket key and limits (overrides, tiers) of each |
 //! | [`store`] | the [`store::Store`] trait; [`store::memory`] keeps counters in this process, [`store::redis`] in a shared Redis (Cluster) |
 //! | [`limiter`] | the six algorithms' arithmetic, pure, time injected |
 //! | [`limiter::calendar`] | `calendar` rules: where the current day, week or month starts in the rule's time zone |
-//! | [`headers`] | `X-RateLimit-*`, `RateLimit-Policy`, `RateLimit`, `Retry-After` |
-//! | [`error`] | every status tollgate answers itself, with its JSON body |
-//! | [`request_id`] | `X-Request-Id`: kept from a trusted proxy or generated, sent upstream and in every answer |
-//! | [`via`] | the `Via` hop tollgate adds to forwarded requests and responses |
+//! | [`wire::headers`] | `X-RateLimit-*`, `RateLimit-Policy`, `RateLimit`, `Retry-After` |
+//! | [`wire::error`] | every status tollgate answers itself, with its JSON body |
+//! | [`wire::request_id`] | `X-Request-Id`: kept from a trusted proxy or generated, sent upstream and in every answer |
+//! | [`wire::via`] | the `Via` hop tollgate adds to forwarded requests and responses |
 //! | [`access_log`] | one JSON line per request, written off the request path by a thread behind a bounded queue, never a torn line |
 //!
 //! Around it:
@@ -77,7 +77,7 @@
 //! | 5 | [`upstream`] [`forward`] [`pool`] [`balance`] [`health`] [`tunnel`] | talking to upstream servers |
 //! | 4 | [`metrics`] [`access_log`] [`summary`] | what tollgate tells operators |
 //! | 3 | [`config`] | reading and validating the configuration |
-//! | 2 | [`normalize`] [`client`] [`identity`] [`request_id`] [`via`] [`headers`] [`error`] | the HTTP a request arrives as and an answer leaves as |
+//! | 2 | [`wire`] | the HTTP a request arrives as and an answer leaves as |
 //! | 1 | [`limiter`] | the algorithms' arithmetic, calendar windows and time, pure |
 
 #![forbid(unsafe_code)]
@@ -86,30 +86,24 @@ pub mod access_log;
 pub mod admin;
 pub mod balance;
 pub mod cli;
-pub mod client;
 pub mod config;
 pub mod connection;
 pub mod decision;
 pub mod drain;
 pub mod envoy_rls;
-pub mod error;
 pub mod floor;
 pub mod forward;
 pub mod handshake;
-pub mod headers;
 pub mod health;
 pub mod held;
-pub mod identity;
 pub mod idle;
 pub mod limiter;
 pub mod metrics;
-pub mod normalize;
 pub mod pool;
 pub mod process;
 pub mod proxy;
 pub mod redirect;
 pub mod reload;
-pub mod request_id;
 pub mod rules;
 pub mod send_budget;
 pub mod server;
@@ -120,4 +114,4 @@ pub mod tls;
 pub mod top;
 pub mod tunnel;
 pub mod upstream;
-pub mod via;
+pub mod wire;

@@ -18,18 +18,12 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
 use crate::access_log::{AccessLog, Logged, Note};
-use crate::client::{self, Peer};
 use crate::config::{ClientConfig, Config, InvalidToken, KeyPart, Normalization, OnError, Route};
-use crate::error::{self, ProxyError};
 use crate::forward::{Downstream, RequestBody};
-use crate::headers;
 use crate::held::Holding;
-use crate::identity::{Identity, JwtVerifier};
 use crate::limiter::{Verdict, ceil_secs};
 use crate::metrics::{Metrics, RouteCounters};
-use crate::normalize;
 use crate::pool::UpstreamBody;
-use crate::request_id;
 use crate::rules::RuleReport;
 use crate::rules::{Plan, RequestFacts, Rule, RuleSet};
 use crate::settle::{self, OnTrailers, Settling};
@@ -37,6 +31,12 @@ use crate::store::{Answer, AnyStore, Check, Held, Mode, Stamp, Store, StoreError
 use crate::top::TopKeys;
 use crate::tunnel;
 use crate::upstream::UpstreamClient;
+use crate::wire::client::{self, Peer};
+use crate::wire::error::{self, ProxyError};
+use crate::wire::headers;
+use crate::wire::identity::{Identity, JwtVerifier};
+use crate::wire::normalize;
+use crate::wire::request_id;
 
 /// The body of every response tollgate sends: the upstream's, streamed, or
 /// one tollgate wrote.
@@ -247,7 +247,7 @@ impl Proxy {
     }
 
     /// Serves one request from `peer`; never fails (every failure is an
-    /// answer). The request gets its id first (see [`crate::request_id`]);
+    /// answer). The request gets its id first (see [`crate::wire::request_id`]);
     /// with an access log, its line is sent when the response body ends or
     /// the client goes away, this future dropped before an answer included.
     pub async fn handle(&self, mut req: Request<Incoming>, peer: &Peer) -> Response<LoggedBody> {
@@ -316,7 +316,7 @@ impl Proxy {
     ) -> Response<ProxyBody> {
         let routing = self.routing.load_full();
         // One spelling of the request before anything reads it (see
-        // crate::normalize): what is refused here is refused before routing
+        // crate::wire::normalize): what is refused here is refused before routing
         // and counts as a rejection of no route.
         let bad = |counters: &RouteCounters, why: String| {
             counters.rejected.inc();

@@ -5,7 +5,7 @@
 //! It forwards nothing and counts nothing; its connections share the proxy
 //! listener's `max_connections` slots, answer one request each, and a
 //! client gets `header_read_timeout` to send its request. Each request gets
-//! its `X-Request-Id` (see [`crate::request_id`]) and, when the access log
+//! its `X-Request-Id` (see [`crate::wire::request_id`]) and, when the access log
 //! is on, its line there.
 
 use std::convert::Infallible;
@@ -22,8 +22,8 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use crate::error::ProxyError;
 use crate::proxy::Proxy;
+use crate::wire::error::ProxyError;
 
 /// Serves redirects until the task is dropped. `https_port` is
 /// `listen.redirect_port`, the HTTPS port clients reach: written into the
@@ -49,12 +49,12 @@ pub async fn serve(
         let (proxy, peer) = (proxy.clone(), proxy.peer(peer));
         tokio::spawn(async move {
             let svc = service_fn(move |mut req| {
-                let request_id = crate::request_id::assign(req.headers_mut(), peer.trusted);
+                let request_id = crate::wire::request_id::assign(req.headers_mut(), peer.trusted);
                 let pending = proxy.access_log().map(|log| {
                     // As the proxy resolves it; a forwarding header naming
                     // no client is not worth refusing a redirect for.
                     let trusted = &proxy.client_config().trusted_proxies;
-                    let client = crate::client::client_addr(peer.ip, req.headers(), trusted).unwrap_or(peer.ip);
+                    let client = crate::wire::client::client_addr(peer.ip, req.headers(), trusted).unwrap_or(peer.ip);
                     log.begin_request(&req, client, &request_id, None)
                 });
                 let resp = redirect(&req, https_port, &request_id);
@@ -101,7 +101,7 @@ pub fn redirect<B>(req: &Request<B>, https_port: u16, request_id: &HeaderValue) 
     *resp.status_mut() = StatusCode::PERMANENT_REDIRECT;
     resp.headers_mut().insert(LOCATION, location);
     resp.headers_mut().insert(CONTENT_LENGTH, HeaderValue::from_static("0"));
-    resp.headers_mut().insert(crate::request_id::X_REQUEST_ID, request_id.clone());
+    resp.headers_mut().insert(crate::wire::request_id::X_REQUEST_ID, request_id.clone());
     resp
 }
 

@@ -45,7 +45,7 @@ pub struct RuleSet {
     pub any_settles: bool,
     /// Whether any rule reads the method (`match.methods` or a `method`
     /// key part), and so its method-override headers (see
-    /// [`crate::normalize::METHOD_OVERRIDES`]).
+    /// [`crate::wire::normalize::METHOD_OVERRIDES`]).
     pub reads_method: bool,
     /// Whether the user matters to any rule or `[[deny]]` entry (a rule
     /// keys on it or reads a tier claim of its token, or a deny or `exempt`
@@ -111,7 +111,7 @@ pub struct Plan {
     pub limit_value: http::HeaderValue,
     /// The headers of a 429 under these limits when the rule is the
     /// request's only one; `None` for a calendar rule.
-    pub reject_head: Option<crate::headers::RejectHead>,
+    pub reject_head: Option<crate::wire::headers::RejectHead>,
     /// Where these limits come from.
     pub source: PlanSource,
 }
@@ -160,7 +160,7 @@ struct Tiers {
 /// What the matcher needs to know about a request.
 pub struct RequestFacts<'a> {
     pub method: &'a Method,
-    /// The canonical path ([`crate::normalize::path`]).
+    /// The canonical path ([`crate::wire::normalize::path`]).
     pub path: &'a str,
     pub query: Option<&'a str>,
     /// Lower-cased, without a port.
@@ -292,7 +292,7 @@ impl RuleSet {
         if self.denies_name_users {
             return true;
         }
-        let exact = self.by_path.get(crate::normalize::match_path(path)).map_or(&[][..], Vec::as_slice);
+        let exact = self.by_path.get(crate::wire::normalize::match_path(path)).map_or(&[][..], Vec::as_slice);
         exact.iter().chain(&self.unindexed).any(|&i| {
             let r = &self.rules[i];
             r.needs_user() && path_fits(r.spec.matcher.path.as_ref(), path)
@@ -305,7 +305,7 @@ impl RuleSet {
     /// exact path are examined (merged back into file order), so a thousand
     /// per-endpoint rules cost a hash lookup, not a thousand comparisons.
     pub fn matching<'s: 'f, 'f>(&'s self, facts: &'f RequestFacts<'_>) -> impl Iterator<Item = &'s Rule> + 'f {
-        let exact = self.by_path.get(crate::normalize::match_path(facts.path)).map_or(&[][..], Vec::as_slice);
+        let exact = self.by_path.get(crate::wire::normalize::match_path(facts.path)).map_or(&[][..], Vec::as_slice);
         MergeSorted { a: exact, b: &self.unindexed }.map(|i| &self.rules[i]).filter(move |r| r.matches(facts))
     }
 }
@@ -360,7 +360,7 @@ fn build_plan(
     let limit_value = http::HeaderValue::from(limit);
     Plan {
         nominal: Limits { algorithm: spec.algorithm, limit, window, burst, origin: 0 },
-        reject_head: crate::headers::RejectHead::new(&limit_value, policy_value.as_ref()),
+        reject_head: crate::wire::headers::RejectHead::new(&limit_value, policy_value.as_ref()),
         policy_value,
         policy,
         limit_value,
@@ -492,7 +492,7 @@ impl Rule {
     /// move a request into a bucket of its own.
     fn keyed_method<'f>(&self, f: &RequestFacts<'f>) -> &'f [u8] {
         let real = f.method.as_str().as_bytes();
-        let Some(o) = crate::normalize::overriding_method(f.headers) else { return real };
+        let Some(o) = crate::wire::normalize::overriding_method(f.headers) else { return real };
         let listed = &self.spec.matcher.methods;
         if listed.is_empty() || listed.iter().any(|x| x.as_str().as_bytes() == o) { o } else { real }
     }
@@ -507,7 +507,7 @@ impl Rule {
         // method it came with: whichever the upstream runs, the rule holds.
         if !m.methods.is_empty()
             && !m.methods.iter().any(|x| x == f.method)
-            && !crate::normalize::overriding_method(f.headers)
+            && !crate::wire::normalize::overriding_method(f.headers)
                 .is_some_and(|o| m.methods.iter().any(|x| x.as_str().as_bytes() == o))
         {
             return false;
@@ -648,7 +648,7 @@ impl Rule {
                 KeyPart::ApiKey => f.api_key,
                 KeyPart::Route => Some(f.route.map_or("", |r| r.0).as_bytes()),
                 KeyPart::Method => Some(self.keyed_method(f)),
-                KeyPart::Path => Some(crate::normalize::match_path(f.path).as_bytes()),
+                KeyPart::Path => Some(crate::wire::normalize::match_path(f.path).as_bytes()),
                 KeyPart::ClientCert => f.client_cert,
                 KeyPart::Header(h) => f.headers.get(h).map(|v| v.as_bytes()),
                 KeyPart::Query(q) => {
@@ -686,7 +686,7 @@ impl Rule {
 fn path_fits(pattern: Option<&PathPattern>, path: &str) -> bool {
     match pattern {
         None => true,
-        Some(PathPattern::Exact(p)) => p == crate::normalize::match_path(path),
+        Some(PathPattern::Exact(p)) => p == crate::wire::normalize::match_path(path),
         Some(PathPattern::Prefix(p)) => path.starts_with(p.as_str()) || p.strip_suffix('/') == Some(path),
     }
 }

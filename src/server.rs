@@ -373,7 +373,7 @@ async fn serve_proxy(
                     // 400 there.
                     let accepted = crate::handshake::accept(stream, &acceptor, &proxy, peer, handshake_timeout).await;
                     if let Some(stream) = accepted {
-                        let client = Arc::new(crate::client::Peer {
+                        let client = Arc::new(crate::wire::client::Peer {
                             tls: crate::handshake::version(&stream),
                             client_cert: crate::tls::client_subject(stream.get_ref().1),
                             ..client
@@ -419,7 +419,7 @@ pub const REFUSALS: usize = 256;
 /// on its way.
 async fn refuse(mut stream: TcpStream, proxy: Arc<Proxy>, peer: SocketAddr, _refusing: OwnedSemaphorePermit) {
     // A generated id is hex digits and '-': no JSON escaping needed.
-    let request_id = crate::request_id::generate();
+    let request_id = crate::wire::request_id::generate();
     let id = String::from_utf8_lossy(request_id.as_bytes());
     let body =
         format!(r#"{{"error":"overloaded","message":"Too many connections; retry shortly.","request_id":"{id}"}}"#);

@@ -31,11 +31,11 @@ use tokio::time::{Instant, Sleep};
 
 use crate::balance::Balancer;
 use crate::config::Upstream;
-use crate::error::ProxyError;
 use crate::forward::{self, BodyFailure, BodyWatch, Downstream, RequestBody, UPSTREAM_READ_BUFFER};
 use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::pool::{Answered, Pool, PoolError, UpstreamBody};
+use crate::wire::error::ProxyError;
 
 mod choice;
 use choice::{NoServer, RetryGuard, Tried};

@@ -36,7 +36,7 @@ use ipnet::IpNet;
 use serde::Deserialize;
 use toml::Spanned;
 
-pub use crate::normalize::{EncodedSlashes, Normalization};
+pub use crate::wire::normalize::{EncodedSlashes, Normalization};
 
 pub use admin::{AdminConfig, MAX_TOP_KEYS};
 pub use envoy::EnvoyMapping;
@@ -199,7 +199,7 @@ pub struct TlsClientFiles {
 pub struct ClientConfig {
     /// Verified identity: when set, `user` keys come from a checked JWT and
     /// the user header is ignored.
-    pub jwt: Option<crate::identity::JwtConfig>,
+    pub jwt: Option<crate::wire::identity::JwtConfig>,
     pub trusted_proxies: Vec<IpNet>,
     pub ipv6_prefix: u8,
     pub user_header: HeaderName,
@@ -227,9 +227,9 @@ pub struct Route {
 }
 
 /// A configured host, written as requests' hosts are compared
-/// ([`crate::normalize::canonical_host`]).
+/// ([`crate::wire::normalize::canonical_host`]).
 pub fn canonical_host(host: &str) -> String {
-    crate::normalize::canonical_host(host.trim())
+    crate::wire::normalize::canonical_host(host.trim())
 }
 
 impl Config {
@@ -314,9 +314,9 @@ impl Validator<'_> {
     }
 
     /// A configured path in the canonical form requests are matched in
-    /// (see [`crate::normalize::path`]).
+    /// (see [`crate::wire::normalize::path`]).
     pub fn canonical_path(&mut self, value: &Spanned<String>, what: &str, n: &Normalization) -> Option<String> {
-        match crate::normalize::path(value.get_ref(), n) {
+        match crate::wire::normalize::path(value.get_ref(), n) {
             Ok(p) => Some(p.into_owned()),
             Err(e) => {
                 self.error(value.span(), format!("{what} {:?}: {}", value.get_ref(), e.reason()));
@@ -676,8 +676,8 @@ impl Validator<'_> {
 impl Validator<'_> {
     /// `[client] jwt`: reads the key file (relative to the config file) and
     /// checks that it can verify at least one configured algorithm.
-    fn jwt(&mut self, raw: &Spanned<raw::RawJwt>) -> Option<crate::identity::JwtConfig> {
-        use crate::identity::{JwtConfig, JwtVerifier, KeySource};
+    fn jwt(&mut self, raw: &Spanned<raw::RawJwt>) -> Option<crate::wire::identity::JwtConfig> {
+        use crate::wire::identity::{JwtConfig, JwtVerifier, KeySource};
         let j = raw.get_ref();
         let header = match &j.header {
             Some(h) => self.header_name(h, "client.jwt.header")?,
@@ -781,7 +781,7 @@ fn parse_size(raw: &raw::RawSize) -> Option<u64> {
 
 /// An address or a CIDR; a bare address is a /32 or /128. An IPv4-mapped
 /// network (`::ffff:10.0.0.0/104`) is the IPv4 one it stands for, as the
-/// clients it is compared with are ([`crate::client::canonical`]).
+/// clients it is compared with are ([`crate::wire::client::canonical`]).
 pub fn parse_net(s: &str) -> Option<IpNet> {
     let s = s.trim();
     let net = s.parse::<IpNet>().ok().or_else(|| s.parse::<std::net::IpAddr>().ok().map(IpNet::from))?;

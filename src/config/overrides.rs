@@ -209,7 +209,7 @@ impl Validator<'_> {
 /// match.
 fn override_ip(value: &str, ipv6_prefix: u8) -> Result<std::net::IpAddr, String> {
     let ip: std::net::IpAddr = value.parse().map_err(|_| format!("{value:?} is not an IP address"))?;
-    let keyed = crate::client::key_addr(ip, ipv6_prefix);
+    let keyed = crate::wire::client::key_addr(ip, ipv6_prefix);
     if keyed.is_ipv6() && keyed != ip {
         return Err(format!(
             "{value} is an IPv6 address inside a /{ipv6_prefix}; IPv6 clients are keyed by their /{ipv6_prefix} \

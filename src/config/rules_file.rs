@@ -526,7 +526,7 @@ impl Validator<'_> {
                     None => (s.as_str(), false),
                 };
                 // Requests are matched by their canonical path (see
-                // crate::normalize), so rule paths are written in it too;
+                // crate::wire::normalize), so rule paths are written in it too;
                 // an exact path ignores a trailing '/', as requests' do.
                 let canonical = toml::Spanned::new(p.span(), text.to_string());
                 if text.contains('*') {
@@ -535,7 +535,7 @@ impl Validator<'_> {
                     spec.path = Some(if prefix {
                         PathPattern::Prefix(c)
                     } else {
-                        PathPattern::Exact(crate::normalize::match_path(&c).to_string())
+                        PathPattern::Exact(crate::wire::normalize::match_path(&c).to_string())
                     });
                 }
             }

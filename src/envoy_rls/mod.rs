@@ -231,9 +231,9 @@ fn response_headers(reports: &[RuleReport<'_>], retry_after: u64) -> Vec<HeaderV
         return Vec::new();
     }
     let mut headers = http::HeaderMap::new();
-    crate::headers::write(&mut headers, reports, crate::headers::most_restrictive(reports));
+    crate::wire::headers::write(&mut headers, reports, crate::wire::headers::most_restrictive(reports));
     if retry_after > 0 {
-        crate::headers::write_retry_after(&mut headers, retry_after);
+        crate::wire::headers::write_retry_after(&mut headers, retry_after);
     }
     headers
         .iter()

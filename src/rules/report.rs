@@ -1,12 +1,12 @@
 //! What one matching rule reported for a request, as the client sees it:
-//! built here from a store verdict, written by [`crate::headers`] through
+//! built here from a store verdict, written by [`crate::wire::headers`] through
 //! its [`Report`] trait.
 
 use http::HeaderValue;
 
 use super::{Plan, Rule};
-use crate::headers::Report;
 use crate::limiter::{Verdict, ceil_secs};
+use crate::wire::headers::Report;
 
 /// What one matching rule reported for this request, as the client sees it.
 #[derive(Clone, Copy)]

@@ -1,6 +1,6 @@
 //! Unit tests for the compiled rule set: matching, bucket keys, throttled
 //! limits and request costs, and the headers rendered from them
-//! ([`crate::headers`]), with exact values throughout.
+//! ([`crate::wire::headers`]), with exact values throughout.
 
 use std::net::IpAddr;
 use std::path::Path;
@@ -9,9 +9,9 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method};
 
 use super::*;
 use crate::config::{Config, parse_rules};
-use crate::headers;
 use crate::limiter::{Algorithm, Verdict};
 use crate::rules::RuleReport;
+use crate::wire::headers;
 
 const SEC: Nanos = NANOS_PER_SEC;
 

@@ -153,9 +153,9 @@ impl Drop for RetryGuard<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::ProxyError;
     use crate::metrics::Metrics;
     use crate::pool::{Answered, PoolError};
+    use crate::wire::error::ProxyError;
 
     fn client(extra: &str) -> UpstreamClient {
         let text = format!(

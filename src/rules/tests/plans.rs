@@ -147,7 +147,7 @@ fn wire(resp: http::Response<http_body_util::Full<bytes::Bytes>>) -> (u16, Vec<(
 
 #[test]
 fn a_prebuilt_429_head_is_the_response_built_header_by_header() {
-    use crate::error::ProxyError;
+    use crate::wire::error::ProxyError;
     let s = by_user("[[rule.override]]\nkey = \"user=alice\"\nlimit = 50\n");
     let rule = &s.rules[0];
     let id = HeaderValue::from_static("5f0c9a1e2b7d4c38-000000000000002a");

@@ -31,7 +31,7 @@ pub enum EncodedSlashes {
 }
 
 /// How requests are brought to one spelling before matching
-/// (see [`crate::normalize`]).
+/// (see [`crate::wire::normalize`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Normalization {
     /// `[listen] merge_slashes` (default true): `//a///b` is `/a/b`.

@@ -3,7 +3,7 @@
 //!
 //! Bodies are short JSON objects with a stable `error` code, a sentence
 //! for humans and the request's `request_id` (also sent as `X-Request-Id`,
-//! see [`crate::request_id`]); they never carry internal detail (addresses, store errors,
+//! see [`crate::wire::request_id`]); they never carry internal detail (addresses, store errors,
 //! stack traces): those go to the logs and metrics.
 
 use bytes::Bytes;
@@ -12,8 +12,8 @@ use http::{Response, StatusCode};
 use http_body_util::Full;
 use serde_json::json;
 
-use crate::headers;
-use crate::request_id;
+use crate::wire::headers;
+use crate::wire::request_id;
 
 /// Why tollgate answers a request itself.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -166,7 +166,7 @@ pub fn write<R: Report>(headers: &mut HeaderMap, reports: &[R], primary: usize) 
 /// map. The result is header for header what [`ProxyError::into_response`]
 /// and [`write`] give (a unit test compares both), in the same order.
 ///
-/// [`ProxyError::into_response`]: crate::error::ProxyError::into_response
+/// [`ProxyError::into_response`]: crate::wire::error::ProxyError::into_response
 #[derive(Debug)]
 pub struct RejectHead(HeaderMap);
 
@@ -187,7 +187,7 @@ impl RejectHead {
         let placeholder = HeaderValue::from_static("0");
         let mut h = HeaderMap::with_capacity(HEAD_LEN);
         h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        h.insert(crate::request_id::X_REQUEST_ID, placeholder.clone());
+        h.insert(crate::wire::request_id::X_REQUEST_ID, placeholder.clone());
         h.insert(RETRY_AFTER, placeholder.clone());
         h.insert(X_RATELIMIT_RETRY_AFTER, placeholder.clone());
         h.insert(X_RATELIMIT_REMAINING, HeaderValue::from_static("0"));
