@@ -16,7 +16,7 @@ use http::{HeaderMap, HeaderValue, Method};
 use tollgate::config::{Config, parse_rules};
 use tollgate::limiter::clock::{ManualClock, SystemClock};
 use tollgate::limiter::{self, Algorithm, Cell, Limits, NANOS_PER_SEC};
-use tollgate::metrics::Metrics;
+use tollgate::obs::metrics::Metrics;
 use tollgate::rules::RuleReport;
 use tollgate::rules::{RequestFacts, RuleSet};
 use tollgate::store::{Check, MemoryStore, Mode};

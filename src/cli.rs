@@ -22,7 +22,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use crate::config::{Backend, Config, ConfigErrors, load_rules};
 use crate::limiter::Verdict;
 use crate::limiter::clock::SystemClock;
-use crate::metrics::Metrics;
+use crate::obs::metrics::Metrics;
 use crate::rules::{RequestFacts, RuleSet};
 use crate::store::{Check, MemoryStore, Mode, RedisStore, Store};
 

@@ -39,7 +39,7 @@
 //! | [`wire::error`] | every status tollgate answers itself, with its JSON body |
 //! | [`wire::request_id`] | `X-Request-Id`: kept from a trusted proxy or generated, sent upstream and in every answer |
 //! | [`wire::via`] | the `Via` hop tollgate adds to forwarded requests and responses |
-//! | [`access_log`] | one JSON line per request, written off the request path by a thread behind a bounded queue, never a torn line |
+//! | [`obs::access_log`] | one JSON line per request, written off the request path by a thread behind a bounded queue, never a torn line |
 //!
 //! Around it:
 //!
@@ -50,8 +50,8 @@
 //! | [`admin`] | `/metrics`, `/healthz`, `/readyz`, `/rules`, `/config`, `/top` |
 //! | [`decision`] | `[listen] decision`: `POST /v1/check`, the proxy's decision for services not behind it ([`decision::decide`], shared with `envoy_rls`) |
 //! | [`envoy_rls`] | `[listen] envoy_rls`: Envoy's `ShouldRateLimit` over gRPC, descriptors mapped to rules by `[[envoy]]` ([`config::EnvoyMapping`]); tonic's generated service on hyper's HTTP/2 server |
-//! | [`metrics`] | Prometheus metrics on an explicit registry |
-//! | [`summary`] | a periodic `info` log line: requests allowed and limited since the last one |
+//! | [`obs::metrics`] | Prometheus metrics on an explicit registry |
+//! | [`obs::summary`] | a periodic `info` log line: requests allowed and limited since the last one |
 //! | [`top`] | the heaviest keys of each rule (`/top`, `tollgate top`) in fixed-memory sketches |
 //! | [`limiter::clock`] | wall-clock time, or a manual clock for tests |
 //! | [`cli`] | the `tollgate` command line: run, `check`, `explain`, `top` |
@@ -75,14 +75,13 @@
 //! | 7 | [`rules`] [`top`] | the compiled rules: which match, their keys and limits, the heaviest keys |
 //! | 6 | [`store`] | where counters live: this process, or Redis |
 //! | 5 | [`upstream`] [`forward`] [`pool`] [`balance`] [`health`] [`tunnel`] | talking to upstream servers |
-//! | 4 | [`metrics`] [`access_log`] [`summary`] | what tollgate tells operators |
+//! | 4 | [`obs`] | what tollgate tells operators |
 //! | 3 | [`config`] | reading and validating the configuration |
 //! | 2 | [`wire`] | the HTTP a request arrives as and an answer leaves as |
 //! | 1 | [`limiter`] | the algorithms' arithmetic, calendar windows and time, pure |
 
 #![forbid(unsafe_code)]
 
-pub mod access_log;
 pub mod admin;
 pub mod balance;
 pub mod cli;
@@ -98,7 +97,7 @@ pub mod health;
 pub mod held;
 pub mod idle;
 pub mod limiter;
-pub mod metrics;
+pub mod obs;
 pub mod pool;
 pub mod process;
 pub mod proxy;
@@ -109,7 +108,6 @@ pub mod send_budget;
 pub mod server;
 pub mod settle;
 pub mod store;
-pub mod summary;
 pub mod tls;
 pub mod top;
 pub mod tunnel;

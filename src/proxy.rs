@@ -17,12 +17,12 @@ use http::{Request, Response};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
-use crate::access_log::{AccessLog, Logged, Note};
 use crate::config::{ClientConfig, Config, InvalidToken, KeyPart, Normalization, OnError, Route};
 use crate::forward::{Downstream, RequestBody};
 use crate::held::Holding;
 use crate::limiter::{Verdict, ceil_secs};
-use crate::metrics::{Metrics, RouteCounters};
+use crate::obs::access_log::{AccessLog, Logged, Note};
+use crate::obs::metrics::{Metrics, RouteCounters};
 use crate::pool::UpstreamBody;
 use crate::rules::RuleReport;
 use crate::rules::{Plan, RequestFacts, Rule, RuleSet};
@@ -280,7 +280,7 @@ impl Proxy {
         head: &[u8],
         peer: std::net::IpAddr,
         request_id: &http::HeaderValue,
-    ) -> Option<crate::access_log::Pending> {
+    ) -> Option<crate::obs::access_log::Pending> {
         Some(self.access_log.as_ref()?.begin_raw(head, client::canonical(peer), request_id))
     }
 

@@ -24,7 +24,7 @@ use crate::config::{
     Cost, DenySpec, EnvoyMapping, KeyPart, LoadedRules, PathPattern, RuleMode, RuleSpec, Throttle, TierSource,
 };
 use crate::limiter::{Limits, NANOS_PER_SEC, Nanos};
-use crate::metrics::{Metrics, RuleCounters};
+use crate::obs::metrics::{Metrics, RuleCounters};
 
 /// The rules in force.
 pub struct RuleSet {

@@ -26,7 +26,7 @@ use crate::config::{Backend, Config, ConfigErrors, load_rules};
 use crate::connection::{ConnectionSetup, Slot, serve_connection};
 use crate::drain::Drain;
 use crate::limiter::clock::SharedClock;
-use crate::metrics::Metrics;
+use crate::obs::metrics::Metrics;
 use crate::process::Stop;
 use crate::proxy::Proxy;
 use crate::reload::Reloader;
@@ -193,7 +193,7 @@ impl Server {
         let watch = tokio::spawn(reloader.clone().watch());
         let hangups = hangup.map(|h| tokio::spawn(h.each(on_hangup(proxy.clone(), reloader.clone()))));
         let reopens = reopen.map(|r| tokio::spawn(r.each(on_reopen(proxy.clone()))));
-        let _summary = crate::summary::spawn(&proxy.metrics);
+        let _summary = crate::obs::summary::spawn(&proxy.metrics);
         let housekeeping = housekeeping(&proxy);
         let stopping = Arc::new(AtomicBool::new(false));
         let admin = Arc::new(Admin { proxy: proxy.clone(), reloader, stopping: stopping.clone() });

@@ -20,7 +20,7 @@ use http::{HeaderMap, HeaderName};
 
 use crate::config::OnError;
 use crate::limiter::Limits;
-use crate::metrics::Metrics;
+use crate::obs::metrics::Metrics;
 use crate::store::{AnyStore, Check, Settler, Stamp};
 
 /// An admitted rule whose reservation waits for its request's real cost.

@@ -130,7 +130,7 @@ pub struct CertWatcher {
 impl CertWatcher {
     /// Watches `resolver`'s files; `metrics` counts failed reloads and
     /// shows each certificate's expiry, from now on.
-    pub fn new(resolver: Arc<CertResolver>, metrics: &crate::metrics::Metrics) -> CertWatcher {
+    pub fn new(resolver: Arc<CertResolver>, metrics: &crate::obs::metrics::Metrics) -> CertWatcher {
         let seen = resolver.current().iter().map(fingerprints).collect();
         let expiry = metrics.tls_certificate_expiry_timestamp_seconds.clone();
         let watcher = CertWatcher {

@@ -33,7 +33,7 @@ use crate::balance::Balancer;
 use crate::config::Upstream;
 use crate::forward::{self, BodyFailure, BodyWatch, Downstream, RequestBody, UPSTREAM_READ_BUFFER};
 use crate::health::Health;
-use crate::metrics::Metrics;
+use crate::obs::metrics::Metrics;
 use crate::pool::{Answered, Pool, PoolError, UpstreamBody};
 use crate::wire::error::ProxyError;
 

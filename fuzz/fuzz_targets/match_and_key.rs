@@ -29,7 +29,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use libfuzzer_sys::fuzz_target;
 use tollgate::wire::client::key_addr;
 use tollgate::config::{Config, Cost, KeyPart, LoadedRules, parse_rules_file};
-use tollgate::metrics::Metrics;
+use tollgate::obs::metrics::Metrics;
 use tollgate::rules::{RequestFacts, Rule, RuleSet};
 
 const MAIN: &str = r#"

@@ -9,7 +9,7 @@ use super::*;
 use crate::config::{Config, parse_rules};
 use crate::limiter::NANOS_PER_SEC;
 use crate::limiter::clock::ManualClock;
-use crate::metrics::Metrics;
+use crate::obs::metrics::Metrics;
 use crate::rules::RuleSet;
 
 /// An instant at the start of a period, far from the epoch.

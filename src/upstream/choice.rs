@@ -153,7 +153,7 @@ impl Drop for RetryGuard<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::Metrics;
+    use crate::obs::metrics::Metrics;
     use crate::pool::{Answered, PoolError};
     use crate::wire::error::ProxyError;
 

@@ -113,7 +113,7 @@ use tokio::task::JoinHandle;
 use crate::config::StoreConfig;
 use crate::limiter::clock::SharedClock;
 use crate::limiter::{Nanos, Verdict};
-use crate::metrics::Metrics;
+use crate::obs::metrics::Metrics;
 use crate::store::{Answer, Check, MemoryStore, Mode, Store, StoreError, memory};
 
 use check::RequestIds;

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use prometheus::core::Collector;
 
-use crate::metrics::Metrics;
+use crate::obs::metrics::Metrics;
 
 /// How often the summary is logged.
 pub const EVERY: Duration = Duration::from_secs(60);
