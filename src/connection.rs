@@ -21,7 +21,7 @@ use crate::drain::{Retire, Watcher};
 use crate::idle::{IdleIo, Inflight, InflightBody};
 use crate::proxy::Proxy;
 use crate::send_budget::SendBudget;
-use crate::tunnel::{self, Tunnels};
+use crate::upstream::tunnel::{self, Tunnels};
 use crate::wire::client::Peer;
 
 /// The most an HTTP/2 stream's response holds waiting for the client's

@@ -1,7 +1,7 @@
 //! The floor of tollgate's stack, as a bench target (`tollgate-floor`).
 //!
 //! The listener setup of [`crate::server`] (hyper's HTTP/1.1 and h2c server,
-//! configured from `[listen]`) and the upstream pool of [`crate::pool`],
+//! configured from `[listen]`) and the upstream pool of [`crate::upstream::pool`],
 //! joined by nothing: no normalisation, rules, store, rate-limit or
 //! forwarding headers, metrics, connection limits or timeouts of tollgate's
 //! own. Every request goes as it came to the upstream of the first
@@ -26,8 +26,8 @@ use tokio::net::TcpListener;
 
 use crate::config::Config;
 use crate::connection::connection_builder;
-use crate::forward::UPSTREAM_READ_BUFFER;
-use crate::pool::{Pool, UpstreamBody};
+use crate::upstream::forward::UPSTREAM_READ_BUFFER;
+use crate::upstream::pool::{Pool, UpstreamBody};
 
 /// Why the floor could not start.
 #[derive(Debug, thiserror::Error)]

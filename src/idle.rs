@@ -124,7 +124,7 @@ impl Drop for InflightGuard {
 /// A response body that keeps its request in flight until it ends: a
 /// streaming response (server-sent events, a long poll) whose upstream is
 /// silent for a while is not an idle connection. How long the upstream may
-/// stay silent is its own `timeout` (see [`crate::pool::Pool::limit_silence`]);
+/// stay silent is its own `timeout` (see [`crate::upstream::pool::Pool::limit_silence`]);
 /// a client that stops reading meets the send timeout. A body dropped
 /// before its end is a client that went away, and is counted as such.
 pub struct InflightBody<B: Body> {

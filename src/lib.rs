@@ -22,13 +22,13 @@
 //! | [`wire::normalize`] | one spelling per request: canonical path, host, method and header names, or 400 |
 //! | [`proxy`] | the request path: route, decide, forward or reject |
 //! | [`upstream`] | one upstream's servers and a request's tries on them: servers in service (`eject_after`, `max_ejected_percent`, panic mode, backups, `max_inflight`), retries within one deadline and a budget, what each failure is answered with |
-//! | [`forward`] | hop-by-hop and `X-Forwarded-*` headers, request bodies (read ahead up to `buffer_body` and the connection's `connection_body_buffer`, `max_body`, `body_read_timeout`) |
-//! | [`tunnel`] | WebSocket and other upgrades: after the upstream's 101, bytes copied both ways; at shutdown's end a WebSocket close frame, 1001 |
+//! | [`upstream::forward`] | hop-by-hop and `X-Forwarded-*` headers, request bodies (read ahead up to `buffer_body` and the connection's `connection_body_buffer`, `max_body`, `body_read_timeout`) |
+//! | [`upstream::tunnel`] | WebSocket and other upgrades: after the upstream's 101, bytes copied both ways; at shutdown's end a WebSocket close frame, 1001 |
 //! | [`held`] | a request's concurrency slots, held until its response body ends or its client goes away |
 //! | [`settle`] | `cost_response_header`: the reserved cost corrected to the real one from the response's header or trailers |
-//! | [`balance`] | which of the candidate servers a request goes to: smooth weighted round robin, least request, weighted rendezvous hash |
-//! | [`health`] | one server's health: out after `eject_after` failures in a row for a doubling backoff, active health checks |
-//! | [`pool`] | keep-alive connections to one upstream server, reused request after request; a request the server closed a reused connection on is sent once more on a new one |
+//! | [`upstream::balance`] | which of the candidate servers a request goes to: smooth weighted round robin, least request, weighted rendezvous hash |
+//! | [`upstream::health`] | one server's health: out after `eject_after` failures in a row for a doubling backoff, active health checks |
+//! | [`upstream::pool`] | keep-alive connections to one upstream server, reused request after request; a request the server closed a reused connection on is sent once more on a new one |
 //! | [`wire::client`] | who the client is: trusted proxies, `X-Forwarded-For`, IPv6 prefixes |
 //! | [`wire::identity`] | verified user identity from a JWT (`[client] jwt`) |
 //! | [`rules`] | the compiled rule set: which rules match, the bucket key and limits (overrides, tiers) of each |
@@ -74,7 +74,7 @@
 //! | 8 | [`decision`] [`envoy_rls`] | the decision API and Envoy's rate limit service |
 //! | 7 | [`rules`] [`top`] | the compiled rules: which match, their keys and limits, the heaviest keys |
 //! | 6 | [`store`] | where counters live: this process, or Redis |
-//! | 5 | [`upstream`] [`forward`] [`pool`] [`balance`] [`health`] [`tunnel`] | talking to upstream servers |
+//! | 5 | [`upstream`] | talking to upstream servers |
 //! | 4 | [`obs`] | what tollgate tells operators |
 //! | 3 | [`config`] | reading and validating the configuration |
 //! | 2 | [`wire`] | the HTTP a request arrives as and an answer leaves as |
@@ -83,7 +83,6 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
-pub mod balance;
 pub mod cli;
 pub mod config;
 pub mod connection;
@@ -91,14 +90,11 @@ pub mod decision;
 pub mod drain;
 pub mod envoy_rls;
 pub mod floor;
-pub mod forward;
 pub mod handshake;
-pub mod health;
 pub mod held;
 pub mod idle;
 pub mod limiter;
 pub mod obs;
-pub mod pool;
 pub mod process;
 pub mod proxy;
 pub mod redirect;
@@ -110,6 +106,5 @@ pub mod settle;
 pub mod store;
 pub mod tls;
 pub mod top;
-pub mod tunnel;
 pub mod upstream;
 pub mod wire;

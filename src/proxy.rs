@@ -2,7 +2,7 @@
 //! 429 or forward to the upstream with rate-limit headers.
 //!
 //! Forwarding itself (streaming bodies, hop-by-hop and
-//! `X-Forwarded-*` headers) is in [`crate::forward`]. Anything tollgate
+//! `X-Forwarded-*` headers) is in [`crate::upstream::forward`]. Anything tollgate
 //! answers itself goes through [`ProxyError`], which alone decides statuses
 //! and bodies.
 
@@ -18,19 +18,19 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
 use crate::config::{ClientConfig, Config, InvalidToken, KeyPart, Normalization, OnError, Route};
-use crate::forward::{Downstream, RequestBody};
 use crate::held::Holding;
 use crate::limiter::{Verdict, ceil_secs};
 use crate::obs::access_log::{AccessLog, Logged, Note};
 use crate::obs::metrics::{Metrics, RouteCounters};
-use crate::pool::UpstreamBody;
 use crate::rules::RuleReport;
 use crate::rules::{Plan, RequestFacts, Rule, RuleSet};
 use crate::settle::{self, OnTrailers, Settling};
 use crate::store::{Answer, AnyStore, Check, Held, Mode, Stamp, Store, StoreError};
 use crate::top::TopKeys;
-use crate::tunnel;
 use crate::upstream::UpstreamClient;
+use crate::upstream::forward::{Downstream, RequestBody};
+use crate::upstream::pool::UpstreamBody;
+use crate::upstream::tunnel;
 use crate::wire::client::{self, Peer};
 use crate::wire::error::{self, ProxyError};
 use crate::wire::headers;
@@ -627,7 +627,7 @@ impl Proxy {
             // HTTP/2's streams share their connection's budget; an
             // HTTP/1.1 connection has one request at a time.
             ahead_budget: (version == http::Version::HTTP_2)
-                .then(|| peer.body_budget.clone().map(crate::forward::AheadBudget::shared))
+                .then(|| peer.body_budget.clone().map(crate::upstream::forward::AheadBudget::shared))
                 .flatten(),
             upgrade,
             bytes_in: note.bytes_in(),
@@ -675,7 +675,7 @@ impl Proxy {
     /// 414 for the target, 431 for the headers, 501 for a body in a transfer
     /// coding tollgate cannot decode, 413 for a declared body
     /// length (a chunked body is cut off while it is read instead, see
-    /// [`crate::forward::RequestBody`]).
+    /// [`crate::upstream::forward::RequestBody`]).
     fn oversized(&self, req: &Request<Incoming>, route: Option<&Route>) -> Option<ProxyError> {
         if req.uri().path_and_query().map_or(0, |p| p.as_str().len()) > self.max_uri_bytes {
             return Some(ProxyError::UriTooLong);
@@ -685,7 +685,7 @@ impl Proxy {
         if header_bytes > self.max_header_bytes {
             return Some(ProxyError::HeadersTooLarge);
         }
-        if crate::forward::undecodable_transfer_coding(req.headers()) {
+        if crate::upstream::forward::undecodable_transfer_coding(req.headers()) {
             return Some(ProxyError::UnsupportedTransferEncoding);
         }
         let max_body = route.and_then(|r| r.max_body)?;

@@ -33,7 +33,7 @@ use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 use tokio::time::Instant;
 
-use crate::forward::UPSTREAM_READ_BUFFER;
+use crate::upstream::forward::UPSTREAM_READ_BUFFER;
 
 /// The most response body one client connection holds in tollgate.
 pub const SEND_BUDGET: usize = 128 * 1024;

@@ -33,7 +33,7 @@ use crate::reload::Reloader;
 use crate::rules::RuleSet;
 use crate::store::{AnyStore, MemoryStore, RedisStore};
 use crate::tls::{CertWatcher, Tls};
-use crate::tunnel;
+use crate::upstream::tunnel;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]

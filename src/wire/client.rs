@@ -59,7 +59,7 @@ pub struct Peer {
     pub client_cert: Option<std::sync::Arc<[u8]>>,
     /// What the connection's HTTP/2 requests may hold of their bodies read
     /// ahead, together (`listen.connection_body_buffer`; see
-    /// [`crate::forward::AheadBudget`]): per connection, so here.
+    /// [`crate::upstream::forward::AheadBudget`]): per connection, so here.
     pub body_budget: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
 }
 

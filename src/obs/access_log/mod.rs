@@ -199,7 +199,7 @@ pub struct Entry {
     uri: Uri,
     status: u16,
     /// Request body bytes read from the client so far, counted by the
-    /// forwarding side (see [`crate::forward::Downstream`]).
+    /// forwarding side (see [`crate::upstream::forward::Downstream`]).
     bytes_in: Option<Arc<AtomicU64>>,
     bytes_out: u64,
     duration: Duration,

@@ -1,4 +1,4 @@
-//! Forwarding to upstreams (over [`crate::pool`]'s connections): hop-by-hop
+//! Forwarding to upstreams (over [`crate::upstream::pool`]'s connections): hop-by-hop
 //! headers, `X-Forwarded-*`, timeouts, and the request body limit.
 //!
 //! A request body up to the route's `buffer_body` is read whole before a
@@ -19,8 +19,8 @@ use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 
 use crate::config::Upstream;
-use crate::pool::UpstreamBody;
-use crate::tunnel;
+use crate::upstream::pool::UpstreamBody;
+use crate::upstream::tunnel;
 use crate::wire::client::Peer;
 use crate::wire::error::ProxyError;
 
@@ -40,7 +40,7 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::PROXY_AUTHORIZATION,
     header::TE,
     header::TRANSFER_ENCODING,
-    // An upgrade tollgate tunnels is asked for again (crate::tunnel).
+    // An upgrade tollgate tunnels is asked for again (crate::upstream::tunnel).
     header::UPGRADE,
 ];
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -78,7 +78,7 @@ pub struct Downstream<'a> {
     /// `listen.body_read_timeout`.
     pub body_read_timeout: Duration,
     /// The protocol the client asked to switch to, when tollgate will
-    /// tunnel it (see [`crate::tunnel::requested`]).
+    /// tunnel it (see [`crate::upstream::tunnel::requested`]).
     pub upgrade: Option<HeaderValue>,
     /// The client connection's budget for bodies read ahead (HTTP/2
     /// only: an HTTP/1.1 connection has one request at a time).

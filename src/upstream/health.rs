@@ -25,7 +25,7 @@ use prometheus::IntGauge;
 use tokio::time::Instant;
 
 use crate::config::{HealthCheck, Server, Upstream};
-use crate::pool::Pool;
+use crate::upstream::pool::Pool;
 
 /// The first backoff after a failure; each further failure in a row
 /// doubles it, up to [`MAX_BACKOFF`].

@@ -116,7 +116,7 @@ pub struct Pending {
     pub held: Option<Arc<crate::store::Held>>,
     /// The upstream server's count of answered requests, added to when
     /// the tunnel closes: a tunnel is in flight on its server until then.
-    pub answered: Option<Arc<crate::pool::Answered>>,
+    pub answered: Option<Arc<crate::upstream::pool::Answered>>,
     /// The upstream switched to `websocket`: the tunnel carries WebSocket
     /// frames, and is closed at shutdown with a close frame.
     pub websocket: bool,

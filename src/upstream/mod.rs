@@ -19,6 +19,12 @@
 //! An upstream with one server and no health check or limit takes a short
 //! path ([`UpstreamClient::forward`]) with no health or balancing work.
 
+pub mod balance;
+pub mod forward;
+pub mod health;
+pub mod pool;
+pub mod tunnel;
+
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,12 +35,12 @@ use hyper::body::Incoming;
 use prometheus::{IntCounter, IntGauge};
 use tokio::time::{Instant, Sleep};
 
-use crate::balance::Balancer;
 use crate::config::Upstream;
-use crate::forward::{self, BodyFailure, BodyWatch, Downstream, RequestBody, UPSTREAM_READ_BUFFER};
-use crate::health::Health;
 use crate::obs::metrics::Metrics;
-use crate::pool::{Answered, Pool, PoolError, UpstreamBody};
+use crate::upstream::balance::Balancer;
+use crate::upstream::forward::{BodyFailure, BodyWatch, Downstream, RequestBody, UPSTREAM_READ_BUFFER};
+use crate::upstream::health::Health;
+use crate::upstream::pool::{Answered, Pool, PoolError, UpstreamBody};
 use crate::wire::error::ProxyError;
 
 mod choice;
@@ -96,7 +102,7 @@ impl UpstreamServer {
         let labels = [config.name.as_str(), s.address.as_str()];
         let health = Arc::new(Health::new(metrics.upstream_server_healthy.with_label_values(&labels), epoch));
         if let Some(check) = &config.health_check {
-            crate::health::spawn_check(&health, s, check, config);
+            crate::upstream::health::spawn_check(&health, s, check, config);
         }
         let timeouts = metrics.upstream_errors_total.with_label_values(&[config.name.as_str(), "timeout"]);
         UpstreamServer {

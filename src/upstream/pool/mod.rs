@@ -397,7 +397,7 @@ where
             .await
             .map_err(|e| PoolError::Connect(e.into()))?;
         // With upgrades: a 101 hands the connection over to a tunnel
-        // (crate::tunnel) instead of ending it.
+        // (crate::upstream::tunnel) instead of ending it.
         tokio::spawn(async move {
             if let Err(e) = conn.with_upgrades().await {
                 tracing::debug!(error = %e, "upstream connection ended with an error");
