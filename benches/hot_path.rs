@@ -14,11 +14,11 @@ use std::sync::{Arc, Mutex};
 use criterion::{Criterion, criterion_group, criterion_main};
 use http::{HeaderMap, HeaderValue, Method};
 use tollgate::config::{Config, parse_rules};
+use tollgate::limit::rules::RuleReport;
+use tollgate::limit::rules::{RequestFacts, RuleSet};
 use tollgate::limiter::clock::{ManualClock, SystemClock};
 use tollgate::limiter::{self, Algorithm, Cell, Limits, NANOS_PER_SEC};
 use tollgate::obs::metrics::Metrics;
-use tollgate::rules::RuleReport;
-use tollgate::rules::{RequestFacts, RuleSet};
 use tollgate::store::{Check, MemoryStore, Mode};
 use tollgate::wire::headers;
 

@@ -231,8 +231,8 @@ impl Admin {
         let (mut rule, mut n, mut by) = (None, None, None);
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let v = String::from_utf8_lossy(&crate::rules::form_decode(v)).into_owned();
-            match crate::rules::form_decode(k).as_slice() {
+            let v = String::from_utf8_lossy(&crate::limit::rules::form_decode(v)).into_owned();
+            match crate::limit::rules::form_decode(k).as_slice() {
                 b"rule" => rule = Some(v),
                 b"n" => n = Some(v),
                 b"by" => by = Some(v),
@@ -248,11 +248,11 @@ impl Admin {
             },
         };
         let by = match by {
-            None => crate::top::By::Limited,
-            Some(given) => crate::top::By::parse(&given).ok_or(AdminError::BadBy(given))?,
+            None => crate::limit::top::By::Limited,
+            Some(given) => crate::limit::top::By::parse(&given).ok_or(AdminError::BadBy(given))?,
         };
         let set = self.proxy.rules.load();
-        let report = |r: &crate::rules::Rule| {
+        let report = |r: &crate::limit::rules::Rule| {
             let report = r.top.as_ref().map(|t| top.report(t, by, n)).unwrap_or_default();
             let keys: Vec<_> =
                 report.keys.iter().map(|k| json!({"key": k.key, "count": k.count, "error": k.error})).collect();

@@ -20,10 +20,10 @@ use clap::{Parser, Subcommand};
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 
 use crate::config::{Backend, Config, ConfigErrors, load_rules};
+use crate::limit::rules::{RequestFacts, RuleSet};
 use crate::limiter::Verdict;
 use crate::limiter::clock::SystemClock;
 use crate::obs::metrics::Metrics;
-use crate::rules::{RequestFacts, RuleSet};
 use crate::store::{Check, MemoryStore, Mode, RedisStore, Store};
 
 /// Exit code for a config that does not validate (EX_USAGE... EX_CONFIG is
@@ -213,7 +213,7 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
             Ok((key, rule.cost(&headers).unwrap_or(1)))
         })
         .collect::<Result<_, String>>()?;
-    let plans: Vec<&crate::rules::Plan> =
+    let plans: Vec<&crate::limit::rules::Plan> =
         matching.iter().zip(&buckets).map(|(rule, (key, _))| rule.plan_for(key, &facts)).collect();
     let checks: Vec<Check<'_>> = matching
         .iter()
@@ -293,7 +293,7 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
         }
         let parts: Vec<String> = s.key.iter().map(|k| k.describe()).collect();
         let _ = writeln!(out, "    key [{}] -> bucket {key}", parts.join(", "));
-        if plan.source != crate::rules::PlanSource::Rule
+        if plan.source != crate::limit::rules::PlanSource::Rule
             && let Some(c) = &s.calendar
         {
             let _ = writeln!(
@@ -303,7 +303,7 @@ pub fn explain(config_path: &std::path::Path, args: &ExplainArgs) -> Result<Stri
                 plan.nominal.limit,
                 c.period.as_str()
             );
-        } else if plan.source != crate::rules::PlanSource::Rule {
+        } else if plan.source != crate::limit::rules::PlanSource::Rule {
             let _ = writeln!(
                 out,
                 "    limits of this request: {}: {} per {:?}, burst {}",

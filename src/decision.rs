@@ -38,10 +38,10 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::config::{Cost, KeyPart, OnError, TierSource};
+use crate::limit::rules::RuleReport;
+use crate::limit::rules::{Plan, RequestFacts, Rule};
 use crate::limiter::{NANOS_PER_SEC, Nanos, ceil_secs};
 use crate::proxy::Proxy;
-use crate::rules::RuleReport;
-use crate::rules::{Plan, RequestFacts, Rule};
 use crate::wire::error::json_response;
 use crate::wire::headers;
 

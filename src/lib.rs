@@ -31,7 +31,7 @@
 //! | [`upstream::pool`] | keep-alive connections to one upstream server, reused request after request; a request the server closed a reused connection on is sent once more on a new one |
 //! | [`wire::client`] | who the client is: trusted proxies, `X-Forwarded-For`, IPv6 prefixes |
 //! | [`wire::identity`] | verified user identity from a JWT (`[client] jwt`) |
-//! | [`rules`] | the compiled rule set: which rules match, the bucket key and limits (overrides, tiers) of each |
+//! | [`limit::rules`] | the compiled rule set: which rules match, the bucket key and limits (overrides, tiers) of each |
 //! | [`store`] | the [`store::Store`] trait; [`store::memory`] keeps counters in this process, [`store::redis`] in a shared Redis (Cluster) |
 //! | [`limiter`] | the six algorithms' arithmetic, pure, time injected |
 //! | [`limiter::calendar`] | `calendar` rules: where the current day, week or month starts in the rule's time zone |
@@ -52,7 +52,7 @@
 //! | [`envoy_rls`] | `[listen] envoy_rls`: Envoy's `ShouldRateLimit` over gRPC, descriptors mapped to rules by `[[envoy]]` ([`config::EnvoyMapping`]); tonic's generated service on hyper's HTTP/2 server |
 //! | [`obs::metrics`] | Prometheus metrics on an explicit registry |
 //! | [`obs::summary`] | a periodic `info` log line: requests allowed and limited since the last one |
-//! | [`top`] | the heaviest keys of each rule (`/top`, `tollgate top`) in fixed-memory sketches |
+//! | [`limit::top`] | the heaviest keys of each rule (`/top`, `tollgate top`) in fixed-memory sketches |
 //! | [`limiter::clock`] | wall-clock time, or a manual clock for tests |
 //! | [`cli`] | the `tollgate` command line: run, `check`, `explain`, `top` |
 //! | [`process`] | what the binaries share: the async runtime, logging, the shutdown signals (SIGTERM: lame duck first; SIGINT: drain at once), SIGHUP (reload) and SIGUSR1 (reopen the access log) |
@@ -72,7 +72,7 @@
 //! | 10 | [`admin`] [`reload`] | operating a running proxy |
 //! | 9 | [`proxy`] [`held`] [`settle`] | the request path: route, decide, forward or reject, settle |
 //! | 8 | [`decision`] [`envoy_rls`] | the decision API and Envoy's rate limit service |
-//! | 7 | [`rules`] [`top`] | the compiled rules: which match, their keys and limits, the heaviest keys |
+//! | 7 | [`limit`] | the compiled rules: which match, their keys and limits, the heaviest keys |
 //! | 6 | [`store`] | where counters live: this process, or Redis |
 //! | 5 | [`upstream`] | talking to upstream servers |
 //! | 4 | [`obs`] | what tollgate tells operators |
@@ -93,18 +93,17 @@ pub mod floor;
 pub mod handshake;
 pub mod held;
 pub mod idle;
+pub mod limit;
 pub mod limiter;
 pub mod obs;
 pub mod process;
 pub mod proxy;
 pub mod redirect;
 pub mod reload;
-pub mod rules;
 pub mod send_budget;
 pub mod server;
 pub mod settle;
 pub mod store;
 pub mod tls;
-pub mod top;
 pub mod upstream;
 pub mod wire;

@@ -19,14 +19,14 @@ use hyper::body::Incoming;
 
 use crate::config::{ClientConfig, Config, InvalidToken, KeyPart, Normalization, OnError, Route};
 use crate::held::Holding;
+use crate::limit::rules::RuleReport;
+use crate::limit::rules::{Plan, RequestFacts, Rule, RuleSet};
+use crate::limit::top::TopKeys;
 use crate::limiter::{Verdict, ceil_secs};
 use crate::obs::access_log::{AccessLog, Logged, Note};
 use crate::obs::metrics::{Metrics, RouteCounters};
-use crate::rules::RuleReport;
-use crate::rules::{Plan, RequestFacts, Rule, RuleSet};
 use crate::settle::{self, OnTrailers, Settling};
 use crate::store::{Answer, AnyStore, Check, Held, Mode, Stamp, Store, StoreError};
-use crate::top::TopKeys;
 use crate::upstream::UpstreamClient;
 use crate::upstream::forward::{Downstream, RequestBody};
 use crate::upstream::pool::UpstreamBody;
@@ -813,7 +813,7 @@ impl Proxy {
         key: String,
         cost: u64,
     ) -> (Answer, crate::limiter::Limits) {
-        let check_limits = rule.limits_of(plan, crate::rules::NO_UPSTREAM, self.store.clock());
+        let check_limits = rule.limits_of(plan, crate::limit::rules::NO_UPSTREAM, self.store.clock());
         let pending = [Pending { rule, plan, key, check_limits, cost }];
         let mut held = None;
         let answers = self.decide(&pending, &mut held).await;

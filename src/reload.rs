@@ -26,8 +26,8 @@ use std::time::SystemTime;
 
 use crate::config::watch::{self, Target, file_fingerprint, files_fingerprint};
 use crate::config::{Config, ConfigErrors, load_rules};
+use crate::limit::rules::RuleSet;
 use crate::proxy::Proxy;
-use crate::rules::RuleSet;
 
 /// The outcome of the most recent reload, for `/rules` and tests.
 #[derive(Debug, Clone, Default)]

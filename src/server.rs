@@ -25,12 +25,12 @@ use crate::admin::Admin;
 use crate::config::{Backend, Config, ConfigErrors, load_rules};
 use crate::connection::{ConnectionSetup, Slot, serve_connection};
 use crate::drain::Drain;
+use crate::limit::rules::RuleSet;
 use crate::limiter::clock::SharedClock;
 use crate::obs::metrics::Metrics;
 use crate::process::Stop;
 use crate::proxy::Proxy;
 use crate::reload::Reloader;
-use crate::rules::RuleSet;
 use crate::store::{AnyStore, MemoryStore, RedisStore};
 use crate::tls::{CertWatcher, Tls};
 use crate::upstream::tunnel;
@@ -79,7 +79,7 @@ impl Server {
     pub async fn bind(config: Config, clock: SharedClock) -> Result<Server, StartError> {
         let metrics = Arc::new(Metrics::new());
         let rules = RuleSet::from_loaded(load_rules(&config.rules_path, &config)?, &metrics);
-        let top = crate::top::TopKeys::new(config.admin.top_keys, clock.clone());
+        let top = crate::limit::top::TopKeys::new(config.admin.top_keys, clock.clone());
         let store = match config.store.backend {
             Backend::Memory => AnyStore::Memory(
                 MemoryStore::new(clock).bounded(config.store.max_keys, Some(metrics.store_evictions_total.clone())),
@@ -236,7 +236,7 @@ impl Server {
 }
 
 /// The periodic tasks: idle keys swept from the store, and `/top`'s period
-/// kept current for the request path (see crate::top).
+/// kept current for the request path (see crate::limit::top).
 fn housekeeping(proxy: &Arc<Proxy>) -> Vec<tokio::task::JoinHandle<()>> {
     let sweep = tokio::spawn({
         let proxy = proxy.clone();
@@ -251,7 +251,7 @@ fn housekeeping(proxy: &Arc<Proxy>) -> Vec<tokio::task::JoinHandle<()>> {
     let top_tick = proxy.top().is_some().then(|| {
         let proxy = proxy.clone();
         tokio::spawn(async move {
-            let mut every = tokio::time::interval(crate::top::TICK);
+            let mut every = tokio::time::interval(crate::limit::top::TICK);
             loop {
                 every.tick().await;
                 if let Some(top) = proxy.top() {

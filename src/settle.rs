@@ -12,7 +12,7 @@
 //! trailers) leaves the reservation as it was counted.
 //!
 //! Nothing here runs for a rule set without such a rule: the request path
-//! looks only when [`crate::rules::RuleSet::any_settles`] is set.
+//! looks only when [`crate::limit::rules::RuleSet::any_settles`] is set.
 
 use std::sync::Arc;
 

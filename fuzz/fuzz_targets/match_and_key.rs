@@ -30,7 +30,7 @@ use libfuzzer_sys::fuzz_target;
 use tollgate::wire::client::key_addr;
 use tollgate::config::{Config, Cost, KeyPart, LoadedRules, parse_rules_file};
 use tollgate::obs::metrics::Metrics;
-use tollgate::rules::{RequestFacts, Rule, RuleSet};
+use tollgate::limit::rules::{RequestFacts, Rule, RuleSet};
 
 const MAIN: &str = r#"
 [[upstream]]

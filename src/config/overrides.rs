@@ -197,7 +197,7 @@ impl Validator<'_> {
 }
 
 /// An override key in the form the rule builds keys (see
-/// [`crate::rules::Rule::key`]): one `tag=value` per key part, joined by
+/// [`crate::limit::rules::Rule::key`]): one `tag=value` per key part, joined by
 /// `|`, optionally after the rule's encoded name and a `|` (the whole
 /// bucket as `explain` prints it). Values are accepted as `explain` shows
 /// them (percent-encoded) or plain; an `api_key` value is its SHA-256 in hex,

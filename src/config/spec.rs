@@ -1,6 +1,6 @@
 //! The validated rule specs, shared by the rules files' validation
 //! ([`super::rules_file`]) and that of overrides and tiers
-//! ([`super::overrides`]), and read by [`crate::rules`] to compile them.
+//! ([`super::overrides`]), and read by [`crate::limit::rules`] to compile them.
 
 use std::path::PathBuf;
 use std::time::Duration;

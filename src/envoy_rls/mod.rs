@@ -28,9 +28,9 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::decision::Ask;
+use crate::limit::rules::RuleReport;
+use crate::limit::rules::{Plan, Rule};
 use crate::proxy::Proxy;
-use crate::rules::RuleReport;
-use crate::rules::{Plan, Rule};
 use proto::envoy::config::core::v3::HeaderValue;
 use proto::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit};
 use proto::envoy::service::ratelimit::v3::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};

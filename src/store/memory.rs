@@ -129,7 +129,7 @@ impl Hasher for IdentityHasher {
 
 impl MemoryStore {
     /// The clock it reads: a calendar rule's window is computed on it (see
-    /// [`crate::rules::Rule::limits_of`]), so that both agree on the time.
+    /// [`crate::limit::rules::Rule::limits_of`]), so that both agree on the time.
     pub fn clock(&self) -> &dyn crate::limiter::clock::Clock {
         &*self.clock
     }

@@ -17,7 +17,7 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// What one matching rule reported for a request, as the client sees it:
 /// the values the headers are written from. The rules implement it
-/// ([`crate::rules::RuleReport`]), so that this module works on plain
+/// ([`crate::limit::rules::RuleReport`]), so that this module works on plain
 /// values and knows nothing of rules.
 pub trait Report {
     /// The rule's name as a structured-field string, quotes included.

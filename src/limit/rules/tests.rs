@@ -9,8 +9,8 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method};
 
 use super::*;
 use crate::config::{Config, parse_rules};
+use crate::limit::rules::RuleReport;
 use crate::limiter::{Algorithm, Verdict};
-use crate::rules::RuleReport;
 use crate::wire::headers;
 
 const SEC: Nanos = NANOS_PER_SEC;

@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use super::*;
 use crate::config::{Config, parse_rules};
+use crate::limit::rules::RuleSet;
 use crate::limiter::NANOS_PER_SEC;
 use crate::limiter::clock::ManualClock;
 use crate::obs::metrics::Metrics;
-use crate::rules::RuleSet;
 
 /// An instant at the start of a period, far from the epoch.
 const T0: Nanos = 1_000 * PERIOD_NANOS;

@@ -2,7 +2,7 @@
 //! report them.
 
 use super::*;
-use crate::rules::PlanSource;
+use crate::limit::rules::PlanSource;
 
 /// Rule "r" keyed on `user`, 10 per second, with `extra` lines.
 fn by_user(extra: &str) -> RuleSet {

@@ -24,7 +24,7 @@
 //!
 //! Keys are the rules' bucket keys, as `tollgate explain` prints them: an
 //! API key appears only as its SHA-256, never in clear (see
-//! [`crate::rules::Rule::key`]).
+//! [`crate::limit::rules::Rule::key`]).
 
 mod space_saving;
 
@@ -85,7 +85,7 @@ impl By {
 }
 
 /// Rules that each hold their sketches, by name: the rule set
-/// ([`crate::rules::RuleSet`]), which this module sits below and does not
+/// ([`crate::limit::rules::RuleSet`]), which this module sits below and does not
 /// name.
 pub trait Sketched {
     /// Calls `f` with each rule's name and where its sketches go.

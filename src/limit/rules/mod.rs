@@ -93,8 +93,8 @@ pub struct Rule {
     key_prefix: String,
     pub counters: RuleCounters,
     /// Where `/top` counts this rule's keys; `None` with `[admin]
-    /// top_keys = 0` (set by [`crate::top::TopKeys::attach`]).
-    pub top: Option<std::sync::Arc<crate::top::RuleTop>>,
+    /// top_keys = 0` (set by [`crate::limit::top::TopKeys::attach`]).
+    pub top: Option<std::sync::Arc<crate::limit::top::RuleTop>>,
 }
 
 /// Limits a rule applies to some of its requests, with what the headers
@@ -737,8 +737,8 @@ pub fn whole_secs(ns: Nanos) -> u64 {
     ns.div_ceil(NANOS_PER_SEC).max(1)
 }
 
-impl crate::top::Sketched for RuleSet {
-    fn each_sketch(&mut self, f: &mut dyn FnMut(&str, &mut Option<std::sync::Arc<crate::top::RuleTop>>)) {
+impl crate::limit::top::Sketched for RuleSet {
+    fn each_sketch(&mut self, f: &mut dyn FnMut(&str, &mut Option<std::sync::Arc<crate::limit::top::RuleTop>>)) {
         for rule in &mut self.rules {
             f(&rule.spec.name, &mut rule.top);
         }
