@@ -117,7 +117,7 @@ pub fn check_running(config_path: &std::path::Path, admin: &str) -> Result<Vec<S
     let body = reply.split_once("\r\n\r\n").map_or("", |(_, b)| b);
     let running: serde_json::Value = serde_json::from_str(body)
         .map_err(|_| format!("the tollgate at {admin} did not answer /config (an older version?)"))?;
-    Ok(crate::reload::restart_fingerprints(&config)
+    Ok(crate::ops::reload::restart_fingerprints(&config)
         .into_iter()
         .filter(|(name, print)| running["restart_sections"][*name].as_str() != Some(print.as_str()))
         .map(|(name, _)| format!("{name} differs from the running tollgate at {admin}: it applies after a restart"))

@@ -46,8 +46,8 @@
 //! | module | responsibility |
 //! |---|---|
 //! | [`config`] | the only code that reads files: main config and rules, validated with file:line:column errors |
-//! | [`reload`] | watch the rules, debounce, validate, swap; keep the old rules on error |
-//! | [`admin`] | `/metrics`, `/healthz`, `/readyz`, `/rules`, `/config`, `/top` |
+//! | [`ops::reload`] | watch the rules, debounce, validate, swap; keep the old rules on error |
+//! | [`ops::admin`] | `/metrics`, `/healthz`, `/readyz`, `/rules`, `/config`, `/top` |
 //! | [`decision`] | `[listen] decision`: `POST /v1/check`, the proxy's decision for services not behind it ([`decision::decide`], shared with `envoy_rls`) |
 //! | [`envoy_rls`] | `[listen] envoy_rls`: Envoy's `ShouldRateLimit` over gRPC, descriptors mapped to rules by `[[envoy]]` ([`config::EnvoyMapping`]); tonic's generated service on hyper's HTTP/2 server |
 //! | [`obs::metrics`] | Prometheus metrics on an explicit registry |
@@ -69,7 +69,7 @@
 //! |---|---|---|
 //! | 12 | [`cli`] [`floor`] | the command line and the bench binary's setup |
 //! | 11 | [`server`] [`connection`] [`handshake`] [`tls`] [`redirect`] [`idle`] [`send_budget`] [`drain`] [`process`] | the edge: listeners, connections, TLS, shutdown, the composition root |
-//! | 10 | [`admin`] [`reload`] | operating a running proxy |
+//! | 10 | [`ops`] | operating a running proxy |
 //! | 9 | [`proxy`] [`held`] [`settle`] | the request path: route, decide, forward or reject, settle |
 //! | 8 | [`decision`] [`envoy_rls`] | the decision API and Envoy's rate limit service |
 //! | 7 | [`limit`] | the compiled rules: which match, their keys and limits, the heaviest keys |
@@ -82,7 +82,6 @@
 
 #![forbid(unsafe_code)]
 
-pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod connection;
@@ -96,10 +95,10 @@ pub mod idle;
 pub mod limit;
 pub mod limiter;
 pub mod obs;
+pub mod ops;
 pub mod process;
 pub mod proxy;
 pub mod redirect;
-pub mod reload;
 pub mod send_budget;
 pub mod server;
 pub mod settle;

@@ -21,16 +21,16 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::admin::Admin;
 use crate::config::{Backend, Config, ConfigErrors, load_rules};
 use crate::connection::{ConnectionSetup, Slot, serve_connection};
 use crate::drain::Drain;
 use crate::limit::rules::RuleSet;
 use crate::limiter::clock::SharedClock;
 use crate::obs::metrics::Metrics;
+use crate::ops::admin::Admin;
+use crate::ops::reload::Reloader;
 use crate::process::Stop;
 use crate::proxy::Proxy;
-use crate::reload::Reloader;
 use crate::store::{AnyStore, MemoryStore, RedisStore};
 use crate::tls::{CertWatcher, Tls};
 use crate::upstream::tunnel;

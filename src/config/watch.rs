@@ -1,6 +1,6 @@
 //! The one file watcher: notify events, debounced, and a poll of the
 //! files' metadata as a backstop, each look at the files on a blocking
-//! thread. Used for the rules and main file ([`crate::reload`]) and the
+//! thread. Used for the rules and main file ([`crate::ops::reload`]) and the
 //! listener's certificates ([`crate::tls`]).
 //!
 //! A watch can silently go stale when the watched directory is replaced,

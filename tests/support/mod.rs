@@ -57,8 +57,8 @@ use tokio::task::JoinHandle;
 use tollgate::config::Config;
 use tollgate::limiter::NANOS_PER_SEC;
 use tollgate::limiter::clock::ManualClock;
+use tollgate::ops::reload::Reloader;
 use tollgate::proxy::Proxy;
-use tollgate::reload::Reloader;
 use tollgate::server::Server;
 
 /// Where every test's clock starts: a whole number of minutes and hours

@@ -27,8 +27,8 @@ use http_body_util::Full;
 use serde_json::json;
 
 use crate::config::{Cost, OnError};
+use crate::ops::reload::Reloader;
 use crate::proxy::Proxy;
-use crate::reload::Reloader;
 use crate::store::Store;
 use crate::wire::error::{AdminError, json_response};
 
@@ -78,7 +78,7 @@ impl Admin {
             // What `tollgate check --running` compares a new main file with.
             "/config" => {
                 let sections: serde_json::Map<String, serde_json::Value> =
-                    crate::reload::restart_fingerprints(&self.reloader.running())
+                    crate::ops::reload::restart_fingerprints(&self.reloader.running())
                         .into_iter()
                         .map(|(name, print)| (name.to_string(), print.into()))
                         .collect();
