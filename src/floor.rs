@@ -1,6 +1,6 @@
 //! The floor of tollgate's stack, as a bench target (`tollgate-floor`).
 //!
-//! The listener setup of [`crate::server`] (hyper's HTTP/1.1 and h2c server,
+//! The listener setup of [`crate::edge::server`] (hyper's HTTP/1.1 and h2c server,
 //! configured from `[listen]`) and the upstream pool of [`crate::upstream::pool`],
 //! joined by nothing: no normalisation, rules, store, rate-limit or
 //! forwarding headers, metrics, connection limits or timeouts of tollgate's
@@ -25,7 +25,7 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 
 use crate::config::Config;
-use crate::connection::connection_builder;
+use crate::edge::connection::connection_builder;
 use crate::upstream::forward::UPSTREAM_READ_BUFFER;
 use crate::upstream::pool::{Pool, UpstreamBody};
 

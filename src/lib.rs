@@ -11,14 +11,14 @@
 //!
 //! | module | responsibility |
 //! |---|---|
-//! | [`server`] | listeners, connection limits, graceful shutdown |
-//! | [`connection`] | one client connection: hyper over [`idle::IdleIo`], its requests handed to the proxy, the limits on its life |
-//! | [`drain`] | graceful shutdown's signal to each connection, polled only once it is sent, and a connection's own (`max_requests_per_connection`, `max_connection_age`) |
-//! | [`tls`] | TLS on the proxy listener: certificates chosen by SNI, re-read when their files change; optional or required client certificates, keyed by their common name |
-//! | [`handshake`] | a TLS connection's first byte: its handshake, or plain HTTP answered 400 |
-//! | [`redirect`] | `listen.http_redirect`: a plain-HTTP listener answering 308 to the `https://` URL |
-//! | [`idle`] | closes connections with no request in flight for `listen.idle_timeout`, and clients that read nothing for `listen.send_timeout` |
-//! | [`send_budget`] | at most 128 KiB of response bodies held per client connection, whatever its HTTP/2 streams |
+//! | [`edge::server`] | listeners, connection limits, graceful shutdown |
+//! | [`edge::connection`] | one client connection: hyper over [`idle::IdleIo`], its requests handed to the proxy, the limits on its life |
+//! | [`edge::drain`] | graceful shutdown's signal to each connection, polled only once it is sent, and a connection's own (`max_requests_per_connection`, `max_connection_age`) |
+//! | [`edge::tls`] | TLS on the proxy listener: certificates chosen by SNI, re-read when their files change; optional or required client certificates, keyed by their common name |
+//! | [`edge::handshake`] | a TLS connection's first byte: its handshake, or plain HTTP answered 400 |
+//! | [`edge::redirect`] | `listen.http_redirect`: a plain-HTTP listener answering 308 to the `https://` URL |
+//! | [`edge::idle`] | closes connections with no request in flight for `listen.idle_timeout`, and clients that read nothing for `listen.send_timeout` |
+//! | [`edge::send_budget`] | at most 128 KiB of response bodies held per client connection, whatever its HTTP/2 streams |
 //! | [`wire::normalize`] | one spelling per request: canonical path, host, method and header names, or 400 |
 //! | [`proxy`] | the request path: route, decide, forward or reject |
 //! | [`upstream`] | one upstream's servers and a request's tries on them: servers in service (`eject_after`, `max_ejected_percent`, panic mode, backups, `max_inflight`), retries within one deadline and a budget, what each failure is answered with |
@@ -55,7 +55,7 @@
 //! | [`limit::top`] | the heaviest keys of each rule (`/top`, `tollgate top`) in fixed-memory sketches |
 //! | [`limiter::clock`] | wall-clock time, or a manual clock for tests |
 //! | [`cli`] | the `tollgate` command line: run, `check`, `explain`, `top` |
-//! | [`process`] | what the binaries share: the async runtime, logging, the shutdown signals (SIGTERM: lame duck first; SIGINT: drain at once), SIGHUP (reload) and SIGUSR1 (reopen the access log) |
+//! | [`edge::process`] | what the binaries share: the async runtime, logging, the shutdown signals (SIGTERM: lame duck first; SIGINT: drain at once), SIGHUP (reload) and SIGUSR1 (reopen the access log) |
 //! | [`floor`] | `tollgate-floor`: the same server setup and upstream pool with nothing between them, a bench target |
 
 //! # Layers
@@ -68,7 +68,7 @@
 //! | layer | modules | what the layer holds |
 //! |---|---|---|
 //! | 12 | [`cli`] [`floor`] | the command line and the bench binary's setup |
-//! | 11 | [`server`] [`connection`] [`handshake`] [`tls`] [`redirect`] [`idle`] [`send_budget`] [`drain`] [`process`] | the edge: listeners, connections, TLS, shutdown, the composition root |
+//! | 11 | [`edge`] | the edge: listeners, connections, TLS, shutdown, the composition root |
 //! | 10 | [`ops`] | operating a running proxy |
 //! | 9 | [`proxy`] [`held`] [`settle`] | the request path: route, decide, forward or reject, settle |
 //! | 8 | [`decision`] [`envoy_rls`] | the decision API and Envoy's rate limit service |
@@ -84,25 +84,17 @@
 
 pub mod cli;
 pub mod config;
-pub mod connection;
 pub mod decision;
-pub mod drain;
+pub mod edge;
 pub mod envoy_rls;
 pub mod floor;
-pub mod handshake;
 pub mod held;
-pub mod idle;
 pub mod limit;
 pub mod limiter;
 pub mod obs;
 pub mod ops;
-pub mod process;
 pub mod proxy;
-pub mod redirect;
-pub mod send_budget;
-pub mod server;
 pub mod settle;
 pub mod store;
-pub mod tls;
 pub mod upstream;
 pub mod wire;

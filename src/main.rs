@@ -7,9 +7,9 @@ use std::sync::Arc;
 use clap::Parser;
 use tollgate::cli::{self, Cli, Command};
 use tollgate::config::Config;
+use tollgate::edge::process;
+use tollgate::edge::server::{Server, StartError};
 use tollgate::limiter::clock::SystemClock;
-use tollgate::process;
-use tollgate::server::{Server, StartError};
 
 mod allocator;
 

@@ -8,8 +8,8 @@ use std::process::ExitCode;
 use clap::Parser;
 use tollgate::cli::EXIT_CONFIG;
 use tollgate::config::Config;
+use tollgate::edge::process;
 use tollgate::floor::Floor;
-use tollgate::process;
 
 #[path = "../allocator.rs"]
 mod allocator;

@@ -1,7 +1,7 @@
 //! The one file watcher: notify events, debounced, and a poll of the
 //! files' metadata as a backstop, each look at the files on a blocking
 //! thread. Used for the rules and main file ([`crate::ops::reload`]) and the
-//! listener's certificates ([`crate::tls`]).
+//! listener's certificates ([`crate::edge::tls`]).
 //!
 //! A watch can silently go stale when the watched directory is replaced,
 //! so the files' fingerprint is also polled every few seconds. The

@@ -22,17 +22,17 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::{Backend, Config, ConfigErrors, load_rules};
-use crate::connection::{ConnectionSetup, Slot, serve_connection};
-use crate::drain::Drain;
+use crate::edge::connection::{ConnectionSetup, Slot, serve_connection};
+use crate::edge::drain::Drain;
+use crate::edge::process::Stop;
+use crate::edge::tls::{CertWatcher, Tls};
 use crate::limit::rules::RuleSet;
 use crate::limiter::clock::SharedClock;
 use crate::obs::metrics::Metrics;
 use crate::ops::admin::Admin;
 use crate::ops::reload::Reloader;
-use crate::process::Stop;
 use crate::proxy::Proxy;
 use crate::store::{AnyStore, MemoryStore, RedisStore};
-use crate::tls::{CertWatcher, Tls};
 use crate::upstream::tunnel;
 
 /// Why the server could not start.
@@ -65,9 +65,9 @@ pub struct Server {
     envoy_rls_listener: Option<TcpListener>,
     /// SIGHUP, caught from `bind` on: reopens the access log and reloads
     /// the rules.
-    hangup: Option<crate::process::Caught>,
+    hangup: Option<crate::edge::process::Caught>,
     /// SIGUSR1, caught from `bind` on: reopens the access log only.
-    reopen: Option<crate::process::Caught>,
+    reopen: Option<crate::edge::process::Caught>,
 }
 
 /// How often idle keys are swept from the memory store (and from the Redis
@@ -113,8 +113,8 @@ impl Server {
             Some(addr) => Some(bind(addr).await?),
             None => None,
         };
-        let hangup = crate::process::hangup_signal();
-        let reopen = crate::process::reopen_signal();
+        let hangup = crate::edge::process::hangup_signal();
+        let reopen = crate::edge::process::reopen_signal();
         Ok(Server {
             config,
             proxy,
@@ -212,7 +212,7 @@ impl Server {
         });
         let redirect_task = redirect_listener.map(|l| {
             let port = config.listen.redirect_port;
-            tokio::spawn(crate::redirect::serve(
+            tokio::spawn(crate::edge::redirect::serve(
                 l,
                 port,
                 slots.clone(),
@@ -371,11 +371,12 @@ async fn serve_proxy(
                     // The handshake holds a connection slot: bounded like the
                     // request headers that follow it. Plain HTTP is answered
                     // 400 there.
-                    let accepted = crate::handshake::accept(stream, &acceptor, &proxy, peer, handshake_timeout).await;
+                    let accepted =
+                        crate::edge::handshake::accept(stream, &acceptor, &proxy, peer, handshake_timeout).await;
                     if let Some(stream) = accepted {
                         let client = Arc::new(crate::wire::client::Peer {
-                            tls: crate::handshake::version(&stream),
-                            client_cert: crate::tls::client_subject(stream.get_ref().1),
+                            tls: crate::edge::handshake::version(&stream),
+                            client_cert: crate::edge::tls::client_subject(stream.get_ref().1),
                             ..client
                         });
                         serve_connection(stream, peer, proxy, client, &setup, watcher, slot).await;

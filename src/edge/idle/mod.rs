@@ -48,7 +48,7 @@ use prometheus::IntCounter;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
-use crate::send_budget::SendBudget;
+use crate::edge::send_budget::SendBudget;
 
 /// Requests in flight on one connection.
 #[derive(Debug, Clone, Default)]

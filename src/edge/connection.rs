@@ -17,16 +17,16 @@ use prometheus::IntGauge;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::config::Config;
-use crate::drain::{Retire, Watcher};
-use crate::idle::{IdleIo, Inflight, InflightBody};
+use crate::edge::drain::{Retire, Watcher};
+use crate::edge::idle::{IdleIo, Inflight, InflightBody};
+use crate::edge::send_budget::SendBudget;
 use crate::proxy::Proxy;
-use crate::send_budget::SendBudget;
 use crate::upstream::tunnel::{self, Tunnels};
 use crate::wire::client::Peer;
 
 /// The most an HTTP/2 stream's response holds waiting for the client's
 /// flow-control window. All streams of a connection together hold at most
-/// [`crate::send_budget::SEND_BUDGET`].
+/// [`crate::edge::send_budget::SEND_BUDGET`].
 const H2_SEND_BUFFER: usize = 64 * 1024;
 
 /// Streams one HTTP/2 client may have open at once (RFC 9113 recommends

@@ -21,7 +21,7 @@
 //! The same count tells when the client takes nothing: while the
 //! connection holds response data and none of it has been freed for
 //! `listen.send_timeout`, [`SendBudget::stalled_since`] says since when,
-//! and [`crate::idle::IdleIo`] closes the connection. That catches an
+//! and [`crate::edge::idle::IdleIo`] closes the connection. That catches an
 //! HTTP/2 client that withholds WINDOW_UPDATE frames, which never blocks a
 //! socket write.
 
