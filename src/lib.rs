@@ -56,7 +56,7 @@
 //! | [`limiter::clock`] | wall-clock time, or a manual clock for tests |
 //! | [`cli`] | the `tollgate` command line: run, `check`, `explain`, `top` |
 //! | [`edge::process`] | what the binaries share: the async runtime, logging, the shutdown signals (SIGTERM: lame duck first; SIGINT: drain at once), SIGHUP (reload) and SIGUSR1 (reopen the access log) |
-//! | [`floor`] | `tollgate-floor`: the same server setup and upstream pool with nothing between them, a bench target |
+//! | [`cli::floor`] | `tollgate-floor`: the same server setup and upstream pool with nothing between them, a bench target |
 
 //! # Layers
 //!
@@ -67,7 +67,7 @@
 //!
 //! | layer | modules | what the layer holds |
 //! |---|---|---|
-//! | 12 | [`cli`] [`floor`] | the command line and the bench binary's setup |
+//! | 12 | [`cli`] | the command line and the bench binary's setup |
 //! | 11 | [`edge`] | the edge: listeners, connections, TLS, shutdown, the composition root |
 //! | 10 | [`ops`] | operating a running proxy |
 //! | 9 | [`proxy`] [`held`] [`settle`] | the request path: route, decide, forward or reject, settle |
@@ -87,7 +87,6 @@ pub mod config;
 pub mod decision;
 pub mod edge;
 pub mod envoy_rls;
-pub mod floor;
 pub mod held;
 pub mod limit;
 pub mod limiter;

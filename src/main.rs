@@ -11,6 +11,7 @@ use tollgate::edge::process;
 use tollgate::edge::server::{Server, StartError};
 use tollgate::limiter::clock::SystemClock;
 
+#[path = "cli/allocator.rs"]
 mod allocator;
 
 /// mimalloc rather than glibc's malloc: the request path allocates and frees

@@ -8,7 +8,12 @@
 //!   of each rule, and the quota left, without consuming any.
 //! - `tollgate top --admin 127.0.0.1:9090`: the heaviest keys of each rule
 //!   of a running tollgate, redrawn every second (see [`top`]).
+//!
+//! [`floor`] is the setup of the `tollgate-floor` bench binary;
+//! `allocator.rs` beside this file is the binaries' global allocator,
+//! included by `main.rs` and `bin/` with `#[path]` (no library module).
 
+pub mod floor;
 pub mod top;
 
 use std::fmt::Write as _;
