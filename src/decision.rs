@@ -38,11 +38,12 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::config::{Cost, KeyPart, OnError, TierSource};
-use crate::error::json_response;
-use crate::headers::{self, RuleReport};
+use crate::limit::rules::RuleReport;
+use crate::limit::rules::{Plan, RequestFacts, Rule};
 use crate::limiter::{NANOS_PER_SEC, Nanos, ceil_secs};
 use crate::proxy::Proxy;
-use crate::rules::{Plan, RequestFacts, Rule};
+use crate::wire::error::json_response;
+use crate::wire::headers;
 
 /// The largest request body read: a check is a few hundred bytes; anything
 /// far larger is a mistake or an attack, answered 413 without reading on.
@@ -443,9 +444,9 @@ impl KeyValues {
                     let ip: IpAddr =
                         value.parse().map_err(|_| format!("Key part \"ip\": {value:?} is not an IP address."))?;
                     // `exempt` compares the client as the proxy sees it.
-                    let ip = crate::client::canonical(ip);
+                    let ip = crate::wire::client::canonical(ip);
                     v.client_ip = ip;
-                    v.client = crate::client::key_addr(ip, proxy.client_config().ipv6_prefix);
+                    v.client = crate::wire::client::key_addr(ip, proxy.client_config().ipv6_prefix);
                 }
                 KeyPart::User => v.user = Some(value.as_bytes().to_vec()),
                 KeyPart::ApiKey => v.api_key = Some(value.as_bytes().to_vec()),
@@ -457,7 +458,7 @@ impl KeyValues {
                 }
                 KeyPart::Path => {
                     // Canonical, as the proxy keys a request's path.
-                    v.path = crate::normalize::path(value, proxy.normalization())
+                    v.path = crate::wire::normalize::path(value, proxy.normalization())
                         .map_err(|e| format!("Key part \"path\": {}", e.reason()))?
                         .into_owned();
                 }

@@ -2,7 +2,7 @@
 //! 429 or forward to the upstream with rate-limit headers.
 //!
 //! Forwarding itself (streaming bodies, hop-by-hop and
-//! `X-Forwarded-*` headers) is in [`crate::forward`]. Anything tollgate
+//! `X-Forwarded-*` headers) is in [`crate::upstream::forward`]. Anything tollgate
 //! answers itself goes through [`ProxyError`], which alone decides statuses
 //! and bodies.
 
@@ -17,25 +17,26 @@ use http::{Request, Response};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
-use crate::access_log::{AccessLog, Logged, Note};
-use crate::client::{self, Peer};
 use crate::config::{ClientConfig, Config, InvalidToken, KeyPart, Normalization, OnError, Route};
-use crate::error::{self, ProxyError};
-use crate::forward::{Downstream, RequestBody};
-use crate::headers::{self, RuleReport};
 use crate::held::Holding;
-use crate::identity::{Identity, JwtVerifier};
+use crate::limit::rules::RuleReport;
+use crate::limit::rules::{Plan, RequestFacts, Rule, RuleSet};
+use crate::limit::top::TopKeys;
 use crate::limiter::{Verdict, ceil_secs};
-use crate::metrics::{Metrics, RouteCounters};
-use crate::normalize;
-use crate::pool::UpstreamBody;
-use crate::request_id;
-use crate::rules::{Plan, RequestFacts, Rule, RuleSet};
+use crate::obs::access_log::{AccessLog, Logged, Note};
+use crate::obs::metrics::{Metrics, RouteCounters};
 use crate::settle::{self, OnTrailers, Settling};
 use crate::store::{Answer, AnyStore, Check, Held, Mode, Stamp, Store, StoreError};
-use crate::top::TopKeys;
-use crate::tunnel;
 use crate::upstream::UpstreamClient;
+use crate::upstream::forward::{Downstream, RequestBody};
+use crate::upstream::pool::UpstreamBody;
+use crate::upstream::tunnel;
+use crate::wire::client::{self, Peer};
+use crate::wire::error::{self, ProxyError};
+use crate::wire::headers;
+use crate::wire::identity::{Identity, JwtVerifier};
+use crate::wire::normalize;
+use crate::wire::request_id;
 
 /// The body of every response tollgate sends: the upstream's, streamed, or
 /// one tollgate wrote.
@@ -246,7 +247,7 @@ impl Proxy {
     }
 
     /// Serves one request from `peer`; never fails (every failure is an
-    /// answer). The request gets its id first (see [`crate::request_id`]);
+    /// answer). The request gets its id first (see [`crate::wire::request_id`]);
     /// with an access log, its line is sent when the response body ends or
     /// the client goes away, this future dropped before an answer included.
     pub async fn handle(&self, mut req: Request<Incoming>, peer: &Peer) -> Response<LoggedBody> {
@@ -279,7 +280,7 @@ impl Proxy {
         head: &[u8],
         peer: std::net::IpAddr,
         request_id: &http::HeaderValue,
-    ) -> Option<crate::access_log::Pending> {
+    ) -> Option<crate::obs::access_log::Pending> {
         Some(self.access_log.as_ref()?.begin_raw(head, client::canonical(peer), request_id))
     }
 
@@ -315,7 +316,7 @@ impl Proxy {
     ) -> Response<ProxyBody> {
         let routing = self.routing.load_full();
         // One spelling of the request before anything reads it (see
-        // crate::normalize): what is refused here is refused before routing
+        // crate::wire::normalize): what is refused here is refused before routing
         // and counts as a rejection of no route.
         let bad = |counters: &RouteCounters, why: String| {
             counters.rejected.inc();
@@ -626,7 +627,7 @@ impl Proxy {
             // HTTP/2's streams share their connection's budget; an
             // HTTP/1.1 connection has one request at a time.
             ahead_budget: (version == http::Version::HTTP_2)
-                .then(|| peer.body_budget.clone().map(crate::forward::AheadBudget::shared))
+                .then(|| peer.body_budget.clone().map(crate::upstream::forward::AheadBudget::shared))
                 .flatten(),
             upgrade,
             bytes_in: note.bytes_in(),
@@ -674,7 +675,7 @@ impl Proxy {
     /// 414 for the target, 431 for the headers, 501 for a body in a transfer
     /// coding tollgate cannot decode, 413 for a declared body
     /// length (a chunked body is cut off while it is read instead, see
-    /// [`crate::forward::RequestBody`]).
+    /// [`crate::upstream::forward::RequestBody`]).
     fn oversized(&self, req: &Request<Incoming>, route: Option<&Route>) -> Option<ProxyError> {
         if req.uri().path_and_query().map_or(0, |p| p.as_str().len()) > self.max_uri_bytes {
             return Some(ProxyError::UriTooLong);
@@ -684,7 +685,7 @@ impl Proxy {
         if header_bytes > self.max_header_bytes {
             return Some(ProxyError::HeadersTooLarge);
         }
-        if crate::forward::undecodable_transfer_coding(req.headers()) {
+        if crate::upstream::forward::undecodable_transfer_coding(req.headers()) {
             return Some(ProxyError::UnsupportedTransferEncoding);
         }
         let max_body = route.and_then(|r| r.max_body)?;
@@ -812,7 +813,7 @@ impl Proxy {
         key: String,
         cost: u64,
     ) -> (Answer, crate::limiter::Limits) {
-        let check_limits = rule.limits_of(plan, crate::rules::NO_UPSTREAM, self.store.clock());
+        let check_limits = rule.limits_of(plan, crate::limit::rules::NO_UPSTREAM, self.store.clock());
         let pending = [Pending { rule, plan, key, check_limits, cost }];
         let mut held = None;
         let answers = self.decide(&pending, &mut held).await;

@@ -12,7 +12,7 @@
 //! trailers) leaves the reservation as it was counted.
 //!
 //! Nothing here runs for a rule set without such a rule: the request path
-//! looks only when [`crate::rules::RuleSet::any_settles`] is set.
+//! looks only when [`crate::limit::rules::RuleSet::any_settles`] is set.
 
 use std::sync::Arc;
 
@@ -20,7 +20,7 @@ use http::{HeaderMap, HeaderName};
 
 use crate::config::OnError;
 use crate::limiter::Limits;
-use crate::metrics::Metrics;
+use crate::obs::metrics::Metrics;
 use crate::store::{AnyStore, Check, Settler, Stamp};
 
 /// An admitted rule whose reservation waits for its request's real cost.

@@ -170,7 +170,7 @@ async fn a_log_nobody_reads_drops_lines_and_requests_never_wait() {
     // The queue holds QUEUE lines and the writer the batch it took before
     // it got stuck (at most 64 KiB of lines, a few hundred): the rest are
     // dropped.
-    let total = tollgate::access_log::QUEUE + 1000;
+    let total = tollgate::obs::access_log::QUEUE + 1000;
     let addr = tg.proxy_addr;
     let mut tasks = tokio::task::JoinSet::new();
     for w in 0..16 {
@@ -188,7 +188,7 @@ async fn a_log_nobody_reads_drops_lines_and_requests_never_wait() {
     let m = tg.metrics().await;
     let dropped = metric(&m, "tollgate_access_log_dropped_total", &[]).expect("the dropped counter");
     assert!(dropped >= 500.0, "{dropped} lines dropped");
-    assert!(dropped <= (total - tollgate::access_log::QUEUE) as f64, "{dropped} lines dropped");
+    assert!(dropped <= (total - tollgate::obs::access_log::QUEUE) as f64, "{dropped} lines dropped");
 }
 
 /// A tollgate process; killed on drop.

@@ -52,8 +52,8 @@ impl Validator<'_> {
 
     /// `[client] jwt`: reads the key file (relative to the config file) and
     /// checks that it can verify at least one configured algorithm.
-    fn jwt(&mut self, raw: &Spanned<raw::RawJwt>) -> Option<crate::identity::JwtConfig> {
-        use crate::identity::{JwtConfig, JwtVerifier, KeySource};
+    fn jwt(&mut self, raw: &Spanned<raw::RawJwt>) -> Option<crate::wire::identity::JwtConfig> {
+        use crate::wire::identity::{JwtConfig, JwtVerifier, KeySource};
         let j = raw.get_ref();
         let header = match &j.header {
             Some(h) => self.header_name(h, "client.jwt.header")?,

@@ -11,15 +11,19 @@
 
 mod admin;
 mod client;
+pub(crate) mod der;
 mod envoy;
 mod error;
+pub mod key;
 mod listen;
 mod log;
 mod machine;
 mod overrides;
+pub mod pem;
 mod raw;
 mod routes;
 mod rules_file;
+mod spec;
 mod store;
 mod tls;
 mod upstream;
@@ -35,16 +39,19 @@ use ipnet::IpNet;
 use serde::Deserialize;
 use toml::Spanned;
 
-pub use crate::normalize::{EncodedSlashes, Normalization};
+pub use crate::wire::normalize::{EncodedSlashes, Normalization};
 
-pub use admin::AdminConfig;
+pub use admin::{AdminConfig, MAX_TOP_KEYS};
 pub use envoy::EnvoyMapping;
 pub use error::{ConfigError, ConfigErrors, line_col};
 pub use log::{AccessLogTarget, LogConfig};
-pub use overrides::{OverrideSpec, TierSource, TiersSpec};
+pub use pem::{Certificate, ClientAuth};
 pub use rules_file::{
-    CalendarSpec, ClientSet, Cost, DenySpec, InvalidToken, KeyPart, LoadedRules, MatchSpec, PathPattern, RuleMode,
-    RuleSpec, RulesFile, Throttle, load_rules, parse_rules, parse_rules_file, rule_files, rule_files_or_empty,
+    LoadedRules, RulesFile, load_rules, parse_rules, parse_rules_file, rule_files, rule_files_or_empty,
+};
+pub use spec::{
+    CalendarSpec, ClientSet, Cost, DenySpec, InvalidToken, KeyPart, MatchSpec, OverrideSpec, PathPattern, RuleMode,
+    RuleSpec, Throttle, TierSource, TiersSpec,
 };
 pub use upstream::{
     Balance, HashKey, HealthCheck, MIN_RETRY_CONCURRENCY, POOL_IDLE_TIMEOUT, Protocol, Server, Upstream, UpstreamTls,
@@ -134,7 +141,7 @@ pub struct Listen {
     pub shutdown_delay: Duration,
     /// `[[listen.tls]]`, read and checked: when not empty the proxy
     /// listener speaks TLS only, and the first is the default certificate.
-    pub tls: Vec<crate::tls::Certificate>,
+    pub tls: Vec<Certificate>,
     /// A plain-HTTP listener answering 308 to the `https://` URL.
     pub http_redirect: Option<SocketAddr>,
     /// The public HTTPS port the redirects name (left out when 443): the
@@ -143,7 +150,7 @@ pub struct Listen {
     pub redirect_port: u16,
     /// `client_ca_file` and `client_auth`: client certificates asked for
     /// in the TLS handshake; none when `client_ca_file` is not set.
-    pub client_auth: Option<crate::tls::ClientAuth>,
+    pub client_auth: Option<ClientAuth>,
     /// `[listen] decision`: the decision API's listener (`POST /v1/check`,
     /// see [`crate::decision`]); none when not set.
     pub decision: Option<SocketAddr>,
@@ -195,7 +202,7 @@ pub struct TlsClientFiles {
 pub struct ClientConfig {
     /// Verified identity: when set, `user` keys come from a checked JWT and
     /// the user header is ignored.
-    pub jwt: Option<crate::identity::JwtConfig>,
+    pub jwt: Option<crate::wire::identity::JwtConfig>,
     pub trusted_proxies: Vec<IpNet>,
     pub ipv6_prefix: u8,
     pub user_header: HeaderName,
@@ -223,9 +230,9 @@ pub struct Route {
 }
 
 /// A configured host, written as requests' hosts are compared
-/// ([`crate::normalize::canonical_host`]).
+/// ([`crate::wire::normalize::canonical_host`]).
 pub fn canonical_host(host: &str) -> String {
-    crate::normalize::canonical_host(host.trim())
+    crate::wire::normalize::canonical_host(host.trim())
 }
 
 impl Config {
@@ -310,9 +317,9 @@ impl Validator<'_> {
     }
 
     /// A configured path in the canonical form requests are matched in
-    /// (see [`crate::normalize::path`]).
+    /// (see [`crate::wire::normalize::path`]).
     pub fn canonical_path(&mut self, value: &Spanned<String>, what: &str, n: &Normalization) -> Option<String> {
-        match crate::normalize::path(value.get_ref(), n) {
+        match crate::wire::normalize::path(value.get_ref(), n) {
             Ok(p) => Some(p.into_owned()),
             Err(e) => {
                 self.error(value.span(), format!("{what} {:?}: {}", value.get_ref(), e.reason()));
@@ -423,7 +430,7 @@ fn parse_size(raw: &raw::RawSize) -> Option<u64> {
 
 /// An address or a CIDR; a bare address is a /32 or /128. An IPv4-mapped
 /// network (`::ffff:10.0.0.0/104`) is the IPv4 one it stands for, as the
-/// clients it is compared with are ([`crate::client::canonical`]).
+/// clients it is compared with are ([`crate::wire::client::canonical`]).
 pub fn parse_net(s: &str) -> Option<IpNet> {
     let s = s.trim();
     let net = s.parse::<IpNet>().ok().or_else(|| s.parse::<std::net::IpAddr>().ok().map(IpNet::from))?;

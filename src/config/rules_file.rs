@@ -6,142 +6,16 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::{HeaderName, Method};
-use serde::Deserialize;
 use toml::Spanned;
 
-use super::overrides::{Base, OverrideSpec, TiersSpec};
+use super::overrides::Base;
 use super::raw::{RawRule, RawRulesFile};
-use super::{Config, ConfigError, ConfigErrors, OnError, Validator};
+use super::spec::{
+    CalendarSpec, ClientSet, Cost, DEFAULT_MAX_COST, DEFAULT_SLOT_TTL, DenySpec, KeyPart, MAX_COUNT, MAX_SLOT_TTL,
+    MIN_SLOT_TTL, MatchSpec, PathPattern, RuleSpec, Throttle,
+};
+use super::{Config, ConfigError, ConfigErrors, Validator};
 use crate::limiter::Algorithm;
-
-/// Whether a rule may reject.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum RuleMode {
-    #[default]
-    Enforce,
-    /// Counted, with headers and metrics as usual, but never rejects: for
-    /// trialling a rule on live traffic.
-    Shadow,
-}
-
-/// How far over its limit a rule lets a key go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Throttle {
-    /// Never over the limit.
-    Hard,
-    /// Up to `limit * (1 + percent / 100)`, always.
-    Soft { percent: u32 },
-    /// Up to `limit * (1 + percent / 100)` while the route's upstream has
-    /// fewer than `inflight_below` requests in flight; the plain limit
-    /// otherwise.
-    Elastic { percent: u32, inflight_below: u32 },
-}
-
-/// How many units one request takes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Cost {
-    Fixed(u64),
-    /// Read from this request header; absent means 1.
-    Header(HeaderName),
-}
-
-/// One part of a rule's key: the request property whose distinct values get
-/// distinct buckets.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeyPart {
-    Ip,
-    User,
-    ApiKey,
-    Route,
-    Method,
-    Path,
-    /// The common name of the verified client certificate.
-    ClientCert,
-    Header(HeaderName),
-    Query(String),
-}
-
-impl KeyPart {
-    /// The spelling in config files.
-    pub fn describe(&self) -> String {
-        match self {
-            KeyPart::Ip => "ip".into(),
-            KeyPart::User => "user".into(),
-            KeyPart::ApiKey => "api_key".into(),
-            KeyPart::Route => "route".into(),
-            KeyPart::Method => "method".into(),
-            KeyPart::Path => "path".into(),
-            KeyPart::ClientCert => "client_cert".into(),
-            KeyPart::Header(h) => format!("header:{h}"),
-            KeyPart::Query(q) => format!("query:{q}"),
-        }
-    }
-}
-
-/// `match.path`: exact, or a prefix when written with a trailing `*`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PathPattern {
-    Exact(String),
-    Prefix(String),
-}
-
-/// Which requests a rule applies to; every present condition must hold.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MatchSpec {
-    /// Empty: any method.
-    pub methods: Vec<Method>,
-    pub path: Option<PathPattern>,
-    /// Lower-cased; compared with the request's host without its port.
-    pub host: Option<String>,
-    /// A route's upstream name.
-    pub route: Option<String>,
-    pub header: Option<(HeaderName, String)>,
-}
-
-/// A set of clients, by address, verified user or API key: a rule's
-/// `exempt`, or a `[[deny]]` entry.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ClientSet {
-    pub nets: Vec<ipnet::IpNet>,
-    pub users: Vec<String>,
-    pub api_keys: Vec<String>,
-}
-
-impl ClientSet {
-    pub fn is_empty(&self) -> bool {
-        self.nets.is_empty() && self.users.is_empty() && self.api_keys.is_empty()
-    }
-
-    /// Whether the client at `ip` (its full address), with this user and API
-    /// key, is in the set.
-    pub fn contains(&self, ip: std::net::IpAddr, user: Option<&[u8]>, api_key: Option<&[u8]>) -> bool {
-        self.nets.iter().any(|n| n.contains(&ip))
-            || user.is_some_and(|u| self.users.iter().any(|x| x.as_bytes() == u))
-            || api_key.is_some_and(|k| self.api_keys.iter().any(|x| x.as_bytes() == k))
-    }
-}
-
-/// What a rule keyed on `user` does with a request whose JWT fails
-/// verification (`[client] jwt` only).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum InvalidToken {
-    /// 401 with a JSON body.
-    #[default]
-    Reject,
-    /// Count the request under its client IP, as if it had no token.
-    Ip,
-}
-
-/// A validated `[[deny]]` entry.
-#[derive(Debug, Clone)]
-pub struct DenySpec {
-    pub name: String,
-    pub source: PathBuf,
-    pub line: usize,
-    pub clients: ClientSet,
-}
 
 /// Everything the rules path holds, validated.
 #[derive(Debug, Clone, Default)]
@@ -162,70 +36,6 @@ pub struct RulesFile {
     pub denies: Vec<DenySpec>,
     /// `[[envoy]]` entries, checked against the rules by [`load_rules`].
     pub envoy: Vec<Spanned<super::raw::RawEnvoy>>,
-}
-
-/// A validated rule.
-/// The default `max_cost` of a `cost_header` rule (or its bucket, if
-/// smaller): enough for weighted requests, not enough for one request to be
-/// a denial of service on its own.
-pub const DEFAULT_MAX_COST: u64 = 1000;
-
-/// A concurrency slot's TTL in a shared store when the rule does not say:
-/// how long the slots of an instance that died stay counted.
-pub const DEFAULT_SLOT_TTL: Duration = Duration::from_secs(10);
-/// Slots are renewed several times per TTL; below a second, a Redis pause
-/// or a slow renewal round could let a live request's slot expire.
-const MIN_SLOT_TTL: Duration = Duration::from_secs(1);
-const MAX_SLOT_TTL: Duration = Duration::from_secs(3600);
-
-/// `calendar` and `timezone`: a quota per calendar window.
-#[derive(Debug, Clone)]
-pub struct CalendarSpec {
-    pub period: crate::calendar::Period,
-    /// The IANA name as written (`"UTC"` when left out).
-    pub timezone: String,
-    pub zone: jiff::tz::TimeZone,
-}
-
-#[derive(Debug, Clone)]
-pub struct RuleSpec {
-    pub name: String,
-    /// The file it came from and the line of its `[[rule]]`.
-    pub source: PathBuf,
-    pub line: usize,
-    pub matcher: MatchSpec,
-    pub key: Vec<KeyPart>,
-    pub algorithm: Algorithm,
-    pub limit: u64,
-    /// The window; for `algorithm = "concurrency"`, the slot TTL
-    /// (`slot_ttl`), the one duration such a rule has; for a `calendar`
-    /// rule, its longest window ([`crate::calendar::Period::longest`]).
-    pub window: Duration,
-    /// `calendar`: windows on calendar boundaries rather than of `window`.
-    pub calendar: Option<CalendarSpec>,
-    pub burst: u64,
-    pub mode: RuleMode,
-    pub throttle: Throttle,
-    pub cost: Cost,
-    /// The largest cost one request may claim through `cost_header` (the
-    /// fixed cost itself otherwise): a client cannot make one request cost
-    /// the store more than this.
-    pub max_cost: u64,
-    /// `cost_response_header`: the response header, or else trailer, whose
-    /// value corrects the reserved cost to the real one (token bucket,
-    /// fixed window and sliding window counter only).
-    pub cost_response_header: Option<HeaderName>,
-    /// `quota_unit`: what the quota counts ("tokens"), reported as
-    /// `RateLimit-Policy`'s `qu`.
-    pub quota_unit: Option<String>,
-    pub on_error: Option<OnError>,
-    /// Clients this rule never applies to.
-    pub exempt: ClientSet,
-    pub on_invalid_token: InvalidToken,
-    /// `[[rule.override]]`: keys with limits of their own.
-    pub overrides: Vec<OverrideSpec>,
-    /// `tier` and `tiers`: limits chosen by the request's tier.
-    pub tiers: Option<TiersSpec>,
 }
 
 /// The files a rules path stands for: itself, or the `*.toml` files in it
@@ -371,10 +181,6 @@ fn claim_conflict<'a>(mut earlier: impl Iterator<Item = &'a RuleSpec>, rule: &Ru
         claim(other).unwrap_or_default()
     ))
 }
-
-/// The largest limit or burst: counters and Redis scripts stay well inside
-/// exact integer arithmetic (2^53 in Lua doubles, 2^32 in packed cells).
-pub(super) const MAX_COUNT: i64 = 1_000_000_000;
 
 impl Validator<'_> {
     /// Addresses/CIDRs, user ids and API keys of a deny entry or exemption.
@@ -679,7 +485,7 @@ impl Validator<'_> {
             self.error(t.span(), "slot_ttl applies to algorithm = \"concurrency\" only");
             ok = false;
         }
-        let period = crate::calendar::Period::parse(raw.get_ref().trim());
+        let period = crate::limiter::calendar::Period::parse(raw.get_ref().trim());
         if period.is_none() {
             self.error(raw.span(), format!("calendar {:?} is not one of day, week, month", raw.get_ref()));
         }
@@ -749,7 +555,7 @@ impl Validator<'_> {
                     None => (s.as_str(), false),
                 };
                 // Requests are matched by their canonical path (see
-                // crate::normalize), so rule paths are written in it too;
+                // crate::wire::normalize), so rule paths are written in it too;
                 // an exact path ignores a trailing '/', as requests' do.
                 let canonical = toml::Spanned::new(p.span(), text.to_string());
                 if text.contains('*') {
@@ -758,7 +564,7 @@ impl Validator<'_> {
                     spec.path = Some(if prefix {
                         PathPattern::Prefix(c)
                     } else {
-                        PathPattern::Exact(crate::normalize::match_path(&c).to_string())
+                        PathPattern::Exact(crate::wire::normalize::match_path(&c).to_string())
                     });
                 }
             }

@@ -83,7 +83,7 @@ impl Validator<'_> {
         }
         let tls_ca = store.tls_ca_file.as_ref().filter(|_| tls_url).and_then(|f| {
             let (path, pem) = self.read_relative(f)?;
-            if let Err(e) = crate::store::redis::tls_roots(&pem) {
+            if let Err(e) = super::pem::roots(&pem) {
                 self.error(f.span(), format!("{}: {e}", path.display()));
                 return None;
             }
@@ -95,7 +95,7 @@ impl Validator<'_> {
                 let key = self.read_relative(k);
                 match (cert, key) {
                     (Some((cert_path, cert)), Some((key_path, key))) => {
-                        match crate::store::redis::tls_client_identity(&cert, &key) {
+                        match super::pem::client_identity(&cert, &key) {
                             Ok(_) => Some(TlsClientFiles { cert_path, cert, key_path, key }),
                             Err(e) => {
                                 self.error(

@@ -1,13 +1,12 @@
-//! The one file watcher, for every file tollgate re-reads while it runs
-//! (the rules, the main file, the JWKS, the TLS certificates): notify ->
-//! debounce -> a look at the files, on a blocking thread.
+//! The one file watcher: notify events, debounced, and a poll of the
+//! files' metadata as a backstop, each look at the files on a blocking
+//! thread. Used for the rules and main file ([`crate::ops::reload`]) and the
+//! listener's certificates ([`crate::edge::tls`]).
 //!
-//! A watch can go stale without a word (its directory replaced, the
-//! kernel's watch limit reached), so the files are also looked at every
-//! [`POLL`] whatever the watch says: the caller's look compares metadata
-//! fingerprints and reads nothing that did not change, so it is cheap. The
-//! look runs on a blocking thread, never on the runtime that serves
-//! requests (on one CPU it has a single thread).
+//! A watch can silently go stale when the watched directory is replaced,
+//! so the files' fingerprint is also polled every few seconds. The
+//! fingerprint is made of the files' metadata (size, modification and
+//! change times, inode), so an unchanged file is never read.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,59 +15,41 @@ use std::time::Duration;
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
-/// How long file events must pause before the files are looked at.
+/// How long file events must pause before the files are looked at (a
+/// renewal writes a chain and a key one after the other; an editor writes
+/// and renames).
 pub const DEBOUNCE: Duration = Duration::from_millis(200);
-/// How often the files are looked at in case a watch missed a change.
+/// How often the files' metadata is looked at in case a watch missed a
+/// change.
 pub const POLL: Duration = Duration::from_secs(2);
+/// File times are as coarse as the kernel's clock tick (up to 10 ms): a
+/// file modified this recently may change again without its metadata
+/// changing.
+pub const RACY: Duration = Duration::from_millis(50);
 
 /// One path to watch.
 #[derive(Debug, Clone)]
-pub struct Watched {
-    path: PathBuf,
-    mode: RecursiveMode,
-    /// Whether failing to watch it is worth a warning (the poll covers it
-    /// either way).
-    required: bool,
+pub struct Target {
+    pub path: PathBuf,
+    /// With what is under it (a directory of rules files).
+    pub recursive: bool,
+    /// A failure to watch it is logged (and the poll alone finds changes);
+    /// otherwise it is a best effort, left out silently.
+    pub required: bool,
 }
 
-impl Watched {
-    /// `path` and, when it is a directory, what it holds, however deep.
-    pub fn tree(path: &Path) -> Watched {
-        Watched { path: path.to_path_buf(), mode: RecursiveMode::Recursive, required: true }
-    }
-
-    /// The directory `path`, for its entries being edited, added, removed or
-    /// renamed over: what a watch on a file that gets replaced misses.
-    pub fn dir(path: &Path) -> Watched {
-        Watched { path: path.to_path_buf(), mode: RecursiveMode::NonRecursive, required: true }
-    }
-
-    /// The directory holding `path`, if it names one, without a warning when
-    /// it cannot be watched.
-    pub fn parent_of(path: &Path) -> Option<Watched> {
-        let parent = path.parent().filter(|p| !p.as_os_str().is_empty())?;
-        Some(Watched { required: false, ..Watched::dir(parent) })
-    }
-}
-
-/// What the log lines of [`watch`] call the files and their look.
-#[derive(Debug, Clone, Copy)]
-pub struct Names {
-    /// "the rules path": "cannot watch {files}; polling every 2s instead".
-    pub files: &'static str,
-    /// "the rules poll": "{poll} failed" when the look panicked.
-    pub poll: &'static str,
-}
-
-/// Watches `paths` until the task is dropped, and calls `look` on a
-/// blocking thread once events stop arriving for [`DEBOUNCE`], and every
-/// [`POLL`].
-pub async fn watch(names: Names, paths: Vec<Watched>, look: impl Fn() + Send + Sync + 'static) {
-    let look = Arc::new(look);
+/// Calls `poll` (on a blocking thread) after file events on `targets`
+/// pause for [`DEBOUNCE`], and every [`POLL`], until the task is dropped.
+/// `what` names the files in the log lines ("rules path", "TLS files").
+pub async fn watch<F>(what: &'static str, targets: Vec<Target>, poll: F)
+where
+    F: Fn() + Send + Sync + 'static,
+{
+    let poll = Arc::new(poll);
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
-    let _watcher = watcher(names, paths, tx);
-    let mut poll = tokio::time::interval(POLL);
-    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let _watcher = watcher(what, &targets, tx);
+    let mut tick = tokio::time::interval(POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             ev = rx.recv() => {
@@ -81,102 +62,106 @@ pub async fn watch(names: Names, paths: Vec<Watched>, look: impl Fn() + Send + S
                         Err(_) => break,
                     }
                 }
-                look_off_runtime(names, &look).await;
+                off_runtime(what, &poll).await;
             }
-            _ = poll.tick() => look_off_runtime(names, &look).await,
+            _ = tick.tick() => off_runtime(what, &poll).await,
         }
     }
 }
 
-async fn look_off_runtime(names: Names, look: &Arc<impl Fn() + Send + Sync + 'static>) {
-    let look = look.clone();
-    if let Err(e) = tokio::task::spawn_blocking(move || look()).await {
-        tracing::error!(error = %e, "{} failed", names.poll);
+/// `poll` on a blocking thread, never on the runtime that serves requests
+/// (on one CPU it has a single thread).
+async fn off_runtime<F: Fn() + Send + Sync + 'static>(what: &str, poll: &Arc<F>) {
+    let poll = poll.clone();
+    if let Err(e) = tokio::task::spawn_blocking(move || poll()).await {
+        tracing::error!(error = %e, "the poll of the {what} failed");
     }
 }
 
-/// A watcher sending `()` on `tx` for every event under `paths`, or `None`
-/// when notify cannot watch at all. A path watched twice is watched once,
-/// recursively if either asked so. A required path that cannot be watched
-/// is warned about; the others stay watched.
-fn watcher(names: Names, paths: Vec<Watched>, tx: mpsc::UnboundedSender<()>) -> Option<notify::RecommendedWatcher> {
-    let warn = |e: &notify::Error| {
-        tracing::warn!(error = %e, "cannot watch {}; polling every {POLL:?} instead", names.files);
-    };
-    let mut w = match notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+/// A notify watcher on `targets`; `None` when none could be watched.
+fn watcher(what: &str, targets: &[Target], tx: mpsc::UnboundedSender<()>) -> Option<notify::RecommendedWatcher> {
+    let made = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
         if res.is_ok() {
             let _ = tx.send(());
         }
-    }) {
+    });
+    let mut w = match made {
         Ok(w) => w,
         Err(e) => {
-            warn(&e);
+            tracing::warn!(error = %e, "cannot watch the {what}; polling every {POLL:?} instead");
             return None;
         }
     };
-    let mut merged: Vec<Watched> = Vec::with_capacity(paths.len());
-    for p in paths {
-        match merged.iter_mut().find(|m| m.path == p.path) {
-            Some(m) => {
-                m.required |= p.required;
-                if p.mode == RecursiveMode::Recursive {
-                    m.mode = RecursiveMode::Recursive;
-                }
-            }
-            None => merged.push(p),
-        }
-    }
-    let mut warned = false;
-    for p in &merged {
-        if let Err(e) = w.watch(&p.path, p.mode)
-            && p.required
-            && !std::mem::replace(&mut warned, true)
+    for t in targets {
+        let mode = if t.recursive { RecursiveMode::Recursive } else { RecursiveMode::NonRecursive };
+        if let Err(e) = w.watch(&t.path, mode)
+            && t.required
         {
-            warn(&e);
+            tracing::warn!(error = %e, "cannot watch the {what}; polling every {POLL:?} instead");
         }
     }
     Some(w)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+/// The directory holding `path`, for a watch that sees the file replaced
+/// (a rename over it, a swapped symlink as certbot's `live/` does); none
+/// for a bare file name.
+pub fn parent(path: &Path) -> Option<PathBuf> {
+    path.parent().filter(|p| !p.as_os_str().is_empty()).map(Path::to_path_buf)
+}
 
-    #[test]
-    fn a_parent_is_named_only_when_there_is_one() {
-        assert!(Watched::parent_of(Path::new("rules.toml")).is_none());
-        let p = Watched::parent_of(Path::new("/etc/tollgate/rules.toml")).expect("a parent");
-        assert_eq!(
-            (p.path.as_path(), p.mode, p.required),
-            (Path::new("/etc/tollgate"), RecursiveMode::NonRecursive, false)
-        );
+/// A summary of one file's metadata (0 when it cannot be read): follows
+/// symlinks, so a swapped link shows as another inode.
+pub fn file_fingerprint(path: &Path) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = foldhash::quality::FixedState::with_seed(2).build_hasher();
+    match std::fs::metadata(path) {
+        Ok(meta) => write_metadata(&mut h, &meta),
+        Err(_) => return 0,
     }
+    h.finish()
+}
 
-    #[tokio::test]
-    async fn an_edit_is_seen_after_the_debounce() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let file = dir.path().join("rules.toml");
-        std::fs::write(&file, "a").expect("write");
-        let looks = Arc::new(AtomicUsize::new(0));
-        let counted = looks.clone();
-        let names = Names { files: "the test files", poll: "the test poll" };
-        let paths = vec![Watched::tree(&file), Watched::dir(dir.path())];
-        let task = tokio::spawn(watch(names, paths, move || {
-            counted.fetch_add(1, Ordering::SeqCst);
-        }));
-        // The interval's first tick is at once: one look at the start.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
-        while looks.load(Ordering::SeqCst) < 1 && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+/// A summary of several files' metadata (their names included): changes
+/// when any file is added, removed or edited, including through a swapped
+/// symlink. Reads metadata only, never contents. Also whether any file was
+/// modified within [`RACY`] of now.
+pub fn files_fingerprint(files: &[PathBuf]) -> (u64, bool) {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = foldhash::quality::FixedState::with_seed(1).build_hasher();
+    let mut racy = false;
+    for f in files {
+        h.write(f.as_os_str().as_encoded_bytes());
+        match std::fs::metadata(f) {
+            Ok(meta) => {
+                write_metadata(&mut h, &meta);
+                racy |= is_racy(&meta);
+            }
+            Err(_) => h.write_u8(0),
         }
-        let before = looks.load(Ordering::SeqCst);
-        std::fs::write(&file, "b").expect("write");
-        let deadline = tokio::time::Instant::now() + POLL - Duration::from_millis(300);
-        while looks.load(Ordering::SeqCst) == before && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        task.abort();
-        assert!(looks.load(Ordering::SeqCst) > before, "the edit was not seen before the next poll");
     }
+    (h.finish(), racy)
+}
+
+/// Whether the file was modified within [`RACY`] of now.
+pub fn recently_modified(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| is_racy(&m))
+}
+
+fn is_racy(meta: &std::fs::Metadata) -> bool {
+    meta.modified().is_ok_and(|m| m.elapsed().is_ok_and(|age| age < RACY))
+}
+
+/// Size, modification and change times (to the nanosecond) and identity: an
+/// edit changes the times, a rename over the file or a swapped symlink the
+/// inode.
+fn write_metadata(h: &mut impl std::hash::Hasher, meta: &std::fs::Metadata) {
+    use std::os::unix::fs::MetadataExt;
+    h.write_u64(meta.len());
+    h.write_i64(meta.mtime());
+    h.write_i64(meta.mtime_nsec());
+    h.write_i64(meta.ctime());
+    h.write_i64(meta.ctime_nsec());
+    h.write_u64(meta.ino());
+    h.write_u64(meta.dev());
 }

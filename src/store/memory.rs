@@ -41,7 +41,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::MutexGuard;
 use prometheus::IntCounter;
 
-use crate::clock::SharedClock;
+use crate::limiter::clock::SharedClock;
 use crate::limiter::shards::Shards;
 use crate::limiter::{self, Cell, Limits, Log, Nanos, Verdict};
 use crate::store::{Answer, Check, Mode, Store, StoreError};
@@ -129,8 +129,8 @@ impl Hasher for IdentityHasher {
 
 impl MemoryStore {
     /// The clock it reads: a calendar rule's window is computed on it (see
-    /// [`crate::rules::Rule::limits_of`]), so that both agree on the time.
-    pub fn clock(&self) -> &dyn crate::clock::Clock {
+    /// [`crate::limit::rules::Rule::limits_of`]), so that both agree on the time.
+    pub fn clock(&self) -> &dyn crate::limiter::clock::Clock {
         &*self.clock
     }
 
@@ -453,7 +453,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::clock::ManualClock;
+    use crate::limiter::clock::ManualClock;
     use crate::limiter::{Algorithm, NANOS_PER_SEC};
 
     fn limits(algorithm: Algorithm, limit: u64) -> Limits {

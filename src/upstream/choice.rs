@@ -1,7 +1,7 @@
 //! Which servers of an upstream are candidates for a try, and the state
 //! that decides it: passive health's cap on servers out (never the last
 //! one in), panic mode, backups, `max_inflight`, and the retry budget.
-//! [`crate::balance`] then picks one of the candidates.
+//! [`crate::upstream::balance`] then picks one of the candidates.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -153,9 +153,9 @@ impl Drop for RetryGuard<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::ProxyError;
-    use crate::metrics::Metrics;
-    use crate::pool::{Answered, PoolError};
+    use crate::obs::metrics::Metrics;
+    use crate::upstream::pool::{Answered, PoolError};
+    use crate::wire::error::ProxyError;
 
     fn client(extra: &str) -> UpstreamClient {
         let text = format!(

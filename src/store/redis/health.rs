@@ -43,7 +43,7 @@ use prometheus::{IntCounter, IntGauge, IntGaugeVec};
 use tokio::sync::Notify;
 
 use super::call;
-use crate::metrics::Metrics;
+use crate::obs::metrics::Metrics;
 use crate::store::StoreError;
 
 /// Consecutive failed calls that take a node down.
