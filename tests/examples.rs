@@ -212,7 +212,7 @@ fn dashboard_queries_are_valid_promql() {
 
 /// The metric names `src/metrics.rs` registers.
 fn registered_metrics() -> Vec<String> {
-    let src = std::fs::read_to_string(repo().join("src/metrics.rs")).expect("read src/metrics.rs");
+    let src = std::fs::read_to_string(repo().join("src/obs/metrics.rs")).expect("read src/obs/metrics.rs");
     src.split('"')
         .filter(|s| s.starts_with("tollgate_") && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
         .map(String::from)
