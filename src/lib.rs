@@ -20,7 +20,8 @@
 //! | [`idle`] | closes connections with no request in flight for `listen.idle_timeout`, and clients that read nothing for `listen.send_timeout` |
 //! | [`send_budget`] | at most 128 KiB of response bodies held per client connection, whatever its HTTP/2 streams |
 //! | [`normalize`] | one spelling per request: canonical path, host, method and header names, or 400 |
-//! | [`proxy`] | the request path: route, decide, forward or reject |
+//! | [`proxy`] | the request path in phases over one per-request context: admit (spelling, route, limits, client, identity), decide, reject or forward, settle, and one log step |
+//! | [`decide`] | the `Decider`, the one place a request's facts become verdicts: deny list, keys and costs, one store round, `on_error`, per-rule metrics and reports; used by the proxy, `decision` and `envoy_rls` |
 //! | [`upstream`] | one upstream's servers and a request's tries on them: servers in service (`eject_after`, `max_ejected_percent`, panic mode, backups, `max_inflight`), retries within one deadline and a budget, what each failure is answered with |
 //! | [`forward`] | hop-by-hop and `X-Forwarded-*` headers, request bodies (read ahead up to `buffer_body` and the connection's `connection_body_buffer`, `max_body`, `body_read_timeout`) |
 //! | [`tunnel`] | WebSocket and other upgrades: after the upstream's 101, bytes copied both ways; at shutdown's end a WebSocket close frame, 1001 |
@@ -48,7 +49,7 @@
 //! | [`config`] | the only code that reads files: main config and rules, validated with file:line:column errors |
 //! | [`reload`] | watch the rules, debounce, validate, swap; keep the old rules on error |
 //! | [`admin`] | `/metrics`, `/healthz`, `/readyz`, `/rules`, `/config`, `/top` |
-//! | [`decision`] | `[listen] decision`: `POST /v1/check`, the proxy's decision for services not behind it ([`decision::decide`], shared with `envoy_rls`) |
+//! | [`decision`] | `[listen] decision`: `POST /v1/check`, the proxy's decision for services not behind it (key parts parsed into a rule's key, then [`decide::Decider::decide_one`], shared with `envoy_rls`) |
 //! | [`envoy_rls`] | `[listen] envoy_rls`: Envoy's `ShouldRateLimit` over gRPC, descriptors mapped to rules by `[[envoy]]` ([`config::EnvoyMapping`]); tonic's generated service on hyper's HTTP/2 server |
 //! | [`metrics`] | Prometheus metrics on an explicit registry |
 //! | [`summary`] | a periodic `info` log line: requests allowed and limited since the last one |
@@ -69,6 +70,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod connection;
+pub mod decide;
 pub mod decision;
 pub mod drain;
 pub mod envoy_rls;
