@@ -9,17 +9,19 @@ use std::collections::HashMap;
 use std::hint::black_box;
 use std::net::IpAddr;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use http::{HeaderMap, HeaderValue, Method};
-use tollgate::clock::{ManualClock, SystemClock};
+use parking_lot::Mutex;
 use tollgate::config::{Config, parse_rules};
-use tollgate::headers::{self, RuleReport};
+use tollgate::limit::rules::RuleReport;
+use tollgate::limit::rules::{RequestFacts, RuleSet};
+use tollgate::limiter::clock::{ManualClock, SystemClock};
 use tollgate::limiter::{self, Algorithm, Cell, Limits, NANOS_PER_SEC};
-use tollgate::metrics::Metrics;
-use tollgate::rules::{RequestFacts, RuleSet};
+use tollgate::obs::metrics::Metrics;
 use tollgate::store::{Check, MemoryStore, Mode};
+use tollgate::wire::headers;
 
 const MAIN: &str = r#"
 [[upstream]]
@@ -173,9 +175,9 @@ fn algorithms(c: &mut Criterion) {
     g.bench_function("naive_global_mutex_fixed_window", |b| {
         b.iter(|| {
             i = (i + 1) % keys.len();
-            let now = tollgate::clock::Clock::now(&clock);
+            let now = tollgate::limiter::clock::Clock::now(&clock);
             let window = now / NANOS_PER_SEC;
-            let mut map = naive.lock().unwrap_or_else(|p| p.into_inner());
+            let mut map = naive.lock();
             let e = map.entry(keys[i].clone()).or_insert((window, 0));
             if e.0 != window {
                 *e = (window, 0);
@@ -241,7 +243,7 @@ fn header_rendering(c: &mut Criterion) {
 /// request, against the remembered identity on the requests that follow.
 fn jwt_identity(c: &mut Criterion) {
     use jsonwebtoken::{Algorithm as Jwa, EncodingKey, Header};
-    use tollgate::identity::{Identity, JwtConfig, JwtVerifier, KeySource};
+    use tollgate::wire::identity::{Identity, JwtConfig, JwtVerifier, KeySource};
 
     // A key pair made for this benchmark only (benches/fixtures/).
     let private = include_bytes!("fixtures/bench-rsa-private.pem");

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use tollgate::clock::ManualClock;
+use tollgate::limiter::clock::ManualClock;
 use tollgate::limiter::{Algorithm, Limits, NANOS_PER_SEC};
 use tollgate::store::{Check, MemoryStore, Mode};
 

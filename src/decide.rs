@@ -15,19 +15,22 @@
 //! on the wire is the caller's (the proxy's 429 and headers, the API's
 //! JSON, Envoy's descriptor statuses).
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 
 use crate::config::{Config, InvalidToken, KeyPart, Normalization, OnError};
-use crate::error::ProxyError;
-use crate::headers::{self, RuleReport};
+use crate::limit::rules::RuleReport;
+use crate::limit::rules::{Plan, RequestFacts, Rule, RuleSet};
+use crate::limit::top::TopKeys;
 use crate::limiter::{Limits, Nanos, Verdict, ceil_secs};
-use crate::metrics::Metrics;
-use crate::rules::{Plan, RequestFacts, Rule, RuleSet};
+use crate::obs::metrics::Metrics;
 use crate::store::{Answer, AnyStore, Check, Held, Mode, Stamp, Store};
-use crate::top::TopKeys;
+use crate::wire::error::ProxyError;
+use crate::wire::headers;
 
 mod outcome;
 mod round;
@@ -215,7 +218,7 @@ impl Decider {
         if let Some(t) = &self.top {
             t.attach(&mut rules);
         }
-        let extra = self.extra_idle_horizon.lock().unwrap_or_else(PoisonError::into_inner);
+        let extra = self.extra_idle_horizon.lock();
         self.store.set_idle_horizon(rules.idle_horizon.max(*extra));
         self.metrics.rules_active.set(rules.rules.len() as i64);
         self.rules.store(Arc::new(rules));
@@ -229,7 +232,7 @@ impl Decider {
     /// told only when it does.
     pub fn cover_idle_horizon(&self, limits: &Limits) {
         let h = limits.idle_horizon().saturating_mul(2);
-        let mut extra = self.extra_idle_horizon.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut extra = self.extra_idle_horizon.lock();
         if h > *extra {
             *extra = h;
             self.store.set_idle_horizon(self.rules.load().idle_horizon.max(h));
@@ -341,7 +344,7 @@ impl Decider {
     /// in-flight count could show it idle). Not for concurrency rules: a
     /// slot taken here would be given back at once.
     pub async fn decide_one<'r>(&self, rule: &'r Rule, plan: &'r Plan, key: String, cost: u64) -> Outcome<'r> {
-        let check_limits = rule.limits_of(plan, crate::rules::NO_UPSTREAM, self.store.clock());
+        let check_limits = rule.limits_of(plan, crate::limit::rules::NO_UPSTREAM, self.store.clock());
         let mut d = Decision::new();
         d.pending.push(Pending { rule, plan, key, check_limits, cost });
         // A check holds no slot (concurrency rules are refused before).

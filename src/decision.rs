@@ -39,9 +39,9 @@ use tokio::sync::Semaphore;
 
 use crate::config::{Cost, KeyPart, TierSource};
 use crate::decide::{Decider, Outcome};
-use crate::error::json_response;
+use crate::limit::rules::{Plan, RequestFacts, Rule};
 use crate::limiter::NANOS_PER_SEC;
-use crate::rules::{Plan, RequestFacts, Rule};
+use crate::wire::error::json_response;
 
 /// The largest request body read: a check is a few hundred bytes; anything
 /// far larger is a mistake or an attack, answered 413 without reading on.
@@ -379,9 +379,9 @@ impl KeyValues {
                 let ip: IpAddr =
                     value.parse().map_err(|_| format!("Key part \"ip\": {value:?} is not an IP address."))?;
                 // `exempt` compares the client as the proxy sees it.
-                let ip = crate::client::canonical(ip);
+                let ip = crate::wire::client::canonical(ip);
                 self.client_ip = ip;
-                self.client = crate::client::key_addr(ip, decider.ipv6_prefix());
+                self.client = crate::wire::client::key_addr(ip, decider.ipv6_prefix());
             }
             KeyPart::User => self.user = Some(value.as_bytes().to_vec()),
             KeyPart::ApiKey => self.api_key = Some(value.as_bytes().to_vec()),
@@ -393,7 +393,7 @@ impl KeyValues {
             }
             KeyPart::Path => {
                 // Canonical, as the proxy keys a request's path.
-                self.path = crate::normalize::path(value, decider.normalization())
+                self.path = crate::wire::normalize::path(value, decider.normalization())
                     .map_err(|e| format!("Key part \"path\": {}", e.reason()))?
                     .into_owned();
             }

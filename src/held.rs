@@ -8,7 +8,7 @@
 //! or 404 after admission gives its slots back the same way. A request
 //! whose future is dropped before it has a response (the client went away
 //! while the upstream was thinking) drops its slots with it. A WebSocket or
-//! other tunnel holds them until it closes (see [`crate::tunnel::Pending`]).
+//! other tunnel holds them until it closes (see [`crate::upstream::tunnel::Pending`]).
 //!
 //! The same ride carries the reservations of `cost_response_header` rules
 //! whose real cost comes in the body's trailers ([`OnTrailers`]): settled

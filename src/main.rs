@@ -6,11 +6,12 @@ use std::sync::Arc;
 
 use clap::Parser;
 use tollgate::cli::{self, Cli, Command};
-use tollgate::clock::SystemClock;
 use tollgate::config::Config;
-use tollgate::process;
-use tollgate::server::{Server, StartError};
+use tollgate::edge::process;
+use tollgate::edge::server::{Server, StartError};
+use tollgate::limiter::clock::SystemClock;
 
+#[path = "cli/allocator.rs"]
 mod allocator;
 
 /// mimalloc rather than glibc's malloc: the request path allocates and frees

@@ -10,7 +10,7 @@
 //!   or `forward` to the upstream and `answered`: tunnel, settle, headers.
 //!
 //! Forwarding itself (streaming bodies, hop-by-hop and `X-Forwarded-*`
-//! headers) is in [`crate::forward`]. Anything tollgate answers itself goes
+//! headers) is in [`crate::upstream::forward`]. Anything tollgate answers itself goes
 //! through [`ProxyError`], which alone decides statuses and bodies.
 
 use std::net::{IpAddr, SocketAddr};
@@ -24,25 +24,25 @@ use http::{HeaderValue, Request, Response, header};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
-use crate::access_log::{AccessLog, Logged, Note};
-use crate::client::{self, Peer};
 use crate::config::{ClientConfig, Config, Normalization, OnError, Route};
 use crate::decide::{Decider, Decision, Ruling};
-use crate::error::ProxyError;
-use crate::forward::RequestBody;
-use crate::headers;
 use crate::held::Holding;
-use crate::identity::{Identity, JwtVerifier};
-use crate::metrics::{Metrics, RouteCounters};
-use crate::normalize::Host;
-use crate::pool::UpstreamBody;
-use crate::request_id;
-use crate::rules::RuleSet;
+use crate::limit::rules::RuleSet;
+use crate::limit::top::TopKeys;
+use crate::obs::access_log::{AccessLog, Logged, Note};
+use crate::obs::metrics::{Metrics, RouteCounters};
 use crate::settle::OnTrailers;
 use crate::store::{AnyStore, Held};
-use crate::top::TopKeys;
-use crate::tunnel;
 use crate::upstream::UpstreamClient;
+use crate::upstream::forward::RequestBody;
+use crate::upstream::pool::UpstreamBody;
+use crate::upstream::tunnel;
+use crate::wire::client::{self, Peer};
+use crate::wire::error::ProxyError;
+use crate::wire::headers;
+use crate::wire::identity::{Identity, JwtVerifier};
+use crate::wire::normalize::Host;
+use crate::wire::request_id;
 
 mod admit;
 mod respond;
@@ -236,7 +236,7 @@ impl Proxy {
     }
 
     /// Serves one request from `peer`; never fails (every failure is an
-    /// answer). The request gets its id first (see [`crate::request_id`]);
+    /// answer). The request gets its id first (see [`crate::wire::request_id`]);
     /// with an access log, its line is sent when the response body ends or
     /// the client goes away, this future dropped before an answer included.
     pub async fn handle(&self, mut req: Request<Incoming>, peer: &Peer) -> Response<LoggedBody> {
@@ -246,7 +246,7 @@ impl Proxy {
         let mut x = Exchange {
             peer,
             request_id,
-            note: entry.as_mut().map_or_else(Note::off, crate::access_log::Pending::note),
+            note: entry.as_mut().map_or_else(Note::off, crate::obs::access_log::Pending::note),
             routing: self.routing.load_full(),
             route: None,
             host: None,
@@ -282,7 +282,7 @@ impl Proxy {
         head: &[u8],
         peer: std::net::IpAddr,
         request_id: &http::HeaderValue,
-    ) -> Option<crate::access_log::Pending> {
+    ) -> Option<crate::obs::access_log::Pending> {
         Some(self.access_log.as_ref()?.begin_raw(head, client::canonical(peer), request_id))
     }
 

@@ -2,7 +2,7 @@
 //! is admitted, and its response says what it really cost (LLM tokens,
 //! bytes, query work), which corrects the counters: the difference is
 //! given back, or charged on top even past the limit (a debt the next
-//! requests wait out; see `src/limiter/settle.rs`).
+//! requests wait out; see `src/limiter/reservation.rs`).
 //!
 //! The real cost is read from the response head when the upstream sends
 //! it there, or else from the body's trailers, which only come at its end:
@@ -12,7 +12,7 @@
 //! trailers) leaves the reservation as it was counted.
 //!
 //! Nothing here runs for a rule set without such a rule: the request path
-//! looks only when [`crate::rules::RuleSet::any_settles`] is set.
+//! looks only when [`crate::limit::rules::RuleSet::any_settles`] is set.
 
 use std::sync::Arc;
 
@@ -20,7 +20,7 @@ use http::{HeaderMap, HeaderName};
 
 use crate::config::OnError;
 use crate::limiter::Limits;
-use crate::metrics::Metrics;
+use crate::obs::metrics::Metrics;
 use crate::store::{AnyStore, Check, Settler, Stamp};
 
 /// An admitted rule whose reservation waits for its request's real cost.

@@ -179,3 +179,49 @@ async fn a_changed_jwks_file_is_picked_up() {
     tg.reloader.reload_jwks_if_changed();
     assert_eq!(statuses(1, || tg.get("/").header("authorization", &t)).await, [401]);
 }
+
+/// Algorithm confusion (README, Verified identity): with an RSA public key
+/// configured, a token that says HS256 and is signed with that public key's
+/// PEM text as the HMAC secret (which anyone can read) never verifies. A
+/// token signed with the private key does, so the key is in use.
+#[tokio::test]
+async fn an_rsa_key_never_verifies_a_forged_hs256_token() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .expect("openssl runs (scripts/test installs curl, which brings it)");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    openssl(&["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", "jwt.key"]);
+    openssl(&["pkey", "-in", "jwt.key", "-pubout", "-out", "jwt.pub"]);
+    let private = std::fs::read(dir.path().join("jwt.key")).expect("private key");
+    let public = std::fs::read(dir.path().join("jwt.pub")).expect("public key");
+    std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
+    let rules = "[[rule]]\nname = \"per-user\"\nkey = [\"user\"]\nlimit = 100\nwindow = \"1m\"\non_invalid_token = \"reject\"\n";
+    std::fs::write(dir.path().join("rules/r.toml"), rules).expect("write rules");
+    let cfg = config(upstream.addr).replace(
+        "[client]\n",
+        "[client]\njwt = { key_file = \"jwt.pub\", algorithms = [\"RS256\"], leeway = \"0s\" }\n",
+    );
+    let tg = Tollgate::start_in(dir, &cfg).await;
+    let claims = json!({"sub": "alice", "exp": jsonwebtoken::get_current_timestamp() + 300});
+    let signed = |alg: Algorithm, key: &EncodingKey| {
+        format!("Bearer {}", encode(&Header::new(alg), &claims, key).expect("token encodes"))
+    };
+
+    let genuine = signed(Algorithm::RS256, &EncodingKey::from_rsa_pem(&private).expect("RSA private key"));
+    let r = tg.get("/").header("authorization", &genuine).send().await;
+    assert_eq!(r.status, 200, "the RS256 token: {}", r.text());
+    let trimmed = public.trim_ascii_end();
+    for secret in [&public[..], trimmed] {
+        let forged = signed(Algorithm::HS256, &EncodingKey::from_secret(secret));
+        let r = tg.get("/").header("authorization", &forged).send().await;
+        assert_eq!(r.status, 401, "an HS256 token keyed with the public key was accepted: {}", r.text());
+        assert_eq!(r.json()["error"], "invalid_token");
+    }
+    assert_eq!(upstream.hits(), 1, "only the genuine token's request was forwarded");
+}

@@ -11,7 +11,9 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -168,7 +170,7 @@ async fn a_log_nobody_reads_drops_lines_and_requests_never_wait() {
     // The queue holds QUEUE lines and the writer the batch it took before
     // it got stuck (at most 64 KiB of lines, a few hundred): the rest are
     // dropped.
-    let total = tollgate::access_log::QUEUE + 1000;
+    let total = tollgate::obs::access_log::QUEUE + 1000;
     let addr = tg.proxy_addr;
     let mut tasks = tokio::task::JoinSet::new();
     for w in 0..16 {
@@ -186,7 +188,7 @@ async fn a_log_nobody_reads_drops_lines_and_requests_never_wait() {
     let m = tg.metrics().await;
     let dropped = metric(&m, "tollgate_access_log_dropped_total", &[]).expect("the dropped counter");
     assert!(dropped >= 500.0, "{dropped} lines dropped");
-    assert!(dropped <= (total - tollgate::access_log::QUEUE) as f64, "{dropped} lines dropped");
+    assert!(dropped <= (total - tollgate::obs::access_log::QUEUE) as f64, "{dropped} lines dropped");
 }
 
 /// A tollgate process; killed on drop.
@@ -245,7 +247,7 @@ fn spawn_via(dir: &Path, wrapper: &[&str]) -> Process {
     let sink = stderr.clone();
     std::thread::spawn(move || {
         for line in lines.map_while(Result::ok) {
-            sink.lock().expect("log").push(line);
+            sink.lock().push(line);
         }
     });
     Process { child, proxy, admin, stderr }
@@ -276,7 +278,7 @@ async fn sighup_reopens_the_file_and_reloads_the_rules() {
         reloaded(Call::new("GET", p.admin, "/metrics").send().await.text()) == Some(1.0)
     })
     .await;
-    eventually("SIGHUP logged", || async { p.stderr.lock().expect("log").iter().any(|l| l.contains("SIGHUP")) }).await;
+    eventually("SIGHUP logged", || async { p.stderr.lock().iter().any(|l| l.contains("SIGHUP")) }).await;
 
     for i in 0..2 {
         let r = Call::new("GET", p.proxy, "/").header("x-request-id", &format!("after-{i}")).send().await;
@@ -311,8 +313,7 @@ async fn sigusr1_reopens_the_file_without_reloading() {
         assert!(ok.success(), "kill -s {name}");
     };
     signal("USR1", p.child.id());
-    eventually("SIGUSR1 logged", || async { p.stderr.lock().expect("log").iter().any(|l| l.contains("SIGUSR1")) })
-        .await;
+    eventually("SIGUSR1 logged", || async { p.stderr.lock().iter().any(|l| l.contains("SIGUSR1")) }).await;
     assert!(p.child.try_wait().expect("wait").is_none(), "tollgate ended on SIGUSR1");
     let r = Call::new("GET", p.proxy, "/").header("x-request-id", "after-0").send().await;
     assert_eq!(r.status, 200);

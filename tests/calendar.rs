@@ -132,10 +132,7 @@ fn real_now() -> u64 {
 
 #[tokio::test]
 async fn two_instances_share_a_monthly_quota_in_redis_cluster() {
-    if !support::redis::available() {
-        eprintln!("redis-server not installed: skipped");
-        return;
-    }
+    support::redis::require();
     let up = Upstream::start().await;
     let config = tollgate_config(up.addr, &cluster().url(), "on_error = \"deny\"");
     let rules = rule("monthly-shared", 3, "month", Some("Europe/Berlin"));
@@ -226,10 +223,7 @@ async fn the_decision_api_counts_in_the_calendar_window() {
 /// back is one lease per key).
 #[tokio::test]
 async fn leases_never_admit_past_a_monthly_limit() {
-    if !support::redis::available() {
-        eprintln!("redis-server not installed: skipped");
-        return;
-    }
+    support::redis::require();
     const LIMIT: usize = 1_000;
     const LEASE: usize = LIMIT / 100;
     let up = Upstream::start().await;

@@ -345,3 +345,29 @@ async fn the_slots_of_a_killed_instance_come_back_within_the_slot_ttl() {
         assert_eq!(h.await.expect("request task").status, StatusCode::OK);
     }
 }
+
+/// A renewal that finds its slot gone (as after Redis was unreachable for a
+/// whole `slot_ttl`; here the key is deleted) counts in
+/// `tollgate_concurrency_slots_lost_total`, and the request goes on
+/// uncounted: its key has room again while it still runs.
+#[tokio::test]
+async fn a_slot_found_gone_at_its_renewal_is_counted_as_lost() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    let cfg = tollgate_config(up.addr, &redis.url(), "on_error = \"deny\"");
+    // Renewed every second; the TTL leaves a loaded machine time to renew.
+    let tg = Tollgate::with(&cfg, &[("rules.toml", &rules(1, "slot_ttl = \"3s\"\n"))]).await;
+    let ip = "203.0.113.40";
+    let lost = || async { support::metric(&tg.metrics().await, "tollgate_concurrency_slots_lost_total", &[]) };
+    let waiting = held(tg.proxy_addr, ip);
+    up.wait_held(1).await;
+    assert_eq!(status(tg.proxy_addr, ip).await, StatusCode::TOO_MANY_REQUESTS, "the slot is held");
+    assert_eq!(lost().await, Some(0.0));
+    assert_eq!(redis.cli(&["DEL", &format!("tollgate:{{in-flight|ip={ip}}}:cc")]).trim(), "1", "the slot's key");
+    eventually("the lost slot is counted", || async { lost().await == Some(1.0) }).await;
+    // The request goes on, uncounted: another fits beside it.
+    assert_eq!(status(tg.proxy_addr, ip).await, StatusCode::OK);
+    up.release(1);
+    assert_eq!(waiting.await.expect("request task").status, StatusCode::OK);
+    assert_eq!(lost().await, Some(1.0), "counted once");
+}

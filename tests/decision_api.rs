@@ -249,9 +249,7 @@ async fn without_the_key_there_is_no_decision_listener() {
 
 #[tokio::test]
 async fn on_a_redis_cluster_the_proxy_and_the_api_share_the_counter() {
-    if !support::redis::available() {
-        panic!("redis-server and redis-cli are needed (scripts/test installs them)");
-    }
+    support::redis::require();
     let cluster = support::redis::RedisCluster::start();
     let upstream = Upstream::start().await;
     let config = support::redis::tollgate_config(upstream.addr, &cluster.url(), "on_error = \"deny\"");

@@ -415,9 +415,7 @@ async fn without_the_key_there_is_no_envoy_listener() {
 
 #[tokio::test]
 async fn on_a_redis_cluster_envoy_and_the_proxy_share_the_counter() {
-    if !support::redis::available() {
-        panic!("redis-server and redis-cli are needed (scripts/test installs them)");
-    }
+    support::redis::require();
     let cluster = support::redis::RedisCluster::start();
     let upstream = Upstream::start().await;
     let config = support::redis::tollgate_config(upstream.addr, &cluster.url(), "on_error = \"deny\"");
@@ -589,21 +587,41 @@ async fn an_override_of_zero_is_over_and_an_unknown_unit_fails_the_call() {
     assert_eq!(decisions(&m, "global", "allowed"), 0.0);
 }
 
+/// Keys in the memory store behind `t`.
+fn stored_keys(t: &Tollgate) -> usize {
+    match t.proxy.store() {
+        tollgate::store::AnyStore::Memory(m) => m.len(),
+        _ => panic!("the test's tollgate runs on the memory store"),
+    }
+}
+
 /// A counter under an override longer than every rule's window is not
 /// forgotten when the rules' keys would be: the memory store's sweep
-/// (every 5 s) keeps it until it is fresh again.
+/// (every 5 s) keeps it until it is fresh again. The control: before the
+/// override raised the horizon, the sweep did forget a rule's key idle past
+/// it, so a sweep that never ran would fail the test.
 #[tokio::test]
 async fn an_overrides_counter_outlives_the_rules_idle_horizon() {
     let upstream = Upstream::start().await;
     let (t, mut rls) = start(&upstream, RULES).await;
+    assert_eq!(code(&rls.ok(alice()).await["statuses"][0]), "OK");
+    assert_eq!(stored_keys(&t), 1, "alice's per-user counter");
+    // Past every rule's idle horizon (per-user: 2 x 60 s): the server's own
+    // sweep forgets alice's key.
+    t.advance(Duration::from_secs(300));
+    eventually("the server's sweep forgets the idle key", || async { stored_keys(&t) == 0 }).await;
+
     let hourly = json!({"domain": "edge", "descriptors": [with_limit(&[("generic_key", "all")], 2, "HOUR")]});
     for want in ["OK", "OK", "OVER_LIMIT"] {
         assert_eq!(code(&rls.ok(hourly.clone()).await["statuses"][0]), want);
     }
-    // Past every rule's idle horizon (per-user: 2 x 60 s), far from the
-    // hour; then a sweep runs.
+    assert_eq!(stored_keys(&t), 1, "the override's counter");
+    // Past every rule's idle horizon again, far from the hour; then the
+    // sweep runs (the server's, every 5 s, and this one, so that it surely
+    // ran after the advance).
     t.advance(Duration::from_secs(300));
-    tokio::time::sleep(Duration::from_secs(7)).await;
+    t.proxy.store().sweep();
+    assert_eq!(stored_keys(&t), 1, "the sweep kept the override's counter");
     let r = rls.ok(hourly).await;
     assert_eq!(code(&r["statuses"][0]), "OVER_LIMIT", "{r}");
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use support::{Tollgate, Upstream, config, eventually, statuses};
+use support::{DEADLINE, Tollgate, Upstream, config, eventually, statuses};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -161,7 +161,7 @@ async fn header_read_timeout_bounds_http1_keep_alive_but_not_an_h2_connection_be
     let mut s = TcpStream::connect(tg.proxy_addr).await.expect("connect");
     s.write_all(b"GET / HTTP/1.1\r\nhost: t\r\n\r\n").await.expect("request");
     let mut buf = vec![0u8; 8192];
-    let n = s.read(&mut buf).await.expect("response");
+    let n = tokio::time::timeout(DEADLINE, s.read(&mut buf)).await.expect("a response in time").expect("response");
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
     let took = time_to_close(&mut s, Duration::from_secs(5)).await;
     assert!(took >= Duration::from_millis(250), "closed after {took:?}, before the timeout");
@@ -191,7 +191,7 @@ async fn idle_keep_alive_connections_are_closed() {
     let mut s = TcpStream::connect(tg.proxy_addr).await.expect("connect");
     s.write_all(b"GET / HTTP/1.1\r\nhost: t\r\n\r\n").await.expect("request");
     let mut buf = vec![0u8; 8192];
-    let n = s.read(&mut buf).await.expect("response");
+    let n = tokio::time::timeout(DEADLINE, s.read(&mut buf)).await.expect("a response in time").expect("response");
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
     let took = time_to_close(&mut s, Duration::from_secs(5)).await;
     assert!(took >= Duration::from_millis(300), "closed after {took:?}, before the idle timeout");

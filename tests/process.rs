@@ -7,7 +7,9 @@ mod support;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use support::{Call, Upstream, config};
@@ -67,7 +69,7 @@ fn spawn_with(upstream: &Upstream, listen: &str, rules: &str, level: &str) -> (P
     let (proxy, admin) = loop {
         assert!(Instant::now() < deadline, "no listening line from tollgate");
         let line = lines.next().expect("tollgate exited before listening").expect("log line");
-        log.lock().expect("log").push(line.clone());
+        log.lock().push(line.clone());
         let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
         if v["fields"]["message"] == "tollgate listening" {
             let addr = |k: &str| v["fields"][k].as_str().and_then(|s| s.parse().ok()).expect("address in log");
@@ -78,7 +80,7 @@ fn spawn_with(upstream: &Upstream, listen: &str, rules: &str, level: &str) -> (P
     let sink = log.clone();
     std::thread::spawn(move || {
         for line in lines.map_while(Result::ok) {
-            sink.lock().expect("log").push(line);
+            sink.lock().push(line);
         }
     });
     (Process { child, proxy, admin, _dir: dir }, log)
@@ -183,10 +185,10 @@ async fn api_keys_never_appear_in_debug_logs() {
     }
     // The rejections are logged at debug level with their bucket key.
     support::eventually("the rate-limited lines", || async {
-        log.lock().expect("log").iter().filter(|l| l.contains("rate limited")).count() >= 2
+        log.lock().iter().filter(|l| l.contains("rate limited")).count() >= 2
     })
     .await;
-    let lines = log.lock().expect("log").clone();
+    let lines = log.lock().clone();
     let leaked: Vec<&String> = lines.iter().filter(|l| l.contains(secret)).collect();
     assert!(leaked.is_empty(), "the API key is in the log:\n{leaked:#?}");
 }

@@ -302,6 +302,23 @@ async fn an_upstream_that_resets_is_a_502() {
     assert_eq!(tg.get("/").send().await.status, 200);
 }
 
+/// The upstream's response head is read into a 16 KiB buffer (README,
+/// Slow readers): a head that fits is served, a larger one is a 502.
+#[tokio::test]
+async fn an_upstream_response_head_over_16_kib_is_a_502() {
+    let upstream = Upstream::start().await;
+    let tg = Tollgate::start(&upstream, NO_RULES).await;
+    let with_header_of = |bytes: usize| tg.get("/").header("x-echo-header", &format!("x-big: {}", "a".repeat(bytes)));
+    let fits = with_header_of(12 * 1024).send().await;
+    assert_eq!(fits.status, 200, "a 12 KiB head");
+    assert_eq!(fits.header("x-big").map(str::len), Some(12 * 1024));
+    let over = with_header_of(17 * 1024).send().await;
+    assert_eq!(over.status, 502, "a 17 KiB head: {:?}", over.headers.get("x-big").map(|v| v.len()));
+    assert_eq!(over.json()["error"], "bad_gateway");
+    // The next request is answered.
+    assert_eq!(tg.get("/").send().await.status, 200);
+}
+
 #[tokio::test]
 async fn a_slow_upstream_is_a_504() {
     let upstream = Upstream::start().await;

@@ -167,3 +167,36 @@ async fn a_rules_own_policy_overrides_the_stores() {
     assert_eq!(tg.get("/").from_ip("203.0.113.6").send().await.status, 200);
     assert_eq!(tg.get("/strict").from_ip("203.0.113.6").send().await.status, 503);
 }
+
+/// `allow` lets a request through without the failed rule's rate-limit
+/// headers (no quota is known), while a rule that still answers (here
+/// `local`, counting in this instance) reports its own. `tight` would be
+/// the one reported if it answered: it has the least left.
+#[tokio::test]
+async fn fail_open_leaves_out_the_failed_rules_headers() {
+    let up = Upstream::start().await;
+    let port = RedisServer::unused_port();
+    let rules = "[[rule]]\nname = \"tight\"\nkey = [\"ip\"]\nlimit = 5\nwindow = \"1h\"\non_error = \"allow\"\n\n\
+                 [[rule]]\nname = \"local\"\nkey = [\"ip\"]\nlimit = 100\nwindow = \"1h\"\non_error = \"local\"\n";
+    let store = "timeout = \"50ms\"\non_error = \"allow\"";
+    let tg = Tollgate::with(
+        &tollgate_config(up.addr, &format!("redis://127.0.0.1:{port}"), store),
+        &[("rules.toml", rules)],
+    )
+    .await;
+    let r = tg.get("/").from_ip("203.0.113.7").send().await;
+    assert_eq!(r.status, 200);
+    let shown = r.ratelimit_headers();
+    assert_eq!(r.header("x-ratelimit-limit"), Some("100"), "only local's quota is known: {shown:?}");
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("99"), "{shown:?}");
+    assert!(!format!("{shown:?}").contains("tight"), "the failed rule shows in the headers: {shown:?}");
+
+    // With only the failed rule: no rate-limit header at all.
+    let only = "[[rule]]\nname = \"tight\"\nkey = [\"ip\"]\nlimit = 5\nwindow = \"1h\"\non_error = \"allow\"\n";
+    let tg =
+        Tollgate::with(&tollgate_config(up.addr, &format!("redis://127.0.0.1:{port}"), store), &[("rules.toml", only)])
+            .await;
+    let r = tg.get("/").from_ip("203.0.113.8").send().await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.ratelimit_headers(), Vec::<(String, String)>::new(), "no quota is known");
+}

@@ -65,12 +65,14 @@ async fn fixed_window_rolls_over_at_the_servers_window_boundary() {
 #[tokio::test]
 async fn token_bucket_refills_at_its_rate() {
     let up = Upstream::start().await;
-    // 10 per second: one token every 100 ms, 2 at most.
-    let tg = tollgate(&up, "t-tb-refill:", &rule("tb-refill", "token_bucket", 10, "1s", 2)).await;
+    // One token a second, 2 at most. The sleep guarantees the first token
+    // (it starts after both were spent); the second comes 2 s after the
+    // first request: 0.9 s of slack for the requests around the sleep.
+    let tg = tollgate(&up, "t-tb-refill:", &rule("tb-refill", "token_bucket", 1, "1s", 2)).await;
     assert_eq!(status(&tg, "192.0.2.2").await, 200);
     assert_eq!(status(&tg, "192.0.2.2").await, 200);
     assert_eq!(status(&tg, "192.0.2.2").await, 429);
-    tokio::time::sleep(Duration::from_millis(130)).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(status(&tg, "192.0.2.2").await, 200, "one token refilled");
     assert_eq!(status(&tg, "192.0.2.2").await, 429, "and only one");
 }
@@ -78,16 +80,17 @@ async fn token_bucket_refills_at_its_rate() {
 #[tokio::test]
 async fn sliding_window_log_frees_the_oldest_request_first() {
     let up = Upstream::start().await;
-    let tg = tollgate(&up, "t-swl-slide:", &rule("swl-slide", "sliding_window_log", 3, "800ms", 3)).await;
-    let first = Instant::now();
+    let tg = tollgate(&up, "t-swl-slide:", &rule("swl-slide", "sliding_window_log", 3, "2s", 3)).await;
     assert_eq!(status(&tg, "192.0.2.3").await, 200);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Admitted before its answer arrived.
+    let first = Instant::now();
+    tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(status(&tg, "192.0.2.3").await, 200);
     assert_eq!(status(&tg, "192.0.2.3").await, 200);
     assert_eq!(status(&tg, "192.0.2.3").await, 429);
-    // The first request leaves the window 800 ms after it was admitted; the
-    // other two only 300 ms later.
-    tokio::time::sleep(Duration::from_millis(850).saturating_sub(first.elapsed())).await;
+    // The first request leaves the window 2 s after it was admitted; the
+    // other two 1 s later: the checks below have most of that second.
+    tokio::time::sleep(Duration::from_millis(2050).saturating_sub(first.elapsed())).await;
     assert_eq!(status(&tg, "192.0.2.3").await, 200, "the oldest entry slid out");
     assert_eq!(status(&tg, "192.0.2.3").await, 429, "the other two are still in the window");
 }
@@ -95,18 +98,19 @@ async fn sliding_window_log_frees_the_oldest_request_first() {
 #[tokio::test]
 async fn sliding_window_counter_weights_the_previous_window() {
     let up = Upstream::start().await;
-    let tg = tollgate(&up, "t-swc-slide:", &rule("swc-slide", "sliding_window_counter", 4, "1s", 4)).await;
-    align_to(Duration::from_secs(1)).await;
-    for _ in 0..4 {
+    let tg = tollgate(&up, "t-swc-slide:", &rule("swc-slide", "sliding_window_counter", 2, "2s", 2)).await;
+    align_to(Duration::from_secs(2)).await;
+    for _ in 0..2 {
         assert_eq!(status(&tg, "192.0.2.4").await, 200);
     }
     assert_eq!(status(&tg, "192.0.2.4").await, 429);
-    // Early in the next window the previous one still weighs almost fully:
-    // 4 * (1 - 0.02..) + 0 > 3, so no room yet.
-    align_to(Duration::from_secs(1)).await;
+    // In the next window the previous one weighs 2 * (1 - t / 2 s): no room
+    // for one more until t = 1 s (the check below has about a second), room
+    // for one from then, for a second only in the window after (at 2 s: the
+    // check after the sleep has almost a second too).
+    align_to(Duration::from_secs(2)).await;
     assert_eq!(status(&tg, "192.0.2.4").await, 429);
-    // Past a quarter of it, 4 * 0.75 = 3 leaves room for one.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(status(&tg, "192.0.2.4").await, 200);
     assert_eq!(status(&tg, "192.0.2.4").await, 429);
 }
@@ -114,15 +118,16 @@ async fn sliding_window_counter_weights_the_previous_window() {
 #[tokio::test]
 async fn leaky_bucket_spaces_the_requests_it_admits() {
     let up = Upstream::start().await;
-    // Drains 10 per second: one request every 100 ms, 4 queued at most.
-    let tg = tollgate(&up, "t-lb-space:", &rule("lb-space", "leaky_bucket", 10, "1s", 4)).await;
+    // Drains 2 per second: one request every 500 ms, 4 queued at most (the
+    // burst's six requests have 500 ms to arrive before a fifth fits).
+    let tg = tollgate(&up, "t-lb-space:", &rule("lb-space", "leaky_bucket", 2, "1s", 4)).await;
     let started = Instant::now();
     let replies = burst(6, |_| tg.get("/").from_ip("192.0.2.5")).await;
     let elapsed = started.elapsed();
     assert_eq!(count(&replies, 200), 4);
     assert_eq!(count(&replies, 429), 2);
     // The fourth admitted request waited for three ahead of it.
-    assert!(elapsed >= Duration::from_millis(280), "took {elapsed:?}");
+    assert!(elapsed >= Duration::from_millis(1450), "took {elapsed:?}");
 }
 
 #[tokio::test]

@@ -15,10 +15,10 @@ use tokio::net::{TcpListener, TcpStream};
 
 use support::redis::{RedisServer, tollgate_config};
 use support::{Call, Reply, Tollgate, Upstream, eventually};
-use tollgate::clock::SystemClock;
 use tollgate::config::{Backend, OnError, StoreConfig};
+use tollgate::limiter::clock::SystemClock;
 use tollgate::limiter::{Algorithm, Limits, NANOS_PER_SEC};
-use tollgate::metrics::Metrics;
+use tollgate::obs::metrics::Metrics;
 use tollgate::store::{Check, Mode, RedisStore};
 
 /// A request from `ip` whose upstream answers `x-tokens-used: used`.

@@ -221,12 +221,17 @@ async fn h2_connect(tg: &Tollgate) -> TcpStream {
 /// Writes `frames` until the server stops taking them; returns whether all
 /// were written.
 async fn write_until_refused(s: &mut TcpStream, frames: impl Iterator<Item = Vec<u8>>) -> bool {
-    for f in frames {
-        if s.write_all(&f).await.is_err() {
-            return false;
+    let write = async {
+        for f in frames {
+            if s.write_all(&f).await.is_err() {
+                return false;
+            }
         }
-    }
-    true
+        true
+    };
+    // A server that stops reading without closing blocks the writes: that
+    // is a refusal too (what it then sends tells the rest).
+    tokio::time::timeout(DEADLINE, write).await.unwrap_or(false)
 }
 
 /// Reads frames until the server closes the connection or sends GOAWAY;
@@ -273,7 +278,7 @@ async fn still_serving(tg: &Tollgate) {
 }
 
 #[tokio::test]
-async fn http2_rapid_reset_is_absorbed() {
+async fn http2_rapid_reset_ends_the_connection() {
     let upstream = Upstream::start().await;
     let tg = Tollgate::start(&upstream, "").await;
     let mut s = h2_connect(&tg).await;
@@ -284,15 +289,16 @@ async fn http2_rapid_reset_is_absorbed() {
         f.extend(frame(RST_STREAM, 0, id, &8u32.to_be_bytes()));
         f
     });
-    let all_written = write_until_refused(&mut s, pairs).await;
-    // Either the server ends the connection (GOAWAY / close), or it took
-    // every cancellation and stays usable.
-    if all_written {
-        drop(s);
-    } else {
-        until_closed(&mut s).await;
-    }
-    assert!(upstream.hits() <= 5000);
+    write_until_refused(&mut s, pairs).await;
+    // The server ends the connection (GOAWAY, or a close) rather than take
+    // every cancellation (README: rapid reset ends the offending
+    // connection); until_closed fails the test if it stays open.
+    let kinds = until_closed(&mut s).await;
+    let hits = upstream.hits();
+    println!("rapid reset: {hits} of 5000 streams reached the upstream; frames seen: {}", kinds.len());
+    // hyper's default: the connection ends after 20 streams reset before
+    // they were taken up; a few more may have been forwarded by then.
+    assert!(hits < 500, "{hits} of the 5000 cancelled streams reached the upstream");
     still_serving(&tg).await;
 }
 

@@ -10,7 +10,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use support::{Tollgate, config, eventually, metric};
+use support::{DEADLINE, Tollgate, config, eventually, metric};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -162,7 +162,7 @@ async fn a_client_that_goes_away_mid_stream_is_counted_as_gone_not_as_an_upstrea
     let mut c = TcpStream::connect(tg.proxy_addr).await.expect("connect");
     c.write_all(b"GET /events HTTP/1.1\r\nhost: a\r\n\r\n").await.expect("write");
     let mut buf = [0u8; 1024];
-    let n = c.read(&mut buf).await.expect("read");
+    let n = tokio::time::timeout(DEADLINE, c.read(&mut buf)).await.expect("an answer in time").expect("read");
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
     drop(c);
     eventually("the client's leaving is counted", || async {

@@ -267,12 +267,23 @@ async fn a_renewed_certificate_is_served_to_the_next_connection_and_a_broken_one
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_handshake_is_cut_after_header_read_timeout_and_frees_its_slot() {
-    let site = site("max_connections = 1\nheader_read_timeout = \"1s\"").await;
+    // Long enough that a loaded machine refuses the second client before
+    // the silent one is cut.
+    let site = site("max_connections = 1\nheader_read_timeout = \"3s\"").await;
     let addr = site.tollgate.proxy_addr;
+    let tollgate = &site.tollgate;
+    let gauge = |name: &'static str| async move { metric(&tollgate.metrics().await, name, &[]) };
     // Holds the only slot: connects and sends nothing.
     let mut silent = TcpStream::connect(addr).await.expect("connect");
-    // Another client cannot get in while it does, but does once the silent
-    // handshake has been given up on.
+    eventually("the silent connection holds the slot", || async {
+        gauge("tollgate_connections_active").await == Some(1.0)
+    })
+    .await;
+    // Another client cannot get in while it does...
+    let refused = site.ca.get(addr, "a.test").await;
+    assert!(refused.is_err(), "served while the only slot was held: {refused:?}");
+    assert_eq!(gauge("tollgate_connections_refused_total").await, Some(1.0));
+    // ...but does once the silent handshake has been given up on.
     eventually("a TLS request is served again", || async { site.ca.get(addr, "a.test").await.is_ok() }).await;
     let mut buf = [0u8; 64];
     let closed = tokio::time::timeout(DEADLINE, silent.read(&mut buf)).await.expect("the silent connection is closed");

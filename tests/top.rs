@@ -116,10 +116,7 @@ async fn memory_store_ranks_keys_by_requests_and_by_limited() {
 
 #[tokio::test]
 async fn redis_cluster_store_ranks_keys_by_requests_and_by_limited() {
-    if !support::redis::available() {
-        eprintln!("redis-server not installed; skipping");
-        return;
-    }
+    support::redis::require();
     let cluster = RedisCluster::start();
     let up = Upstream::start().await;
     // No leases: every check is a script call on the cluster.

@@ -1,4 +1,4 @@
-//! The upstream connection pool (`tollgate::pool`): what hyper-util's pooled
+//! The upstream connection pool (`tollgate::upstream::pool`): what hyper-util's pooled
 //! client did for us before, kept.
 
 mod support;

@@ -347,7 +347,7 @@ async fn an_upstream_tls_handshake_that_never_completes_falls_under_connect_time
 struct Checked {
     addr: SocketAddr,
     status: Arc<AtomicU16>,
-    hosts: Arc<std::sync::Mutex<Vec<String>>>,
+    hosts: Arc<parking_lot::Mutex<Vec<String>>>,
     task: JoinHandle<()>,
 }
 
@@ -355,7 +355,7 @@ impl Checked {
     async fn start(status: u16) -> Checked {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("address");
-        let (status, hosts) = (Arc::new(AtomicU16::new(status)), Arc::new(std::sync::Mutex::new(Vec::new())));
+        let (status, hosts) = (Arc::new(AtomicU16::new(status)), Arc::new(parking_lot::Mutex::new(Vec::new())));
         let task = tokio::spawn({
             let (status, hosts) = (status.clone(), hosts.clone());
             async move {
@@ -377,7 +377,7 @@ impl Checked {
                             .find_map(|l| l.strip_prefix("host: ").or_else(|| l.strip_prefix("Host: ")))
                             .unwrap_or("")
                             .to_string();
-                        hosts.lock().unwrap_or_else(|p| p.into_inner()).push(host);
+                        hosts.lock().push(host);
                         let code = status.load(Ordering::SeqCst);
                         let answer = format!("HTTP/1.1 {code} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
                         let _ = stream.write_all(answer.as_bytes()).await;
@@ -400,8 +400,8 @@ async fn health_checks_send_their_host_and_pass_on_the_expected_statuses() {
     let (a, b) = (Checked::start(204).await, Checked::start(204).await);
     let check = r#"health_check = { path = "/healthz", interval = "100ms", timeout = "100ms", healthy = 1, unhealthy = 1, host = "health.internal", expect_status = [204] }"#;
     let tg = Tollgate::with(&config(&[url(a.addr), url(b.addr)], check), &[]).await;
-    eventually("checks ran", || async { a.hosts.lock().unwrap_or_else(|p| p.into_inner()).len() >= 3 }).await;
-    assert!(a.hosts.lock().unwrap_or_else(|p| p.into_inner()).iter().all(|h| h == "health.internal"));
+    eventually("checks ran", || async { a.hosts.lock().len() >= 3 }).await;
+    assert!(a.hosts.lock().iter().all(|h| h == "health.internal"));
     let m = tg.metrics().await;
     assert_eq!(server_metric(&m, "tollgate_upstream_server_healthy", a.addr), Some(1.0));
     // 200 is not in the list: out.

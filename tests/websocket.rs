@@ -2,7 +2,8 @@
 //! `websockets` package, installed by scripts/test): messages both ways, the
 //! upgrade counted and refused with 429 over the limit, the tunnel's own
 //! idle timeout and `max_connections` slot, its concurrency slot held until
-//! it closes, shutdown closing it, and
+//! it closes, `send_timeout` closing it when its client stops reading,
+//! shutdown closing it, and
 //! upgrades that would carry HTTP past the limiter never tunnelled.
 
 mod support;
@@ -271,4 +272,61 @@ async fn an_open_tunnel_holds_its_concurrency_slot_until_it_closes() {
         next.line().await == "open"
     })
     .await;
+}
+
+/// A tunnel whose client stops reading is closed after `send_timeout`,
+/// as a plain response's connection is: the upstream below writes without
+/// end into a tunnel whose client reads nothing, and finds its connection
+/// closed once tollgate gives up on the client.
+#[tokio::test]
+async fn a_tunnel_whose_client_stops_reading_is_closed_after_send_timeout() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tokio::io::AsyncReadExt;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let broken = Arc::new(AtomicBool::new(false));
+    tokio::spawn({
+        let broken = broken.clone();
+        async move {
+            let Ok((mut s, _)) = listener.accept().await else { return };
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            let head = "HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n";
+            if s.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            let piece = [b'x'; 16 * 1024];
+            while s.write_all(&piece).await.is_ok() {}
+            broken.store(true, Ordering::SeqCst);
+        }
+    });
+    let tg = Tollgate::with(
+        &config(addr).replace("admin = \"127.0.0.1:0\"\n", "admin = \"127.0.0.1:0\"\nsend_timeout = \"1s\"\n"),
+        &[("r.toml", TWO_PER_USER)],
+    )
+    .await;
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(16 * 1024).expect("receive buffer");
+    let mut client = socket.connect(tg.proxy_addr).await.expect("connect");
+    client
+        .write_all(
+            b"GET /chat HTTP/1.1\r\nhost: a\r\nx-user: erin\r\nconnection: upgrade\r\nupgrade: websocket\r\n\
+              sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n",
+        )
+        .await
+        .expect("upgrade request");
+    eventually("the tunnel opens", || async {
+        metric(&tg.metrics().await, "tollgate_tunnels_active", &[]) == Some(1.0)
+    })
+    .await;
+    // The client reads nothing from here on; the default tunnel idle
+    // timeout (an hour) is not what ends it.
+    eventually("the upstream's connection is closed", || async { broken.load(Ordering::SeqCst) }).await;
+    eventually("the tunnel is gone", || async {
+        metric(&tg.metrics().await, "tollgate_tunnels_active", &[]) == Some(0.0)
+    })
+    .await;
+    drop(client);
 }

@@ -15,7 +15,7 @@ use arbitrary::Arbitrary;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use ipnet::IpNet;
 use libfuzzer_sys::fuzz_target;
-use tollgate::client::{client_addr, key_addr};
+use tollgate::wire::client::{client_addr, key_addr};
 
 #[derive(Arbitrary, Debug)]
 struct Input {

@@ -27,10 +27,10 @@ use std::sync::OnceLock;
 use arbitrary::Arbitrary;
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use libfuzzer_sys::fuzz_target;
-use tollgate::client::key_addr;
+use tollgate::wire::client::key_addr;
 use tollgate::config::{Config, Cost, KeyPart, LoadedRules, parse_rules_file};
-use tollgate::metrics::Metrics;
-use tollgate::rules::{RequestFacts, Rule, RuleSet};
+use tollgate::obs::metrics::Metrics;
+use tollgate::limit::rules::{RequestFacts, Rule, RuleSet};
 
 const MAIN: &str = r#"
 [[upstream]]

@@ -16,8 +16,8 @@ use std::sync::OnceLock;
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use libfuzzer_sys::fuzz_target;
 use tollgate::config::{Config, LoadedRules, parse_rules_file};
-use tollgate::metrics::Metrics;
-use tollgate::rules::{RequestFacts, RuleSet};
+use tollgate::obs::metrics::Metrics;
+use tollgate::limit::rules::{RequestFacts, RuleSet};
 
 /// One upstream behind a named route, so `match.route` has names to hit.
 const MAIN: &str = r#"

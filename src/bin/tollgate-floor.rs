@@ -1,5 +1,5 @@
 //! `tollgate-floor`: the floor of tollgate's stack as a bench target (see
-//! `tollgate::floor`). Takes tollgate's own `--config` file and reads
+//! `tollgate::cli::floor`). Takes tollgate's own `--config` file and reads
 //! `[listen]` and the first `[[route]]` and its upstream from it.
 
 use std::path::PathBuf;
@@ -7,11 +7,11 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use tollgate::cli::EXIT_CONFIG;
+use tollgate::cli::floor::Floor;
 use tollgate::config::Config;
-use tollgate::floor::Floor;
-use tollgate::process;
+use tollgate::edge::process;
 
-#[path = "../allocator.rs"]
+#[path = "../cli/allocator.rs"]
 mod allocator;
 
 /// The same allocator as tollgate's: the floor is only a floor if it

@@ -16,6 +16,10 @@ pub struct AdminConfig {
 /// kilobytes per rule.
 pub const DEFAULT_TOP_KEYS: usize = 64;
 
+/// Most `[admin] top_keys`: a sketch's memory grows with it, per rule and
+/// per shard.
+pub const MAX_TOP_KEYS: usize = 10_000;
+
 impl Default for AdminConfig {
     fn default() -> Self {
         AdminConfig { top_keys: DEFAULT_TOP_KEYS }
@@ -23,10 +27,10 @@ impl Default for AdminConfig {
 }
 
 impl Validator<'_> {
-    /// `[admin]`: `top_keys` from 0 (off) to [`crate::top::MAX_TOP_KEYS`].
+    /// `[admin]`: `top_keys` from 0 (off) to [`MAX_TOP_KEYS`].
     pub(super) fn admin(&mut self, raw: Option<RawAdmin>) -> AdminConfig {
         let Some(n) = raw.and_then(|r| r.top_keys) else { return AdminConfig::default() };
-        let max = crate::top::MAX_TOP_KEYS;
+        let max = MAX_TOP_KEYS;
         match usize::try_from(*n.get_ref()) {
             Ok(top_keys) if top_keys <= max => AdminConfig { top_keys },
             _ => {

@@ -18,6 +18,7 @@
 //! descriptor decides it.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
@@ -86,113 +87,132 @@ pub fn resolve(
 ) -> (Vec<EnvoyMapping>, Vec<ConfigError>) {
     let mut out = Vec::with_capacity(raw.len());
     let mut errors = Vec::new();
-    let mut error = |span: std::ops::Range<usize>, message: String| {
+    let mut error = |span: Range<usize>, message: String| {
         errors.push(ConfigError::at(file, source, Some(span), message));
     };
     for e in raw {
         let line = super::line_col(source, e.span().start).0;
-        let e = e.into_inner();
-        if e.domain.get_ref().is_empty() {
-            error(e.domain.span(), "[[envoy]] domain must not be empty".into());
-            continue;
+        out.extend(mapping(file, line, e.into_inner(), rules, &mut error));
+    }
+    (out, errors)
+}
+
+/// One `[[envoy]]` entry, or `None` once `error` was told what is wrong
+/// with it.
+fn mapping(
+    file: &Path,
+    line: usize,
+    e: RawEnvoy,
+    rules: &[RuleSpec],
+    error: &mut impl FnMut(Range<usize>, String),
+) -> Option<EnvoyMapping> {
+    if e.domain.get_ref().is_empty() {
+        error(e.domain.span(), "[[envoy]] domain must not be empty".into());
+        return None;
+    }
+    let Some(rule) = rules.iter().find(|r| r.name == *e.rule.get_ref()) else {
+        error(
+            e.rule.span(),
+            format!(
+                "[[envoy]] names rule {:?}, which is not defined in this file or a rules file before it",
+                e.rule.get_ref()
+            ),
+        );
+        return None;
+    };
+    if rule.algorithm.holds() {
+        // Envoy never says when a request ends: a slot would never be
+        // given back.
+        error(
+            e.rule.span(),
+            format!(
+                "[[envoy]] names rule {:?}, which limits requests in flight (algorithm = \"concurrency\"): Envoy's rate limit service cannot hold a slot",
+                rule.name
+            ),
+        );
+        return None;
+    }
+    let fixed: Vec<(String, String)> =
+        e.matcher.as_ref().map(|m| m.get_ref().clone().into_iter().collect()).unwrap_or_default();
+    let (key_span, key) = match &e.key {
+        Some(k) => (k.span(), k.get_ref().clone()),
+        None => (e.rule.span(), BTreeMap::new()),
+    };
+    let (parts, mut ok) = key_parts(rule, &key, &key_span, &fixed, error);
+    let tier = e.tier.map(|t| (t.span(), t.into_inner()));
+    if let Some((span, entry)) = &tier {
+        if rule.tiers.is_none() {
+            error(span.clone(), format!("[[envoy]] tier names an entry, but rule {:?} has no tiers", rule.name));
+            ok = false;
+        } else if fixed.iter().any(|(k, _)| k == entry) {
+            error(span.clone(), format!("[[envoy]] descriptor entry {entry:?} is both in match and tier"));
+            ok = false;
         }
-        let Some(rule) = rules.iter().find(|r| r.name == *e.rule.get_ref()) else {
+    }
+    if ok && fixed.is_empty() && parts.is_empty() {
+        // Rule keyed on nothing and no `match`: would cover only a
+        // descriptor without entries, which Envoy never sends.
+        error(
+            e.rule.span(),
+            "[[envoy]] needs a match (e.g. match = { generic_key = \"checkout\" }): Envoy never sends a descriptor without entries".into(),
+        );
+        ok = false;
+    }
+    ok.then(|| EnvoyMapping {
+        domain: e.domain.into_inner(),
+        rule: rule.name.clone(),
+        fixed,
+        parts,
+        tier: tier.map(|(_, t)| t),
+        source: file.to_path_buf(),
+        line,
+    })
+}
+
+/// The descriptor entry of each part of `rule`'s key, as `key` maps them;
+/// and whether every part, and nothing else, is mapped.
+fn key_parts(
+    rule: &RuleSpec,
+    key: &BTreeMap<String, String>,
+    key_span: &Range<usize>,
+    fixed: &[(String, String)],
+    error: &mut impl FnMut(Range<usize>, String),
+) -> (Vec<(String, String)>, bool) {
+    let spelled: Vec<String> = rule.key.iter().map(|p| p.describe()).collect();
+    let mut ok = true;
+    for name in key.keys() {
+        if !spelled.contains(name) {
             error(
-                e.rule.span(),
+                key_span.clone(),
                 format!(
-                    "[[envoy]] names rule {:?}, which is not defined in this file or a rules file before it",
-                    e.rule.get_ref()
-                ),
-            );
-            continue;
-        };
-        if rule.algorithm.holds() {
-            // Envoy never says when a request ends: a slot would never be
-            // given back.
-            error(
-                e.rule.span(),
-                format!(
-                    "[[envoy]] names rule {:?}, which limits requests in flight (algorithm = \"concurrency\"): Envoy's rate limit service cannot hold a slot",
+                    "[[envoy]] key maps {name:?}, which is not a key part of rule {:?} (its key: {spelled:?})",
                     rule.name
                 ),
             );
-            continue;
+            ok = false;
         }
-        let fixed: Vec<(String, String)> =
-            e.matcher.as_ref().map(|m| m.get_ref().clone().into_iter().collect()).unwrap_or_default();
-        let (key_span, key) = match &e.key {
-            Some(k) => (k.span(), k.get_ref().clone()),
-            None => (e.rule.span(), BTreeMap::new()),
-        };
-        let spelled: Vec<String> = rule.key.iter().map(|p| p.describe()).collect();
-        let mut ok = true;
-        for name in key.keys() {
-            if !spelled.contains(name) {
+    }
+    let mut parts = Vec::with_capacity(spelled.len());
+    for part in &spelled {
+        match key.get(part) {
+            Some(entry) if fixed.iter().any(|(k, _)| k == entry) => {
+                error(key_span.clone(), format!("[[envoy]] descriptor entry {entry:?} is both in match and in key"));
+                ok = false;
+            }
+            Some(entry) => parts.push((part.clone(), entry.clone())),
+            None => {
                 error(
                     key_span.clone(),
                     format!(
-                        "[[envoy]] key maps {name:?}, which is not a key part of rule {:?} (its key: {spelled:?})",
+                        "[[envoy]] key must name the descriptor entry for {part:?}, a key part of rule {:?}, e.g. key = {{ {part:?} = \"...\" }}",
                         rule.name
                     ),
                 );
                 ok = false;
             }
         }
-        let mut parts = Vec::with_capacity(spelled.len());
-        for part in &spelled {
-            match key.get(part) {
-                Some(entry) if fixed.iter().any(|(k, _)| k == entry) => {
-                    error(
-                        key_span.clone(),
-                        format!("[[envoy]] descriptor entry {entry:?} is both in match and in key"),
-                    );
-                    ok = false;
-                }
-                Some(entry) => parts.push((part.clone(), entry.clone())),
-                None => {
-                    error(
-                        key_span.clone(),
-                        format!(
-                            "[[envoy]] key must name the descriptor entry for {part:?}, a key part of rule {:?}, e.g. key = {{ {part:?} = \"...\" }}",
-                            rule.name
-                        ),
-                    );
-                    ok = false;
-                }
-            }
-        }
-        let tier = e.tier.map(|t| (t.span(), t.into_inner()));
-        if let Some((span, entry)) = &tier {
-            if rule.tiers.is_none() {
-                error(span.clone(), format!("[[envoy]] tier names an entry, but rule {:?} has no tiers", rule.name));
-                ok = false;
-            } else if fixed.iter().any(|(k, _)| k == entry) {
-                error(span.clone(), format!("[[envoy]] descriptor entry {entry:?} is both in match and tier"));
-                ok = false;
-            }
-        }
-        if ok && fixed.is_empty() && parts.is_empty() {
-            // Rule keyed on nothing and no `match`: would cover only a
-            // descriptor without entries, which Envoy never sends.
-            error(
-                e.rule.span(),
-                "[[envoy]] needs a match (e.g. match = { generic_key = \"checkout\" }): Envoy never sends a descriptor without entries".into(),
-            );
-            ok = false;
-        }
-        if ok {
-            out.push(EnvoyMapping {
-                domain: e.domain.into_inner(),
-                rule: rule.name.clone(),
-                fixed,
-                parts,
-                tier: tier.map(|(_, t)| t),
-                source: file.to_path_buf(),
-                line,
-            });
-        }
     }
-    (out, errors)
+    (parts, ok)
 }
 
 #[cfg(test)]

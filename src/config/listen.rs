@@ -1,11 +1,13 @@
-//! `[listen]`'s limits on how long one client connection lives, and on how
-//! the listeners stop, checked here to keep `mod.rs` to the table's older
-//! keys.
+//! `[listen]`: the listeners' addresses, their limits on requests and on
+//! how long one client connection lives, and how they stop.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::raw::RawListen;
-use super::{Validator, parse_duration};
+use super::{
+    DEFAULT_CONNECTION_BODY_BUFFER, Listen, MAX_BUFFER_BODY, Normalization, Validator, parse_duration, parse_size,
+};
 
 /// `max_requests_per_connection` when not set: nginx's
 /// `keepalive_requests` default since 1.19.10, high enough that no client
@@ -19,6 +21,109 @@ const MAX_REQUESTS_PER_CONNECTION: usize = 10_000;
 const SHUTDOWN_DELAY: Duration = Duration::from_secs(5);
 
 impl Validator<'_> {
+    /// `[listen]`.
+    pub(super) fn listen(&mut self, listen: &RawListen) -> Listen {
+        let default_proxy = SocketAddr::from(([0, 0, 0, 0], 8080));
+        let proxy = listen.proxy.as_ref().map_or(Some(default_proxy), |v| self.socket_addr(v, "listen.proxy"));
+        let default_admin = SocketAddr::from(([127, 0, 0, 1], 9090));
+        let admin = listen.admin.as_ref().map_or(Some(default_admin), |v| self.socket_addr(v, "listen.admin"));
+        let (max_connections, max_header_bytes, max_uri_bytes) = self.request_limits(listen);
+        let (tls, http_redirect, redirect_port) = self.listen_tls(listen);
+        let client_auth = self.client_auth(listen);
+        let decision = listen.decision.as_ref().and_then(|v| self.socket_addr(v, "listen.decision"));
+        let envoy_rls = listen.envoy_rls.as_ref().and_then(|v| self.socket_addr(v, "listen.envoy_rls"));
+        let (max_requests_per_connection, max_connection_age) = self.connection_lifetime(listen);
+        let shutdown_delay = self.shutdown_delay(listen);
+        Listen {
+            shutdown_delay,
+            max_requests_per_connection,
+            max_connection_age,
+            tls,
+            http_redirect,
+            redirect_port,
+            client_auth,
+            decision,
+            envoy_rls,
+            max_uri_bytes,
+            proxy: proxy.unwrap_or(default_proxy),
+            admin: admin.unwrap_or(default_admin),
+            header_read_timeout: self.opt_duration(
+                listen.header_read_timeout.as_ref(),
+                "listen.header_read_timeout",
+                Duration::from_secs(10),
+            ),
+            idle_timeout: self.opt_duration(
+                listen.idle_timeout.as_ref(),
+                "listen.idle_timeout",
+                Duration::from_secs(60),
+            ),
+            max_connections,
+            drain_timeout: self.opt_duration(
+                listen.drain_timeout.as_ref(),
+                "listen.drain_timeout",
+                Duration::from_secs(30),
+            ),
+            max_header_bytes,
+            normalization: Normalization {
+                merge_slashes: listen.merge_slashes.unwrap_or(true),
+                encoded_slashes: listen.encoded_slashes.unwrap_or_default(),
+                underscores_in_headers: listen.underscores_in_headers.unwrap_or(false),
+            },
+            body_read_timeout: self.opt_duration(
+                listen.body_read_timeout.as_ref(),
+                "listen.body_read_timeout",
+                Duration::from_secs(60),
+            ),
+            connection_body_buffer: match listen.connection_body_buffer.as_ref().map(|s| (s, parse_size(s.get_ref()))) {
+                None => DEFAULT_CONNECTION_BODY_BUFFER,
+                Some((_, Some(n))) if n <= MAX_BUFFER_BODY * 16 => n,
+                Some((s, _)) => {
+                    self.error(s.span(), "listen.connection_body_buffer must be a size from 0 to 1GiB: a whole number of bytes, or a string such as \"4MiB\"");
+                    DEFAULT_CONNECTION_BODY_BUFFER
+                }
+            },
+            send_timeout: self.opt_duration(
+                listen.send_timeout.as_ref(),
+                "listen.send_timeout",
+                Duration::from_secs(60),
+            ),
+            tunnel_idle_timeout: self.opt_duration(
+                listen.tunnel_idle_timeout.as_ref(),
+                "listen.tunnel_idle_timeout",
+                Duration::from_secs(3600),
+            ),
+        }
+    }
+
+    /// `max_connections`, `max_header_bytes` and `max_uri_bytes`.
+    fn request_limits(&mut self, listen: &RawListen) -> (usize, usize, usize) {
+        let max_connections = match &listen.max_connections {
+            Some(n) if *n.get_ref() < 1 => {
+                self.error(n.span(), "listen.max_connections must be at least 1");
+                1
+            }
+            Some(n) => *n.get_ref() as usize,
+            None => 10_000,
+        };
+        let max_header_bytes = match &listen.max_header_bytes {
+            Some(n) if *n.get_ref() < 1024 => {
+                self.error(n.span(), "listen.max_header_bytes must be at least 1024");
+                1024
+            }
+            Some(n) => *n.get_ref() as usize,
+            None => 64 * 1024,
+        };
+        let max_uri_bytes = match &listen.max_uri_bytes {
+            Some(n) if !(256..=65_000).contains(n.get_ref()) => {
+                self.error(n.span(), "listen.max_uri_bytes must be between 256 and 65000");
+                16 * 1024
+            }
+            Some(n) => *n.get_ref() as usize,
+            None => 16 * 1024,
+        };
+        (max_connections, max_header_bytes, max_uri_bytes)
+    }
+
     /// `max_requests_per_connection` (at least 1) and `max_connection_age`
     /// (none when not set).
     pub(super) fn connection_lifetime(&mut self, listen: &RawListen) -> (usize, Option<Duration>) {

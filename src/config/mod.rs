@@ -10,17 +10,25 @@
 //! every reload.
 
 mod admin;
+mod client;
+pub(crate) mod der;
 mod envoy;
 mod error;
+pub mod key;
 mod listen;
 mod log;
 mod machine;
 mod overrides;
+pub mod pem;
 mod raw;
+mod routes;
 mod rules_file;
+mod spec;
+mod store;
 mod tls;
 mod upstream;
 mod upstream_tls;
+pub mod watch;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -31,16 +39,19 @@ use ipnet::IpNet;
 use serde::Deserialize;
 use toml::Spanned;
 
-pub use crate::normalize::{EncodedSlashes, Normalization};
+pub use crate::wire::normalize::{EncodedSlashes, Normalization};
 
-pub use admin::AdminConfig;
+pub use admin::{AdminConfig, MAX_TOP_KEYS};
 pub use envoy::EnvoyMapping;
 pub use error::{ConfigError, ConfigErrors, line_col};
 pub use log::{AccessLogTarget, LogConfig};
-pub use overrides::{OverrideSpec, TierSource, TiersSpec};
+pub use pem::{Certificate, ClientAuth};
 pub use rules_file::{
-    CalendarSpec, ClientSet, Cost, DenySpec, InvalidToken, KeyPart, LoadedRules, MatchSpec, PathPattern, RuleMode,
-    RuleSpec, RulesFile, Throttle, load_rules, parse_rules, parse_rules_file, rule_files, rule_files_or_empty,
+    LoadedRules, RulesFile, load_rules, parse_rules, parse_rules_file, rule_files, rule_files_or_empty,
+};
+pub use spec::{
+    CalendarSpec, ClientSet, Cost, DenySpec, InvalidToken, KeyPart, MatchSpec, OverrideSpec, PathPattern, RuleMode,
+    RuleSpec, Throttle, TierSource, TiersSpec,
 };
 pub use upstream::{
     Balance, HashKey, HealthCheck, MIN_RETRY_CONCURRENCY, POOL_IDLE_TIMEOUT, Protocol, Server, Upstream, UpstreamTls,
@@ -130,7 +141,7 @@ pub struct Listen {
     pub shutdown_delay: Duration,
     /// `[[listen.tls]]`, read and checked: when not empty the proxy
     /// listener speaks TLS only, and the first is the default certificate.
-    pub tls: Vec<crate::tls::Certificate>,
+    pub tls: Vec<Certificate>,
     /// A plain-HTTP listener answering 308 to the `https://` URL.
     pub http_redirect: Option<SocketAddr>,
     /// The public HTTPS port the redirects name (left out when 443): the
@@ -139,7 +150,7 @@ pub struct Listen {
     pub redirect_port: u16,
     /// `client_ca_file` and `client_auth`: client certificates asked for
     /// in the TLS handshake; none when `client_ca_file` is not set.
-    pub client_auth: Option<crate::tls::ClientAuth>,
+    pub client_auth: Option<ClientAuth>,
     /// `[listen] decision`: the decision API's listener (`POST /v1/check`,
     /// see [`crate::decision`]); none when not set.
     pub decision: Option<SocketAddr>,
@@ -191,7 +202,7 @@ pub struct TlsClientFiles {
 pub struct ClientConfig {
     /// Verified identity: when set, `user` keys come from a checked JWT and
     /// the user header is ignored.
-    pub jwt: Option<crate::identity::JwtConfig>,
+    pub jwt: Option<crate::wire::identity::JwtConfig>,
     pub trusted_proxies: Vec<IpNet>,
     pub ipv6_prefix: u8,
     pub user_header: HeaderName,
@@ -219,9 +230,9 @@ pub struct Route {
 }
 
 /// A configured host, written as requests' hosts are compared
-/// ([`crate::normalize::canonical_host`]).
+/// ([`crate::wire::normalize::canonical_host`]).
 pub fn canonical_host(host: &str) -> String {
-    crate::normalize::canonical_host(host.trim())
+    crate::wire::normalize::canonical_host(host.trim())
 }
 
 impl Config {
@@ -306,9 +317,9 @@ impl Validator<'_> {
     }
 
     /// A configured path in the canonical form requests are matched in
-    /// (see [`crate::normalize::path`]).
+    /// (see [`crate::wire::normalize::path`]).
     pub fn canonical_path(&mut self, value: &Spanned<String>, what: &str, n: &Normalization) -> Option<String> {
-        match crate::normalize::path(value.get_ref(), n) {
+        match crate::wire::normalize::path(value.get_ref(), n) {
             Ok(p) => Some(p.into_owned()),
             Err(e) => {
                 self.error(value.span(), format!("{what} {:?}: {}", value.get_ref(), e.reason()));
@@ -351,102 +362,18 @@ impl Validator<'_> {
     /// that validation goes on and reports every problem; the caller discards
     /// the result when any error was recorded.
     fn config(&mut self, raw: raw::RawConfig) -> Config {
-        let listen = raw.listen.unwrap_or_default();
-        let default_proxy = SocketAddr::from(([0, 0, 0, 0], 8080));
-        let proxy = listen.proxy.as_ref().map_or(Some(default_proxy), |v| self.socket_addr(v, "listen.proxy"));
-        let default_admin = SocketAddr::from(([127, 0, 0, 1], 9090));
-        let admin = listen.admin.as_ref().map_or(Some(default_admin), |v| self.socket_addr(v, "listen.admin"));
-        let max_connections = match &listen.max_connections {
-            Some(n) if *n.get_ref() < 1 => {
-                self.error(n.span(), "listen.max_connections must be at least 1");
-                1
-            }
-            Some(n) => *n.get_ref() as usize,
-            None => 10_000,
-        };
-        let max_header_bytes = match &listen.max_header_bytes {
-            Some(n) if *n.get_ref() < 1024 => {
-                self.error(n.span(), "listen.max_header_bytes must be at least 1024");
-                1024
-            }
-            Some(n) => *n.get_ref() as usize,
-            None => 64 * 1024,
-        };
-        let max_uri_bytes = match &listen.max_uri_bytes {
-            Some(n) if !(256..=65_000).contains(n.get_ref()) => {
-                self.error(n.span(), "listen.max_uri_bytes must be between 256 and 65000");
-                16 * 1024
-            }
-            Some(n) => *n.get_ref() as usize,
-            None => 16 * 1024,
-        };
-        let (tls, http_redirect, redirect_port) = self.listen_tls(&listen);
-        let client_auth = self.client_auth(&listen);
-        let decision = listen.decision.as_ref().and_then(|v| self.socket_addr(v, "listen.decision"));
-        let envoy_rls = listen.envoy_rls.as_ref().and_then(|v| self.socket_addr(v, "listen.envoy_rls"));
-        let (max_requests_per_connection, max_connection_age) = self.connection_lifetime(&listen);
-        let shutdown_delay = self.shutdown_delay(&listen);
-        let listen = Listen {
-            shutdown_delay,
-            max_requests_per_connection,
-            max_connection_age,
-            tls,
-            http_redirect,
-            redirect_port,
-            client_auth,
-            decision,
-            envoy_rls,
-            max_uri_bytes,
-            proxy: proxy.unwrap_or(default_proxy),
-            admin: admin.unwrap_or(default_admin),
-            header_read_timeout: self.opt_duration(
-                listen.header_read_timeout.as_ref(),
-                "listen.header_read_timeout",
-                Duration::from_secs(10),
-            ),
-            idle_timeout: self.opt_duration(
-                listen.idle_timeout.as_ref(),
-                "listen.idle_timeout",
-                Duration::from_secs(60),
-            ),
-            max_connections,
-            drain_timeout: self.opt_duration(
-                listen.drain_timeout.as_ref(),
-                "listen.drain_timeout",
-                Duration::from_secs(30),
-            ),
-            max_header_bytes,
-            normalization: Normalization {
-                merge_slashes: listen.merge_slashes.unwrap_or(true),
-                encoded_slashes: listen.encoded_slashes.unwrap_or_default(),
-                underscores_in_headers: listen.underscores_in_headers.unwrap_or(false),
-            },
-            body_read_timeout: self.opt_duration(
-                listen.body_read_timeout.as_ref(),
-                "listen.body_read_timeout",
-                Duration::from_secs(60),
-            ),
-            connection_body_buffer: match listen.connection_body_buffer.as_ref().map(|s| (s, parse_size(s.get_ref()))) {
-                None => DEFAULT_CONNECTION_BODY_BUFFER,
-                Some((_, Some(n))) if n <= MAX_BUFFER_BODY * 16 => n,
-                Some((s, _)) => {
-                    self.error(s.span(), "listen.connection_body_buffer must be a size from 0 to 1GiB: a whole number of bytes, or a string such as \"4MiB\"");
-                    DEFAULT_CONNECTION_BODY_BUFFER
-                }
-            },
-            send_timeout: self.opt_duration(
-                listen.send_timeout.as_ref(),
-                "listen.send_timeout",
-                Duration::from_secs(60),
-            ),
-            tunnel_idle_timeout: self.opt_duration(
-                listen.tunnel_idle_timeout.as_ref(),
-                "listen.tunnel_idle_timeout",
-                Duration::from_secs(3600),
-            ),
-        };
+        let listen = self.listen(&raw.listen.unwrap_or_default());
+        let rules_path = self.rules_path(raw.rules.unwrap_or_default());
+        let store = self.store(raw.store.unwrap_or_default());
+        let client = self.client(raw.client.unwrap_or_default());
+        let (upstreams, routes) = self.upstreams_and_routes(raw.upstream, raw.route, &listen.normalization);
+        let log = self.log(raw.log);
+        let admin = self.admin(raw.admin);
+        Config { path: self.file.to_path_buf(), listen, rules_path, store, client, upstreams, routes, log, admin }
+    }
 
-        let rules = raw.rules.unwrap_or_default();
+    /// `[rules] path`, relative to the config file's directory unless absolute.
+    fn rules_path(&mut self, rules: raw::RawRules) -> PathBuf {
         if let Some(p) = &rules.path
             && p.get_ref().trim().is_empty()
         {
@@ -454,286 +381,11 @@ impl Validator<'_> {
             self.error(p.span(), "rules.path must name a rules file or directory");
         }
         let rules_path = PathBuf::from(rules.path.as_ref().map_or("rules", |p| p.get_ref().as_str()));
-        let rules_path = if rules_path.is_absolute() {
+        if rules_path.is_absolute() {
             rules_path
         } else {
             self.file.parent().unwrap_or(Path::new(".")).join(rules_path)
-        };
-
-        let store = raw.store.unwrap_or_default();
-        let backend = store.backend.as_ref().map_or(Backend::default(), |b| *b.get_ref());
-        if let Some(b) = &store.backend
-            && backend == Backend::Redis
-            && store.url.is_none()
-        {
-            self.error(b.span(), "store.backend = \"redis\" needs store.url, e.g. \"redis://127.0.0.1:6379\" or \"redis-cluster://10.0.0.1:6379?node=10.0.0.2:6379\"");
         }
-        let pool_size = match &store.pool_size {
-            Some(n) if !(1..=64).contains(n.get_ref()) => {
-                self.error(n.span(), "store.pool_size must be between 1 and 64");
-                1
-            }
-            Some(n) => *n.get_ref() as usize,
-            None => 1,
-        };
-        let max_keys = match &store.max_keys {
-            Some(n) if !(1024..=1_000_000_000).contains(n.get_ref()) => {
-                self.error(n.span(), "store.max_keys must be between 1024 and 1000000000");
-                machine::default_max_keys()
-            }
-            Some(n) => *n.get_ref() as usize,
-            None => machine::default_max_keys(),
-        };
-        let lease_percent = match &store.lease_percent {
-            Some(n) if !(0..=25).contains(n.get_ref()) => {
-                self.error(n.span(), "store.lease_percent must be between 0 (no leasing) and 25");
-                0
-            }
-            Some(n) => *n.get_ref() as u8,
-            None => 1,
-        };
-        let lease_lifetime =
-            self.opt_duration(store.lease_lifetime.as_ref(), "store.lease_lifetime", Duration::from_secs(5));
-        if let Some(v) = &store.lease_lifetime
-            && !(Duration::from_millis(100)..=Duration::from_secs(3600)).contains(&lease_lifetime)
-        {
-            self.error(v.span(), "store.lease_lifetime must be between \"100ms\" and \"1h\"");
-        }
-        let tls_url = store.url.as_ref().is_some_and(|u| {
-            let u = u.get_ref();
-            u.starts_with("rediss") || u.starts_with("valkeys")
-        });
-        for key in [&store.tls_ca_file, &store.tls_cert_file, &store.tls_key_file].into_iter().flatten() {
-            if !tls_url {
-                self.error(
-                    key.span(),
-                    "TLS files need a TLS store.url (rediss://, rediss-cluster:// or rediss-sentinel://)",
-                );
-            }
-        }
-        let tls_ca = store.tls_ca_file.as_ref().filter(|_| tls_url).and_then(|f| {
-            let (path, pem) = self.read_relative(f)?;
-            if let Err(e) = crate::store::redis::tls_roots(&pem) {
-                self.error(f.span(), format!("{}: {e}", path.display()));
-                return None;
-            }
-            Some((path, pem))
-        });
-        let tls_client = match (&store.tls_cert_file, &store.tls_key_file) {
-            (Some(c), Some(k)) if tls_url => {
-                let cert = self.read_relative(c);
-                let key = self.read_relative(k);
-                match (cert, key) {
-                    (Some((cert_path, cert)), Some((key_path, key))) => {
-                        match crate::store::redis::tls_client_identity(&cert, &key) {
-                            Ok(_) => Some(TlsClientFiles { cert_path, cert, key_path, key }),
-                            Err(e) => {
-                                self.error(
-                                    c.span(),
-                                    format!("{} and {}: {e}", cert_path.display(), key_path.display()),
-                                );
-                                None
-                            }
-                        }
-                    }
-                    _ => None,
-                }
-            }
-            (Some(f), None) | (None, Some(f)) => {
-                self.error(f.span(), "store.tls_cert_file and store.tls_key_file go together: give both or neither");
-                None
-            }
-            _ => None,
-        };
-        let store = StoreConfig {
-            backend,
-            url: store.url.map(|u| u.into_inner()),
-            timeout: self.opt_duration(store.timeout.as_ref(), "store.timeout", Duration::from_millis(20)),
-            on_error: store.on_error.unwrap_or_default(),
-            pool_size,
-            key_prefix: store.key_prefix.unwrap_or_else(|| "tollgate:".to_string()),
-            lease_percent,
-            lease_idle: self.opt_duration(store.lease_idle.as_ref(), "store.lease_idle", Duration::from_secs(5)),
-            lease_lifetime,
-            tls_ca,
-            tls_client,
-            max_keys,
-        };
-
-        let client = raw.client.unwrap_or_default();
-        let mut trusted = Vec::new();
-        for p in client.trusted_proxies.iter().flatten() {
-            match parse_net(p.get_ref()) {
-                Some(n) => trusted.push(n),
-                None => self.error(
-                    p.span(),
-                    format!(
-                        "client.trusted_proxies entry {:?} is not an IP address or CIDR such as \"10.0.0.0/8\"",
-                        p.get_ref()
-                    ),
-                ),
-            }
-        }
-        let ipv6_prefix = match &client.ipv6_prefix {
-            Some(n) if !(1..=128).contains(n.get_ref()) => {
-                self.error(n.span(), "client.ipv6_prefix must be between 1 and 128");
-                64
-            }
-            Some(n) => *n.get_ref() as u8,
-            None => 64,
-        };
-        let user_header = client
-            .user_header
-            .as_ref()
-            .map_or(Some(HeaderName::from_static("x-user-id")), |h| self.header_name(h, "client.user_header"));
-        let api_key_header = client
-            .api_key_header
-            .as_ref()
-            .map_or(Some(HeaderName::from_static("x-api-key")), |h| self.header_name(h, "client.api_key_header"));
-        let jwt = client.jwt.as_ref().and_then(|j| self.jwt(j));
-        let client = ClientConfig {
-            jwt,
-            trusted_proxies: trusted,
-            ipv6_prefix,
-            user_header: user_header.unwrap_or(HeaderName::from_static("x-user-id")),
-            api_key_header: api_key_header.unwrap_or(HeaderName::from_static("x-api-key")),
-            request_id_in_response: client.request_id_in_response.unwrap_or(true),
-        };
-
-        let mut upstreams: Vec<Upstream> = Vec::new();
-        // Every name an [[upstream]] defines, valid or not: an upstream with
-        // a bad URL has its own error, and a route naming it needs no second
-        // one claiming it is undefined.
-        let mut defined: Vec<String> = Vec::new();
-        for u in raw.upstream {
-            let name = &u.get_ref().name;
-            if defined.contains(name.get_ref()) {
-                self.error(name.span(), format!("upstream {:?} is defined twice", name.get_ref()));
-                continue;
-            }
-            defined.push(name.get_ref().clone());
-            if let Some(u) = self.upstream(u) {
-                upstreams.push(u);
-            }
-        }
-
-        let mut routes = Vec::new();
-        for r in raw.route {
-            let r = r.into_inner();
-            let Some(upstream) = upstreams.iter().position(|u| u.name == *r.upstream.get_ref()) else {
-                if !defined.contains(r.upstream.get_ref()) {
-                    self.error(
-                        r.upstream.span(),
-                        format!("route names upstream {:?}, which no [[upstream]] defines", r.upstream.get_ref()),
-                    );
-                }
-                continue;
-            };
-            let prefix = r.path_prefix.get_ref();
-            if !prefix.starts_with('/') {
-                self.error(r.path_prefix.span(), format!("route path_prefix {prefix:?} must start with '/'"));
-                continue;
-            }
-            // Requests are routed by their canonical path, so prefixes are
-            // written in that form too.
-            let Some(prefix) = self.canonical_path(&r.path_prefix, "route path_prefix", &listen.normalization) else {
-                continue;
-            };
-            let max_body = r.max_body.as_ref().and_then(|s| match parse_size(s.get_ref()) {
-                Some(n) => Some(n),
-                None => {
-                    self.error(s.span(), "route max_body must be a size in bytes: a whole number, or a string such as \"512KiB\", \"10MB\"");
-                    None
-                }
-            });
-            let buffer_body = match r.buffer_body.as_ref().map(|s| (s, parse_size(s.get_ref()))) {
-                None => DEFAULT_BUFFER_BODY,
-                Some((_, Some(n))) if n <= MAX_BUFFER_BODY => n,
-                Some((s, _)) => {
-                    self.error(s.span(), "route buffer_body must be a size from 0 to 64MiB: a whole number of bytes, or a string such as \"256KiB\", \"1MiB\"");
-                    DEFAULT_BUFFER_BODY
-                }
-            };
-            routes.push(Route {
-                max_body,
-                buffer_body,
-                name: r.name.unwrap_or_else(|| upstreams[upstream].name.clone()),
-                path_prefix: prefix,
-                host: r.host.map(|h| canonical_host(&h)),
-                upstream,
-            });
-        }
-
-        let log = self.log(raw.log);
-        let admin = self.admin(raw.admin);
-        Config { path: self.file.to_path_buf(), listen, rules_path, store, client, upstreams, routes, log, admin }
-    }
-}
-
-impl Validator<'_> {
-    /// `[client] jwt`: reads the key file (relative to the config file) and
-    /// checks that it can verify at least one configured algorithm.
-    fn jwt(&mut self, raw: &Spanned<raw::RawJwt>) -> Option<crate::identity::JwtConfig> {
-        use crate::identity::{JwtConfig, JwtVerifier, KeySource};
-        let j = raw.get_ref();
-        let header = match &j.header {
-            Some(h) => self.header_name(h, "client.jwt.header")?,
-            None => HeaderName::from_static("authorization"),
-        };
-        let mut algorithms = Vec::new();
-        match &j.algorithms {
-            None => algorithms.push(jsonwebtoken::Algorithm::RS256),
-            Some(list) => {
-                for a in list {
-                    match a.get_ref().parse::<jsonwebtoken::Algorithm>() {
-                        Ok(alg) => algorithms.push(alg),
-                        Err(_) => self.error(
-                            a.span(),
-                            format!(
-                                "{:?} is not a JWT algorithm such as \"RS256\", \"ES256\" or \"HS256\"",
-                                a.get_ref()
-                            ),
-                        ),
-                    }
-                }
-            }
-        }
-        let keys = match (&j.key_file, &j.jwks_file) {
-            (Some(k), None) => self.read_relative(k).map(|(path, bytes)| KeySource::Key { path, bytes }),
-            (None, Some(k)) => self.read_relative(k).map(|(path, bytes)| KeySource::Jwks { path, bytes }),
-            _ => {
-                self.error(
-                    raw.span(),
-                    "client.jwt needs exactly one of key_file (a PEM public key or an HMAC secret) and jwks_file",
-                );
-                None
-            }
-        }?;
-        let leeway = match &j.leeway {
-            Some(l) => match parse_duration(l.get_ref()) {
-                Ok(d) => d.as_secs(),
-                Err(e) => {
-                    self.error(l.span(), format!("client.jwt.leeway {:?} is not a duration ({e})", l.get_ref()));
-                    0
-                }
-            },
-            None => 30,
-        };
-        let config = JwtConfig {
-            header,
-            algorithms,
-            keys,
-            issuer: j.issuer.clone(),
-            audience: j.audience.clone(),
-            claim: j.claim.clone().unwrap_or_else(|| "sub".to_string()),
-            leeway,
-        };
-        if let Err(e) = JwtVerifier::new(&config) {
-            let span = j.key_file.as_ref().or(j.jwks_file.as_ref()).map_or(raw.span(), |s| s.span());
-            self.error(span, format!("client.jwt: {e}"));
-            return None;
-        }
-        Some(config)
     }
 }
 
@@ -778,7 +430,7 @@ fn parse_size(raw: &raw::RawSize) -> Option<u64> {
 
 /// An address or a CIDR; a bare address is a /32 or /128. An IPv4-mapped
 /// network (`::ffff:10.0.0.0/104`) is the IPv4 one it stands for, as the
-/// clients it is compared with are ([`crate::client::canonical`]).
+/// clients it is compared with are ([`crate::wire::client::canonical`]).
 pub fn parse_net(s: &str) -> Option<IpNet> {
     let s = s.trim();
     let net = s.parse::<IpNet>().ok().or_else(|| s.parse::<std::net::IpAddr>().ok().map(IpNet::from))?;

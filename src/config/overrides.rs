@@ -9,49 +9,8 @@ use toml::Spanned;
 
 use super::Validator;
 use super::raw::RawOverride;
-use super::rules_file::{Cost, KeyPart};
+use super::spec::{Cost, KeyPart, MAX_COUNT, OverrideSpec, TierSource, TiersSpec};
 use crate::limiter::Algorithm;
-
-/// One key's own limits (`[[rule.override]]`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OverrideSpec {
-    /// The key as the rule builds it, without the rule's name: `user=alice`,
-    /// or `api_key=sha256:` and the SHA-256 of the API key in hex.
-    pub key: String,
-    pub limit: u64,
-    pub burst: u64,
-    /// Where it is written, for `/rules` and `explain`.
-    pub line: usize,
-}
-
-/// Where a request's tier comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TierSource {
-    /// A request header: only as trustworthy as the layer that sets it.
-    Header(HeaderName),
-    /// A claim of the verified JWT (`[client] jwt`).
-    Claim(String),
-}
-
-impl TierSource {
-    /// The spelling in rules files.
-    pub fn describe(&self) -> String {
-        match self {
-            TierSource::Header(h) => format!("header:{h}"),
-            TierSource::Claim(c) => format!("claim:{c}"),
-        }
-    }
-}
-
-/// `tier` and `tiers`: the rule's limits chosen by the request's tier.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TiersSpec {
-    pub source: TierSource,
-    /// Every tier but `default`, by name: `(name, limit, burst)`.
-    pub tiers: Vec<(String, u64, u64)>,
-    /// The limits of a request whose tier is missing or not listed.
-    pub default: (u64, u64),
-}
 
 /// What an override's or tier's limits are checked against: the rule's.
 pub(super) struct Base<'a> {
@@ -72,7 +31,7 @@ impl Base<'_> {
     /// ratio kept (without a `burst` in the rule, the limit itself).
     fn scaled_burst(&self, limit: u64) -> u64 {
         let b = (u128::from(limit) * u128::from(self.burst)).div_ceil(u128::from(self.limit.max(1)));
-        u64::try_from(b).unwrap_or(u64::MAX).min(super::rules_file::MAX_COUNT as u64)
+        u64::try_from(b).unwrap_or(u64::MAX).min(MAX_COUNT as u64)
     }
 }
 
@@ -132,56 +91,12 @@ impl Validator<'_> {
             }
             (Some(a), Some(b)) => (a, b),
         };
-        let text = tier.get_ref().trim();
-        let source = if let Some(h) = text.strip_prefix("header:") {
-            HeaderName::from_bytes(h.trim().as_bytes()).ok().map(TierSource::Header)
-        } else if let Some(c) = text.strip_prefix("claim:") {
-            let c = c.trim();
-            if c.is_empty() {
-                None
-            } else if !jwt {
-                self.error(tier.span(), format!("tier {text:?} reads a JWT claim: configure [client] jwt first"));
-                return None;
-            } else {
-                Some(TierSource::Claim(c.to_string()))
-            }
-        } else {
-            None
-        };
-        let Some(source) = source else {
-            self.error(tier.span(), format!("tier {text:?} is not \"header:NAME\" or \"claim:NAME\""));
-            return None;
-        };
+        let source = self.tier_source(tier, jwt)?;
         let mut default = None;
         let mut list = Vec::new();
         let errors_before = self.errors.len();
         for (name, value) in tiers.get_ref() {
-            let (limit, burst) = match value.get_ref() {
-                toml::Value::Integer(n) => (Spanned::new(value.span(), *n), None),
-                toml::Value::Table(t) => {
-                    if let Some(k) = t.keys().find(|k| *k != "limit" && *k != "burst") {
-                        self.error(value.span(), format!("tier {name:?}: unknown key {k:?} (limit, burst)"));
-                        continue;
-                    }
-                    let int = |k: &str| t.get(k).and_then(toml::Value::as_integer);
-                    let Some(limit) = int("limit") else {
-                        self.error(value.span(), format!("tier {name:?} needs a whole-number limit"));
-                        continue;
-                    };
-                    if t.contains_key("burst") && int("burst").is_none() {
-                        self.error(value.span(), format!("tier {name:?}: burst must be a whole number"));
-                        continue;
-                    }
-                    (Spanned::new(value.span(), limit), int("burst").map(|b| Spanned::new(value.span(), b)))
-                }
-                _ => {
-                    self.error(
-                        value.span(),
-                        format!("tier {name:?} must be a limit (a whole number) or {{ limit, burst }}"),
-                    );
-                    continue;
-                }
-            };
+            let Some((limit, burst)) = self.tier_value(name, value) else { continue };
             let Some(limits) = self.variant(&limit, burst.as_ref(), base, &format!("tier {name:?}")) else { continue };
             if name == "default" {
                 default = Some(limits);
@@ -200,6 +115,62 @@ impl Validator<'_> {
             return None;
         };
         Some(TiersSpec { source, tiers: list, default })
+    }
+
+    /// `tier = "header:NAME"` or `"claim:NAME"` (a claim only with
+    /// `[client] jwt`).
+    fn tier_source(&mut self, tier: &Spanned<String>, jwt: bool) -> Option<TierSource> {
+        let text = tier.get_ref().trim();
+        let source = if let Some(h) = text.strip_prefix("header:") {
+            HeaderName::from_bytes(h.trim().as_bytes()).ok().map(TierSource::Header)
+        } else if let Some(c) = text.strip_prefix("claim:") {
+            let c = c.trim();
+            if c.is_empty() {
+                None
+            } else if !jwt {
+                self.error(tier.span(), format!("tier {text:?} reads a JWT claim: configure [client] jwt first"));
+                return None;
+            } else {
+                Some(TierSource::Claim(c.to_string()))
+            }
+        } else {
+            None
+        };
+        if source.is_none() {
+            self.error(tier.span(), format!("tier {text:?} is not \"header:NAME\" or \"claim:NAME\""));
+        }
+        source
+    }
+
+    /// One entry of `tiers`: a limit, or `{ limit, burst }`.
+    #[allow(clippy::type_complexity)]
+    fn tier_value(&mut self, name: &str, value: &Spanned<toml::Value>) -> Option<(Spanned<i64>, Option<Spanned<i64>>)> {
+        match value.get_ref() {
+            toml::Value::Integer(n) => Some((Spanned::new(value.span(), *n), None)),
+            toml::Value::Table(t) => {
+                if let Some(k) = t.keys().find(|k| *k != "limit" && *k != "burst") {
+                    self.error(value.span(), format!("tier {name:?}: unknown key {k:?} (limit, burst)"));
+                    return None;
+                }
+                let int = |k: &str| t.get(k).and_then(toml::Value::as_integer);
+                let Some(limit) = int("limit") else {
+                    self.error(value.span(), format!("tier {name:?} needs a whole-number limit"));
+                    return None;
+                };
+                if t.contains_key("burst") && int("burst").is_none() {
+                    self.error(value.span(), format!("tier {name:?}: burst must be a whole number"));
+                    return None;
+                }
+                Some((Spanned::new(value.span(), limit), int("burst").map(|b| Spanned::new(value.span(), b))))
+            }
+            _ => {
+                self.error(
+                    value.span(),
+                    format!("tier {name:?} must be a limit (a whole number) or {{ limit, burst }}"),
+                );
+                None
+            }
+        }
     }
 
     /// An override's or tier's limit and burst, within the rule's bounds.
@@ -238,7 +209,7 @@ impl Validator<'_> {
 }
 
 /// An override key in the form the rule builds keys (see
-/// [`crate::rules::Rule::key`]): one `tag=value` per key part, joined by
+/// [`crate::limit::rules::Rule::key`]): one `tag=value` per key part, joined by
 /// `|`, optionally after the rule's encoded name and a `|` (the whole
 /// bucket as `explain` prints it). Values are accepted as `explain` shows
 /// them (percent-encoded) or plain; an `api_key` value is its SHA-256 in hex,
@@ -250,7 +221,7 @@ impl Validator<'_> {
 /// match.
 fn override_ip(value: &str, ipv6_prefix: u8) -> Result<std::net::IpAddr, String> {
     let ip: std::net::IpAddr = value.parse().map_err(|_| format!("{value:?} is not an IP address"))?;
-    let keyed = crate::client::key_addr(ip, ipv6_prefix);
+    let keyed = crate::wire::client::key_addr(ip, ipv6_prefix);
     if keyed.is_ipv6() && keyed != ip {
         return Err(format!(
             "{value} is an IPv6 address inside a /{ipv6_prefix}; IPv6 clients are keyed by their /{ipv6_prefix} \
@@ -272,7 +243,7 @@ fn api_key_value(out: &mut String, value: &str) -> Result<(), String> {
         }
         Some(_) => return Err("sha256: must be followed by the key's SHA-256 in 64 hex digits".into()),
         None if value.is_empty() => return Err("an api_key value must not be empty".into()),
-        None => crate::rules::push_sha256_hex(out, value.as_bytes()),
+        None => super::key::push_sha256_hex(out, value.as_bytes()),
     }
     Ok(())
 }
@@ -283,7 +254,7 @@ fn override_key(text: &str, base: &Base<'_>) -> Result<String, String> {
     // The rule's name cannot contain '=' once encoded, and every part does.
     if segments.len() > base.key.len() && !segments[0].contains('=') {
         let mut name = String::new();
-        crate::rules::encode(&mut name, base.name.as_bytes());
+        super::key::encode(&mut name, base.name.as_bytes());
         if segments[0] != name {
             return Err(format!("it names rule {:?}, not this rule", segments[0]));
         }
@@ -303,7 +274,7 @@ fn override_key(text: &str, base: &Base<'_>) -> Result<String, String> {
         if i > 0 {
             out.push('|');
         }
-        let want = crate::rules::tag(part);
+        let want = super::key::tag(part);
         let Some((tag, value)) = segment.split_once('=') else {
             return Err(format!("{segment:?} is not {want}=VALUE"));
         };
@@ -335,7 +306,7 @@ fn override_key(text: &str, base: &Base<'_>) -> Result<String, String> {
             // A long value, shown by `explain` as its hash.
             out.push_str(value);
         } else {
-            crate::rules::encode(&mut out, &percent_decode(value));
+            super::key::encode(&mut out, &percent_decode(value));
         }
     }
     Ok(out)

@@ -6,142 +6,16 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::{HeaderName, Method};
-use serde::Deserialize;
 use toml::Spanned;
 
-use super::overrides::{Base, OverrideSpec, TiersSpec};
+use super::overrides::Base;
 use super::raw::{RawRule, RawRulesFile};
-use super::{Config, ConfigError, ConfigErrors, OnError, Validator};
+use super::spec::{
+    CalendarSpec, ClientSet, Cost, DEFAULT_MAX_COST, DEFAULT_SLOT_TTL, DenySpec, KeyPart, MAX_COUNT, MAX_SLOT_TTL,
+    MIN_SLOT_TTL, MatchSpec, PathPattern, RuleSpec, Throttle,
+};
+use super::{Config, ConfigError, ConfigErrors, Validator};
 use crate::limiter::Algorithm;
-
-/// Whether a rule may reject.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum RuleMode {
-    #[default]
-    Enforce,
-    /// Counted, with headers and metrics as usual, but never rejects: for
-    /// trialling a rule on live traffic.
-    Shadow,
-}
-
-/// How far over its limit a rule lets a key go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Throttle {
-    /// Never over the limit.
-    Hard,
-    /// Up to `limit * (1 + percent / 100)`, always.
-    Soft { percent: u32 },
-    /// Up to `limit * (1 + percent / 100)` while the route's upstream has
-    /// fewer than `inflight_below` requests in flight; the plain limit
-    /// otherwise.
-    Elastic { percent: u32, inflight_below: u32 },
-}
-
-/// How many units one request takes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Cost {
-    Fixed(u64),
-    /// Read from this request header; absent means 1.
-    Header(HeaderName),
-}
-
-/// One part of a rule's key: the request property whose distinct values get
-/// distinct buckets.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeyPart {
-    Ip,
-    User,
-    ApiKey,
-    Route,
-    Method,
-    Path,
-    /// The common name of the verified client certificate.
-    ClientCert,
-    Header(HeaderName),
-    Query(String),
-}
-
-impl KeyPart {
-    /// The spelling in config files.
-    pub fn describe(&self) -> String {
-        match self {
-            KeyPart::Ip => "ip".into(),
-            KeyPart::User => "user".into(),
-            KeyPart::ApiKey => "api_key".into(),
-            KeyPart::Route => "route".into(),
-            KeyPart::Method => "method".into(),
-            KeyPart::Path => "path".into(),
-            KeyPart::ClientCert => "client_cert".into(),
-            KeyPart::Header(h) => format!("header:{h}"),
-            KeyPart::Query(q) => format!("query:{q}"),
-        }
-    }
-}
-
-/// `match.path`: exact, or a prefix when written with a trailing `*`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PathPattern {
-    Exact(String),
-    Prefix(String),
-}
-
-/// Which requests a rule applies to; every present condition must hold.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MatchSpec {
-    /// Empty: any method.
-    pub methods: Vec<Method>,
-    pub path: Option<PathPattern>,
-    /// Lower-cased; compared with the request's host without its port.
-    pub host: Option<String>,
-    /// A route's upstream name.
-    pub route: Option<String>,
-    pub header: Option<(HeaderName, String)>,
-}
-
-/// A set of clients, by address, verified user or API key: a rule's
-/// `exempt`, or a `[[deny]]` entry.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ClientSet {
-    pub nets: Vec<ipnet::IpNet>,
-    pub users: Vec<String>,
-    pub api_keys: Vec<String>,
-}
-
-impl ClientSet {
-    pub fn is_empty(&self) -> bool {
-        self.nets.is_empty() && self.users.is_empty() && self.api_keys.is_empty()
-    }
-
-    /// Whether the client at `ip` (its full address), with this user and API
-    /// key, is in the set.
-    pub fn contains(&self, ip: std::net::IpAddr, user: Option<&[u8]>, api_key: Option<&[u8]>) -> bool {
-        self.nets.iter().any(|n| n.contains(&ip))
-            || user.is_some_and(|u| self.users.iter().any(|x| x.as_bytes() == u))
-            || api_key.is_some_and(|k| self.api_keys.iter().any(|x| x.as_bytes() == k))
-    }
-}
-
-/// What a rule keyed on `user` does with a request whose JWT fails
-/// verification (`[client] jwt` only).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum InvalidToken {
-    /// 401 with a JSON body.
-    #[default]
-    Reject,
-    /// Count the request under its client IP, as if it had no token.
-    Ip,
-}
-
-/// A validated `[[deny]]` entry.
-#[derive(Debug, Clone)]
-pub struct DenySpec {
-    pub name: String,
-    pub source: PathBuf,
-    pub line: usize,
-    pub clients: ClientSet,
-}
 
 /// Everything the rules path holds, validated.
 #[derive(Debug, Clone, Default)]
@@ -162,70 +36,6 @@ pub struct RulesFile {
     pub denies: Vec<DenySpec>,
     /// `[[envoy]]` entries, checked against the rules by [`load_rules`].
     pub envoy: Vec<Spanned<super::raw::RawEnvoy>>,
-}
-
-/// A validated rule.
-/// The default `max_cost` of a `cost_header` rule (or its bucket, if
-/// smaller): enough for weighted requests, not enough for one request to be
-/// a denial of service on its own.
-pub const DEFAULT_MAX_COST: u64 = 1000;
-
-/// A concurrency slot's TTL in a shared store when the rule does not say:
-/// how long the slots of an instance that died stay counted.
-pub const DEFAULT_SLOT_TTL: Duration = Duration::from_secs(10);
-/// Slots are renewed several times per TTL; below a second, a Redis pause
-/// or a slow renewal round could let a live request's slot expire.
-const MIN_SLOT_TTL: Duration = Duration::from_secs(1);
-const MAX_SLOT_TTL: Duration = Duration::from_secs(3600);
-
-/// `calendar` and `timezone`: a quota per calendar window.
-#[derive(Debug, Clone)]
-pub struct CalendarSpec {
-    pub period: crate::calendar::Period,
-    /// The IANA name as written (`"UTC"` when left out).
-    pub timezone: String,
-    pub zone: jiff::tz::TimeZone,
-}
-
-#[derive(Debug, Clone)]
-pub struct RuleSpec {
-    pub name: String,
-    /// The file it came from and the line of its `[[rule]]`.
-    pub source: PathBuf,
-    pub line: usize,
-    pub matcher: MatchSpec,
-    pub key: Vec<KeyPart>,
-    pub algorithm: Algorithm,
-    pub limit: u64,
-    /// The window; for `algorithm = "concurrency"`, the slot TTL
-    /// (`slot_ttl`), the one duration such a rule has; for a `calendar`
-    /// rule, its longest window ([`crate::calendar::Period::longest`]).
-    pub window: Duration,
-    /// `calendar`: windows on calendar boundaries rather than of `window`.
-    pub calendar: Option<CalendarSpec>,
-    pub burst: u64,
-    pub mode: RuleMode,
-    pub throttle: Throttle,
-    pub cost: Cost,
-    /// The largest cost one request may claim through `cost_header` (the
-    /// fixed cost itself otherwise): a client cannot make one request cost
-    /// the store more than this.
-    pub max_cost: u64,
-    /// `cost_response_header`: the response header, or else trailer, whose
-    /// value corrects the reserved cost to the real one (token bucket,
-    /// fixed window and sliding window counter only).
-    pub cost_response_header: Option<HeaderName>,
-    /// `quota_unit`: what the quota counts ("tokens"), reported as
-    /// `RateLimit-Policy`'s `qu`.
-    pub quota_unit: Option<String>,
-    pub on_error: Option<OnError>,
-    /// Clients this rule never applies to.
-    pub exempt: ClientSet,
-    pub on_invalid_token: InvalidToken,
-    /// `[[rule.override]]`: keys with limits of their own.
-    pub overrides: Vec<OverrideSpec>,
-    /// `tier` and `tiers`: limits chosen by the request's tier.
-    pub tiers: Option<TiersSpec>,
 }
 
 /// The files a rules path stands for: itself, or the `*.toml` files in it
@@ -372,10 +182,6 @@ fn claim_conflict<'a>(mut earlier: impl Iterator<Item = &'a RuleSpec>, rule: &Ru
     ))
 }
 
-/// The largest limit or burst: counters and Redis scripts stay well inside
-/// exact integer arithmetic (2^53 in Lua doubles, 2^32 in packed cells).
-pub(super) const MAX_COUNT: i64 = 1_000_000_000;
-
 impl Validator<'_> {
     /// Addresses/CIDRs, user ids and API keys of a deny entry or exemption.
     fn clients(
@@ -421,34 +227,17 @@ impl Validator<'_> {
         }
     }
 
-    fn rule(&mut self, r: RawRule, line: usize, config: &Config) -> Option<RuleSpec> {
+    fn rule(&mut self, mut r: RawRule, line: usize, config: &Config) -> Option<RuleSpec> {
         let errors_before = self.errors.len();
-        let name = r.name.get_ref().trim().to_string();
-        // The name goes into `RateLimit-Policy` and `RateLimit` as a
-        // structured-field string, which holds printable ASCII only, with
-        // `"` and `\` escaped: allow exactly what needs no escaping.
-        if name.is_empty()
-            || name.len() > 128
-            || !name.bytes().all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
-        {
-            self.error(
-                r.name.span(),
-                "rule name must be 1 to 128 printable ASCII characters, without quotes or backslashes",
-            );
-        }
+        let name = self.rule_name(&r);
         let calendar = self.calendar(&r);
         // A calendar quota counts in fixed windows unless told otherwise
         // (and `calendar` refuses every other algorithm).
         let algorithm =
             r.algorithm.unwrap_or(if r.calendar.is_some() { Algorithm::FixedWindow } else { Algorithm::default() });
         let limit = self.count(&r.limit, "limit");
-        let window = match &calendar {
-            Some(c) => Some(Duration::from_nanos(c.period.longest())),
-            None if algorithm == Algorithm::Concurrency => self.concurrency(&r),
-            None if r.calendar.is_some() => None,
-            None => self.window(&r),
-        };
-        let matcher = match r.matcher {
+        let window = self.rule_window(&r, calendar.as_ref(), algorithm);
+        let matcher = match r.matcher.take() {
             Some(m) => self.matcher(m.into_inner(), config),
             None => MatchSpec::default(),
         };
@@ -460,7 +249,78 @@ impl Validator<'_> {
             Some(b) => self.count(b, "burst"),
             None => limit,
         };
-        let throttle = match r.throttle.as_ref().map(|t| t.get_ref().as_str()) {
+        let throttle = self.throttle(&r);
+        let capacity = if matches!(algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket) { burst } else { limit };
+        let exempt = r.exempt.take().map_or_else(ClientSet::default, |e| {
+            let e = e.into_inner();
+            self.clients(e.ips.as_deref(), e.users, e.api_keys)
+        });
+        let (cost, max_cost) = self.cost(&r, capacity);
+        let cost_response_header = self.cost_response_header(&r, algorithm);
+        let quota_unit = self.quota_unit(&r);
+        let (mut overrides, mut tiers) = (Vec::new(), None);
+        if let (Some(limit), Some(burst)) = (limit, burst) {
+            let base = Base {
+                name: &name,
+                key: &key,
+                algorithm,
+                limit,
+                burst,
+                cost: &cost,
+                max_cost: r.max_cost.is_some().then_some(max_cost),
+                ipv6_prefix: config.client.ipv6_prefix,
+            };
+            overrides = self.overrides(r.overrides.unwrap_or_default(), &base);
+            tiers = self.tiers(r.tier.as_ref(), r.tiers.as_ref(), &base, config.client.jwt.is_some());
+        }
+        if self.errors.len() > errors_before {
+            return None;
+        }
+        Some(RuleSpec {
+            name,
+            source: self.file.to_path_buf(),
+            line,
+            matcher,
+            key,
+            algorithm,
+            limit: limit?,
+            window: window?,
+            calendar,
+            burst: burst?,
+            mode: r.mode.unwrap_or_default(),
+            throttle,
+            cost,
+            max_cost,
+            cost_response_header,
+            quota_unit,
+            on_error: r.on_error,
+            exempt,
+            on_invalid_token: r.on_invalid_token.unwrap_or_default(),
+            overrides,
+            tiers,
+        })
+    }
+
+    /// A rule's `name`, trimmed. It goes into `RateLimit-Policy` and
+    /// `RateLimit` as a structured-field string, which holds printable ASCII
+    /// only, with `"` and `\` escaped: allow exactly what needs no escaping.
+    fn rule_name(&mut self, r: &RawRule) -> String {
+        let name = r.name.get_ref().trim().to_string();
+        if name.is_empty()
+            || name.len() > 128
+            || !name.bytes().all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
+        {
+            self.error(
+                r.name.span(),
+                "rule name must be 1 to 128 printable ASCII characters, without quotes or backslashes",
+            );
+        }
+        name
+    }
+
+    /// `throttle`, with `soft_percent` or the `elastic_*` keys.
+    fn throttle(&mut self, r: &RawRule) -> Throttle {
+        match r.throttle.as_ref().map(|t| t.get_ref().as_str()) {
             None | Some("hard") => Throttle::Hard,
             Some("soft") => Throttle::Soft { percent: self.percent(r.soft_percent.as_ref(), "soft_percent", 10) },
             Some("elastic") => {
@@ -477,15 +337,12 @@ impl Validator<'_> {
                 }
                 Throttle::Hard
             }
-        };
-        let capacity = if matches!(algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket) { burst } else { limit };
-        let exempt = match r.exempt {
-            Some(e) => {
-                let e = e.into_inner();
-                self.clients(e.ips.as_deref(), e.users, e.api_keys)
-            }
-            None => ClientSet::default(),
-        };
+        }
+    }
+
+    /// `cost` or `cost_header`, and `max_cost`: neither may exceed the
+    /// bucket's `capacity`, or no request could ever pass.
+    fn cost(&mut self, r: &RawRule, capacity: Option<u64>) -> (Cost, u64) {
         let cost = match (&r.cost, &r.cost_header) {
             (Some(c), Some(h)) => {
                 self.error(h.span(), "set either cost or cost_header, not both");
@@ -529,7 +386,12 @@ impl Validator<'_> {
             }
             (Cost::Header(_), None) => capacity.unwrap_or(1).min(DEFAULT_MAX_COST),
         };
-        let cost_response_header = r.cost_response_header.as_ref().and_then(|h| {
+        (cost, max_cost)
+    }
+
+    /// `cost_response_header`: only for the algorithms that can settle.
+    fn cost_response_header(&mut self, r: &RawRule, algorithm: Algorithm) -> Option<HeaderName> {
+        r.cost_response_header.as_ref().and_then(|h| {
             if !crate::limiter::settles(algorithm) {
                 self.error(
                     h.span(),
@@ -540,8 +402,11 @@ impl Validator<'_> {
                 );
             }
             self.header_name(h, "cost_response_header")
-        });
-        let quota_unit = r.quota_unit.as_ref().map(|u| {
+        })
+    }
+
+    fn quota_unit(&mut self, r: &RawRule) -> Option<String> {
+        r.quota_unit.as_ref().map(|u| {
             let unit = u.get_ref();
             let ok = (1..=32).contains(&unit.len())
                 && unit.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
@@ -552,48 +417,18 @@ impl Validator<'_> {
                 );
             }
             unit.clone()
-        });
-        let (mut overrides, mut tiers) = (Vec::new(), None);
-        if let (Some(limit), Some(burst)) = (limit, burst) {
-            let base = Base {
-                name: &name,
-                key: &key,
-                algorithm,
-                limit,
-                burst,
-                cost: &cost,
-                max_cost: r.max_cost.is_some().then_some(max_cost),
-                ipv6_prefix: config.client.ipv6_prefix,
-            };
-            overrides = self.overrides(r.overrides.unwrap_or_default(), &base);
-            tiers = self.tiers(r.tier.as_ref(), r.tiers.as_ref(), &base, config.client.jwt.is_some());
-        }
-        if self.errors.len() > errors_before {
-            return None;
-        }
-        Some(RuleSpec {
-            name,
-            source: self.file.to_path_buf(),
-            line,
-            matcher,
-            key,
-            algorithm,
-            limit: limit?,
-            window: window?,
-            calendar,
-            burst: burst?,
-            mode: r.mode.unwrap_or_default(),
-            throttle,
-            cost,
-            max_cost,
-            cost_response_header,
-            quota_unit,
-            on_error: r.on_error,
-            exempt,
-            on_invalid_token: r.on_invalid_token.unwrap_or_default(),
-            overrides,
-            tiers,
         })
+    }
+
+    /// The window a rule counts in: its calendar period's longest, a
+    /// concurrency rule's `slot_ttl`, or a rate rule's `window`.
+    fn rule_window(&mut self, r: &RawRule, calendar: Option<&CalendarSpec>, algorithm: Algorithm) -> Option<Duration> {
+        match calendar {
+            Some(c) => Some(Duration::from_nanos(c.period.longest())),
+            None if algorithm == Algorithm::Concurrency => self.concurrency(r),
+            None if r.calendar.is_some() => None,
+            None => self.window(r),
+        }
     }
 
     /// A rate rule's `window`: required, 1ms to 366d; `slot_ttl` is not
@@ -650,7 +485,7 @@ impl Validator<'_> {
             self.error(t.span(), "slot_ttl applies to algorithm = \"concurrency\" only");
             ok = false;
         }
-        let period = crate::calendar::Period::parse(raw.get_ref().trim());
+        let period = crate::limiter::calendar::Period::parse(raw.get_ref().trim());
         if period.is_none() {
             self.error(raw.span(), format!("calendar {:?} is not one of day, week, month", raw.get_ref()));
         }
@@ -720,7 +555,7 @@ impl Validator<'_> {
                     None => (s.as_str(), false),
                 };
                 // Requests are matched by their canonical path (see
-                // crate::normalize), so rule paths are written in it too;
+                // crate::wire::normalize), so rule paths are written in it too;
                 // an exact path ignores a trailing '/', as requests' do.
                 let canonical = toml::Spanned::new(p.span(), text.to_string());
                 if text.contains('*') {
@@ -729,7 +564,7 @@ impl Validator<'_> {
                     spec.path = Some(if prefix {
                         PathPattern::Prefix(c)
                     } else {
-                        PathPattern::Exact(crate::normalize::match_path(&c).to_string())
+                        PathPattern::Exact(crate::wire::normalize::match_path(&c).to_string())
                     });
                 }
             }

@@ -1533,11 +1533,11 @@ calendar = "day"
 "#,
     );
     let c = r[0].calendar.as_ref().expect("a calendar");
-    assert_eq!((c.period, c.timezone.as_str()), (crate::calendar::Period::Month, "Europe/Berlin"));
+    assert_eq!((c.period, c.timezone.as_str()), (crate::limiter::calendar::Period::Month, "Europe/Berlin"));
     assert_eq!(r[0].algorithm, Algorithm::FixedWindow, "the default of calendar rules");
-    assert_eq!(r[0].window, Duration::from_nanos(crate::calendar::Period::Month.longest()));
+    assert_eq!(r[0].window, Duration::from_nanos(crate::limiter::calendar::Period::Month.longest()));
     let c = r[1].calendar.as_ref().expect("a calendar");
-    assert_eq!((c.period, c.timezone.as_str()), (crate::calendar::Period::Day, "UTC"));
+    assert_eq!((c.period, c.timezone.as_str()), (crate::limiter::calendar::Period::Day, "UTC"));
 }
 
 #[test]

@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 use toml::Spanned;
 
 use super::Validator;
+use super::pem::{Certificate, ClientAuth};
 use super::raw::{RawListen, RawTls};
-use crate::tls::{Certificate, ClientAuth};
 
 /// The HTTPS port redirects name when `redirect_port` is not set.
 const DEFAULT_REDIRECT_PORT: u16 = 443;

@@ -148,60 +148,9 @@ impl Validator<'_> {
         let connect_timeout =
             self.opt_duration(u.connect_timeout.as_ref(), "upstream.connect_timeout", Duration::from_secs(1));
         let timeout = self.opt_duration(u.timeout.as_ref(), "upstream.timeout", Duration::from_secs(30));
-        let entries: Vec<(Spanned<String>, u32, bool)> = match (&u.url, &u.servers) {
-            (Some(url), None) => vec![(url.clone(), 1, false)],
-            (None, Some(servers)) if servers.get_ref().is_empty() => {
-                self.error(servers.span(), "upstream servers must list at least one URL");
-                return None;
-            }
-            (None, Some(servers)) => {
-                let mut out = Vec::new();
-                for entry in servers.get_ref() {
-                    out.push(self.server_entry(entry)?);
-                }
-                out
-            }
-            (Some(_), Some(servers)) => {
-                self.error(servers.span(), "an upstream has either url or servers, not both");
-                return None;
-            }
-            (None, None) => {
-                self.error(
-                    table,
-                    format!("upstream {:?} needs url = \"...\" or servers = [\"...\", ...]", u.name.get_ref()),
-                );
-                return None;
-            }
-        };
-        let mut servers: Vec<Server> = Vec::new();
-        let mut base_path: Option<String> = None;
-        for (url, weight, backup) in &entries {
-            let (mut server, path) = self.server_url(url)?;
-            if servers.iter().any(|s| s.scheme == server.scheme && s.authority == server.authority) {
-                self.error(url.span(), format!("upstream server {:?} is listed twice", url.get_ref()));
-                return None;
-            }
-            match &base_path {
-                Some(p) if *p != path => {
-                    self.error(url.span(), "every server of an upstream must have the same path after its address");
-                    return None;
-                }
-                _ => base_path = Some(path),
-            }
-            (server.weight, server.backup) = (*weight, *backup);
-            servers.push(server);
-        }
-        if servers.iter().all(|s| s.backup) {
-            // Entries exist: the error points at the first.
-            self.error(entries[0].0.span(), "an upstream needs at least one server that is not a backup");
-            return None;
-        }
+        let entries = self.server_entries(&u, table)?;
+        let (servers, base_path) = self.servers(&entries)?;
         let https = servers[0].scheme == Scheme::HTTPS;
-        if let Some((_, (url, _, _))) = servers.iter().zip(&entries).find(|(s, _)| (s.scheme == Scheme::HTTPS) != https)
-        {
-            self.error(url.span(), "every server of an upstream must use the same scheme");
-            return None;
-        }
         let protocol = self.protocol(&u)?;
         let tls = self.upstream_tls(&u, https, protocol)?;
         let balance = self.balance(&u)?;
@@ -239,7 +188,7 @@ impl Validator<'_> {
         Some(Upstream {
             name: u.name.into_inner(),
             servers,
-            base_path: base_path.unwrap_or_default(),
+            base_path,
             connect_timeout,
             timeout,
             balance,
@@ -255,6 +204,76 @@ impl Validator<'_> {
             max_inflight,
             try_timeout,
         })
+    }
+
+    /// `url`, or the `servers` entries (with their weights and backup
+    /// flags): exactly one of the two.
+    fn server_entries(
+        &mut self,
+        u: &RawUpstream,
+        table: std::ops::Range<usize>,
+    ) -> Option<Vec<(Spanned<String>, u32, bool)>> {
+        let entries = match (&u.url, &u.servers) {
+            (Some(url), None) => vec![(url.clone(), 1, false)],
+            (None, Some(servers)) if servers.get_ref().is_empty() => {
+                self.error(servers.span(), "upstream servers must list at least one URL");
+                return None;
+            }
+            (None, Some(servers)) => {
+                let mut out = Vec::new();
+                for entry in servers.get_ref() {
+                    out.push(self.server_entry(entry)?);
+                }
+                out
+            }
+            (Some(_), Some(servers)) => {
+                self.error(servers.span(), "an upstream has either url or servers, not both");
+                return None;
+            }
+            (None, None) => {
+                self.error(
+                    table,
+                    format!("upstream {:?} needs url = \"...\" or servers = [\"...\", ...]", u.name.get_ref()),
+                );
+                return None;
+            }
+        };
+        Some(entries)
+    }
+
+    /// The servers of `entries`, and the path after their address, which
+    /// they share, as they share their scheme; one at least is not a backup.
+    fn servers(&mut self, entries: &[(Spanned<String>, u32, bool)]) -> Option<(Vec<Server>, String)> {
+        let mut servers: Vec<Server> = Vec::new();
+        let mut base_path: Option<String> = None;
+        for (url, weight, backup) in entries {
+            let (mut server, path) = self.server_url(url)?;
+            if servers.iter().any(|s| s.scheme == server.scheme && s.authority == server.authority) {
+                self.error(url.span(), format!("upstream server {:?} is listed twice", url.get_ref()));
+                return None;
+            }
+            match &base_path {
+                Some(p) if *p != path => {
+                    self.error(url.span(), "every server of an upstream must have the same path after its address");
+                    return None;
+                }
+                _ => base_path = Some(path),
+            }
+            (server.weight, server.backup) = (*weight, *backup);
+            servers.push(server);
+        }
+        if servers.iter().all(|s| s.backup) {
+            // Entries exist: the error points at the first.
+            self.error(entries[0].0.span(), "an upstream needs at least one server that is not a backup");
+            return None;
+        }
+        let https = servers[0].scheme == Scheme::HTTPS;
+        if let Some((_, (url, _, _))) = servers.iter().zip(entries).find(|(s, _)| (s.scheme == Scheme::HTTPS) != https)
+        {
+            self.error(url.span(), "every server of an upstream must use the same scheme");
+            return None;
+        }
+        Some((servers, base_path.unwrap_or_default()))
     }
 
     /// An integer setting within `range`, `default` when absent (and, with

@@ -4,10 +4,10 @@
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::ServerName;
 
 use super::Validator;
+use super::pem::{self, PemError};
 use super::raw::RawUpstream;
 
 /// `protocol`: what is spoken to the servers.
@@ -67,12 +67,13 @@ impl Validator<'_> {
             Some(ca) => {
                 let (path, pem) = self.read_relative(ca)?;
                 pem.hash(&mut fingerprint);
-                let certs: Vec<CertificateDer<'static>> = match CertificateDer::pem_slice_iter(&pem).collect() {
+                let certs = match pem::certificates(&pem) {
                     Ok(c) => c,
-                    Err(e) => {
+                    Err(PemError::NotPem(e) | PemError::NoKey(e)) => {
                         self.error(ca.span(), format!("{} is not a PEM certificate file ({e})", path.display()));
                         return None;
                     }
+                    Err(PemError::NoCertificate) => Vec::new(),
                 };
                 let (added, _) = roots.add_parsable_certificates(certs);
                 if added == 0 {
@@ -99,8 +100,7 @@ impl Validator<'_> {
             },
             None => None,
         };
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = rustls::ClientConfig::builder_with_provider(provider)
+        let builder = rustls::ClientConfig::builder_with_provider(pem::provider())
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
             .ok()?
             .with_root_certificates(roots);
@@ -110,13 +110,11 @@ impl Validator<'_> {
                 let (cert_path, cert_pem) = self.read_relative(cert)?;
                 let (key_path, key_pem) = self.read_relative(key)?;
                 (&cert_pem, &key_pem).hash(&mut fingerprint);
-                let chain: Vec<CertificateDer<'static>> =
-                    CertificateDer::pem_slice_iter(&cert_pem).collect::<Result<_, _>>().unwrap_or_default();
-                if chain.is_empty() {
+                let Ok(chain) = pem::certificates(&cert_pem) else {
                     self.error(cert.span(), format!("{} holds no PEM certificate", cert_path.display()));
                     return None;
-                }
-                let Ok(private) = PrivateKeyDer::from_pem_slice(&key_pem) else {
+                };
+                let Ok(private) = pem::private_key(&key_pem) else {
                     self.error(key.span(), format!("{} holds no PEM private key", key_path.display()));
                     return None;
                 };

@@ -3,8 +3,9 @@
 
 use http::HeaderMap;
 
-use crate::headers::{self, RuleReport};
+use crate::limit::rules::RuleReport;
 use crate::limiter::Nanos;
+use crate::wire::headers;
 
 /// One rule's decision for a caller outside the request path
 /// (`/v1/check` or Envoy's `ShouldRateLimit`).

@@ -29,8 +29,8 @@ use tokio::sync::Semaphore;
 
 use crate::decide::Decider;
 use crate::decision::Ask;
-use crate::headers::RuleReport;
-use crate::rules::{Plan, Rule, RuleSet};
+use crate::limit::rules::RuleReport;
+use crate::limit::rules::{Plan, Rule, RuleSet};
 use proto::envoy::config::core::v3::HeaderValue;
 use proto::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit};
 use proto::envoy::service::ratelimit::v3::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
@@ -252,9 +252,9 @@ fn response_headers(reports: &[RuleReport<'_>], retry_after: u64) -> Vec<HeaderV
         return Vec::new();
     }
     let mut headers = http::HeaderMap::new();
-    crate::headers::write(&mut headers, reports, crate::headers::most_restrictive(reports));
+    crate::wire::headers::write(&mut headers, reports, crate::wire::headers::most_restrictive(reports));
     if retry_after > 0 {
-        crate::headers::write_retry_after(&mut headers, retry_after);
+        crate::wire::headers::write_retry_after(&mut headers, retry_after);
     }
     headers
         .iter()
@@ -304,11 +304,11 @@ fn unit_of(unit: i32) -> Option<(u64, Unit)> {
     Some((secs, unit))
 }
 
-fn per_period(limit: u64, period: crate::calendar::Period) -> (u32, Unit) {
+fn per_period(limit: u64, period: crate::limiter::calendar::Period) -> (u32, Unit) {
     let unit = match period {
-        crate::calendar::Period::Day => Unit::Day,
-        crate::calendar::Period::Week => Unit::Week,
-        crate::calendar::Period::Month => Unit::Month,
+        crate::limiter::calendar::Period::Day => Unit::Day,
+        crate::limiter::calendar::Period::Week => Unit::Week,
+        crate::limiter::calendar::Period::Month => Unit::Month,
     };
     // 0 only for an override of 0 requests.
     (limit.min(u64::from(u32::MAX)) as u32, unit)
@@ -368,7 +368,7 @@ mod tests {
 
     #[test]
     fn calendar_limits_are_per_their_period() {
-        use crate::calendar::Period;
+        use crate::limiter::calendar::Period;
         assert_eq!(per_period(1000, Period::Month), (1000, Unit::Month));
         assert_eq!(per_period(70, Period::Week), (70, Unit::Week));
         assert_eq!(per_period(10, Period::Day), (10, Unit::Day));

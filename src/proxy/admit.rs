@@ -7,17 +7,17 @@ use http::{Request, header};
 use hyper::body::Incoming;
 
 use super::{Exchange, Proxy};
-use crate::client;
 use crate::config::Route;
 use crate::decide::Asked;
-use crate::error::ProxyError;
-use crate::identity::Identity;
-use crate::normalize;
-use crate::rules::{RequestFacts, RuleSet};
+use crate::limit::rules::{RequestFacts, RuleSet};
+use crate::wire::client;
+use crate::wire::error::ProxyError;
+use crate::wire::identity::Identity;
+use crate::wire::normalize;
 
 impl Proxy {
     /// The first phase: one spelling of the request before anything reads
-    /// it (see [`crate::normalize`]), its route, the size limits, the
+    /// it (see [`crate::wire::normalize`]), its route, the size limits, the
     /// client's address and identity. A request refused before its route
     /// is known counts as a rejection of no route.
     pub(super) fn admit(
@@ -131,7 +131,7 @@ impl Proxy {
     /// 414 for the target, 431 for the headers, 501 for a body in a transfer
     /// coding tollgate cannot decode, 413 for a declared body
     /// length (a chunked body is cut off while it is read instead, see
-    /// [`crate::forward::RequestBody`]).
+    /// [`crate::upstream::forward::RequestBody`]).
     pub(super) fn oversized(&self, req: &Request<Incoming>, route: Option<&Route>) -> Option<ProxyError> {
         if req.uri().path_and_query().map_or(0, |p| p.as_str().len()) > self.max_uri_bytes {
             return Some(ProxyError::UriTooLong);
@@ -141,7 +141,7 @@ impl Proxy {
         if header_bytes > self.max_header_bytes {
             return Some(ProxyError::HeadersTooLarge);
         }
-        if crate::forward::undecodable_transfer_coding(req.headers()) {
+        if crate::upstream::forward::undecodable_transfer_coding(req.headers()) {
             return Some(ProxyError::UnsupportedTransferEncoding);
         }
         let max_body = route.and_then(|r| r.max_body)?;

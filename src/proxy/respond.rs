@@ -14,14 +14,14 @@ use hyper::upgrade::OnUpgrade;
 use super::{Exchange, Proxy, ProxyBody};
 use crate::config::Route;
 use crate::decide::{Decision, Ruling};
-use crate::error::{self, ProxyError};
-use crate::forward::{Downstream, RequestBody};
-use crate::headers;
-use crate::metrics::RouteCounters;
-use crate::pool::UpstreamBody;
+use crate::obs::metrics::RouteCounters;
 use crate::settle::{self, Settling};
 use crate::store::{Held, Stamp};
-use crate::tunnel;
+use crate::upstream::forward::{Downstream, RequestBody};
+use crate::upstream::pool::UpstreamBody;
+use crate::upstream::tunnel;
+use crate::wire::error::{self, ProxyError};
+use crate::wire::headers;
 
 impl Proxy {
     /// The request's route's counters (`none`'s before it has one).
@@ -112,7 +112,7 @@ impl Proxy {
             // HTTP/2's streams share their connection's budget; an
             // HTTP/1.1 connection has one request at a time.
             ahead_budget: (version == http::Version::HTTP_2)
-                .then(|| x.peer.body_budget.clone().map(crate::forward::AheadBudget::shared))
+                .then(|| x.peer.body_budget.clone().map(crate::upstream::forward::AheadBudget::shared))
                 .flatten(),
             upgrade,
             bytes_in,
@@ -171,7 +171,7 @@ impl Proxy {
     }
 }
 
-/// Hands a 101's two sides to the tunnel ([`crate::tunnel`]), which is the
+/// Hands a 101's two sides to the tunnel ([`crate::upstream::tunnel`]), which is the
 /// request in flight until it closes: it holds the request's slots and its
 /// server's count of answered requests that long.
 fn tunnel_on(resp: &mut Response<UpstreamBody<RequestBody>>, client: OnUpgrade, held: Option<Held>) {

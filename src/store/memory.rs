@@ -9,10 +9,9 @@
 //! heap-allocated string. Two distinct keys share a bucket only if their
 //! 64-bit hashes collide: about one chance in 10^7 among a million keys.
 //!
-//! Each shard is a `std::sync::Mutex` around two hash maps. A check holds the
-//! lock for a few arithmetic operations and never across an `.await`, so a
-//! blocking mutex is cheaper than an async one, and with 64 shards two
-//! requests rarely meet on the same lock. A request with several checks locks
+//! The keys are split over 64 [`Shards`], each two hash maps behind a
+//! blocking mutex: a check holds it for a few arithmetic operations and
+//! never across an `.await`, and two requests rarely meet on the same lock. A request with several checks locks
 //! the shards it needs in ascending order (no deadlock), decides all checks,
 //! and writes back only if every enforced check admitted it.
 //!
@@ -35,13 +34,15 @@
 //! that ranks its keys is paid once per that many new keys, not per request.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 
+use parking_lot::MutexGuard;
 use prometheus::IntCounter;
 
-use crate::clock::SharedClock;
+use crate::limiter::clock::SharedClock;
+use crate::limiter::shards::Shards;
 use crate::limiter::{self, Cell, Limits, Log, Nanos, Verdict};
 use crate::store::{Answer, Check, Mode, Store, StoreError};
 
@@ -53,8 +54,7 @@ const SHARDS: usize = 64;
 pub struct MemoryStore {
     /// Shared with the [`Slots`] of requests in flight, which give their
     /// concurrency slots back from wherever they are dropped.
-    shards: Arc<[Mutex<Shard>]>,
-    hasher: foldhash::quality::RandomState,
+    shards: Shards<Shard>,
     clock: SharedClock,
     idle_horizon: Arc<AtomicU64>,
     /// The most keys one shard holds (`max_keys / SHARDS`, at least 1).
@@ -129,8 +129,8 @@ impl Hasher for IdentityHasher {
 
 impl MemoryStore {
     /// The clock it reads: a calendar rule's window is computed on it (see
-    /// [`crate::rules::Rule::limits_of`]), so that both agree on the time.
-    pub fn clock(&self) -> &dyn crate::clock::Clock {
+    /// [`crate::limit::rules::Rule::limits_of`]), so that both agree on the time.
+    pub fn clock(&self) -> &dyn crate::limiter::clock::Clock {
         &*self.clock
     }
 
@@ -138,12 +138,10 @@ impl MemoryStore {
     ///
     /// Unbounded until [`MemoryStore::bounded`] says otherwise.
     pub fn new(clock: SharedClock) -> Self {
-        let shards: Vec<Mutex<Shard>> = (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect();
-        let shards = shards.into();
+        let shards = Shards::new(SHARDS, Shard::default);
         let epoch = clock.now();
         MemoryStore {
             shards,
-            hasher: foldhash::quality::RandomState::default(),
             clock,
             idle_horizon: Arc::new(AtomicU64::new(0)),
             shard_capacity: usize::MAX,
@@ -178,13 +176,7 @@ impl MemoryStore {
 
     /// The number of keys tracked right now.
     pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| {
-                let s = lock(s);
-                s.len()
-            })
-            .sum()
+        self.shards.sum(Shard::len)
     }
 
     /// Whether no key is tracked.
@@ -198,8 +190,7 @@ impl MemoryStore {
         let now = self.clock.now();
         let horizon = self.idle_horizon.load(Ordering::Relaxed);
         let mut dropped = 0;
-        for shard in self.shards.iter() {
-            let mut s = lock(shard);
+        for mut s in self.shards.each() {
             let before = s.len();
             s.cells.retain(|_, (c, _)| c.t.saturating_add(horizon) > now);
             s.logs.retain(|_, (l, _)| l.back().is_some_and(|&(t, _)| t.saturating_add(horizon) > now));
@@ -216,13 +207,7 @@ impl MemoryStore {
     /// state, read with the new window (see [`limiter::regrid`] for the
     /// sliding counter), as Redis keeps it: the two stores answer alike.
     fn hash_of(&self, check: &Check<'_>) -> u64 {
-        self.hasher.hash_one((check.key, check.limits.algorithm))
-    }
-
-    fn shard_of(hash: u64) -> usize {
-        // Not the low bits (the map's bucket index) nor the top seven (its
-        // control tag): keys of one shard would otherwise crowd together.
-        (hash >> 40) as usize & (SHARDS - 1)
+        self.shards.hash(&(check.key, check.limits.algorithm))
     }
 
     /// Decides `checks` synchronously; the `Store` impl wraps this. A
@@ -243,7 +228,7 @@ impl MemoryStore {
             // The common case: one rule, one lock, no bookkeeping.
             let hash = self.hash_of(one);
             let v = {
-                let mut shard = lock(&self.shards[Self::shard_of(hash)]);
+                let mut shard = self.shards.lock_hash(hash);
                 decide(&mut shard, hash, one, &ctx, commit)
             };
             let held =
@@ -252,13 +237,12 @@ impl MemoryStore {
         }
 
         let hashes: Vec<u64> = checks.iter().map(|c| self.hash_of(c)).collect();
-        let mut order: Vec<usize> = hashes.iter().map(|&h| Self::shard_of(h)).collect();
+        let mut order: Vec<usize> = hashes.iter().map(|&h| self.shards.index(h)).collect();
         order.sort_unstable();
         order.dedup();
-        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
-            order.iter().map(|&i| (i, lock(&self.shards[i]))).collect();
+        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> = order.iter().map(|&i| (i, self.shards.lock(i))).collect();
         let guard_for = |hash: u64| -> usize {
-            let idx = Self::shard_of(hash);
+            let idx = self.shards.index(hash);
             // `order` holds every shard index of `hashes`, so the search
             // always finds it.
             guards.iter().position(|(i, _)| *i == idx).unwrap_or(0)
@@ -299,7 +283,7 @@ impl MemoryStore {
         let ctx = self.ctx();
         let hash = self.hash_of(check);
         let limits = &check.limits;
-        let mut shard = lock(&self.shards[Self::shard_of(hash)]);
+        let mut shard = self.shards.lock_hash(hash);
         let cell = shard.cells.get(&hash).map(|e| e.0);
         // A key forgotten since (evicted or idle) has nothing to give back;
         // an extra charge starts it again.
@@ -325,14 +309,14 @@ impl MemoryStore {
 /// Concurrency slots a request holds in a [`MemoryStore`] (map key and
 /// count of each): given back when dropped, whatever ended the request.
 pub struct Slots {
-    shards: Arc<[Mutex<Shard>]>,
+    shards: Shards<Shard>,
     held: Vec<(u64, u64)>,
 }
 
 impl Drop for Slots {
     fn drop(&mut self) {
         for &(hash, cost) in &self.held {
-            let mut shard = lock(&self.shards[MemoryStore::shard_of(hash)]);
+            let mut shard = self.shards.lock_hash(hash);
             // Gone only if the shard was full and forgot it (see
             // `make_room`): nothing left to give back.
             if let Some(entry) = shard.cells.get_mut(&hash) {
@@ -445,13 +429,6 @@ fn make_room(shard: &mut Shard, ctx: &Ctx<'_>) {
     }
 }
 
-/// Locks a shard. A panic while the lock was held cannot leave a cell
-/// half-written (cells are plain `Copy` values written in one assignment), so
-/// a poisoned lock is safe to keep using.
-fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
-    shard.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 impl Store for MemoryStore {
     async fn check(&self, checks: &[Check<'_>], mode: Mode) -> Vec<Answer> {
         self.check_now(checks, mode).into_iter().map(Ok).collect()
@@ -476,7 +453,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::clock::ManualClock;
+    use crate::limiter::clock::ManualClock;
     use crate::limiter::{Algorithm, NANOS_PER_SEC};
 
     fn limits(algorithm: Algorithm, limit: u64) -> Limits {

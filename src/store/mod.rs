@@ -146,7 +146,7 @@ pub enum AnyStore {
 impl AnyStore {
     /// The clock the store was built with: calendar rules compute their
     /// current window on it.
-    pub fn clock(&self) -> &dyn crate::clock::Clock {
+    pub fn clock(&self) -> &dyn crate::limiter::clock::Clock {
         match self {
             AnyStore::Memory(s) => s.clock(),
             AnyStore::Redis(s) => s.clock(),

@@ -1,7 +1,7 @@
 //! Which servers of an upstream are candidates for a try, and the state
 //! that decides it: passive health's cap on servers out (never the last
 //! one in), panic mode, backups, `max_inflight`, and the retry budget.
-//! [`crate::balance`] then picks one of the candidates.
+//! [`crate::upstream::balance`] then picks one of the candidates.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -118,7 +118,7 @@ impl UpstreamClient {
             return;
         }
         let taken_out = server.health.failed(self.config.eject_after, || {
-            let _one_at_a_time = self.ejecting.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let _one_at_a_time = self.ejecting.lock();
             self.may_eject(i)
         });
         if taken_out {
@@ -153,9 +153,9 @@ impl Drop for RetryGuard<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::ProxyError;
-    use crate::metrics::Metrics;
-    use crate::pool::{Answered, PoolError};
+    use crate::obs::metrics::Metrics;
+    use crate::upstream::pool::{Answered, PoolError};
+    use crate::wire::error::ProxyError;
 
     fn client(extra: &str) -> UpstreamClient {
         let text = format!(

@@ -86,3 +86,27 @@ impl Drop for BigUpstream {
         self.task.abort();
     }
 }
+
+/// Bytes the kernel holds in the queues of the TCP sockets (IPv4, not
+/// listening) with a local or remote port among `ports`: sent and not yet
+/// acknowledged or not yet sent, and received and not yet read, from
+/// /proc/net/tcp (Linux). What an upstream wrote, less this for the
+/// connections between it, the proxy and the clients, is what the proxy
+/// itself holds.
+pub fn kernel_queued(ports: &[u16]) -> usize {
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    let port_of = |addr: &str| addr.rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok());
+    let hex = |v: &str| usize::from_str_radix(v, 16).unwrap_or(0);
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (local, remote, state, queues) = (f.get(1)?, f.get(2)?, f.get(3)?, f.get(4)?);
+            // 0A: LISTEN, whose "rx_queue" is its accept backlog.
+            let ours = [local, remote].iter().any(|a| port_of(a).is_some_and(|p| ports.contains(&p)));
+            let (tx, rx) = queues.split_once(':')?;
+            (ours && *state != "0A").then(|| hex(tx) + hex(rx))
+        })
+        .sum()
+}

@@ -54,12 +54,12 @@ use tempfile::TempDir;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
-use tollgate::clock::ManualClock;
 use tollgate::config::Config;
+use tollgate::edge::server::Server;
 use tollgate::limiter::NANOS_PER_SEC;
+use tollgate::limiter::clock::ManualClock;
+use tollgate::ops::reload::Reloader;
 use tollgate::proxy::Proxy;
-use tollgate::reload::Reloader;
-use tollgate::server::Server;
 
 /// Where every test's clock starts: a whole number of minutes and hours
 /// since the epoch, so fixed and sliding windows of 1s, 10s, 60s and 1h all
@@ -362,7 +362,7 @@ impl Tollgate {
         // stays as written (`tollgate check --running` compares it).
         let task = tokio::spawn(server.run_until(async move {
             let _ = rx.await;
-            if lame_duck { tollgate::process::Stop::LameDuck } else { tollgate::process::Stop::Now }
+            if lame_duck { tollgate::edge::process::Stop::LameDuck } else { tollgate::edge::process::Stop::Now }
         }));
         Tollgate {
             dir,

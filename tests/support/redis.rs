@@ -16,9 +16,10 @@ use std::io::Write as _;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 /// How long a node, or the whole cluster, may take to become ready.
 const READY_WITHIN: Duration = Duration::from_secs(30);
@@ -34,9 +35,15 @@ pub fn window(key: &str) -> [&str; 4] {
     ["EVAL", READ, "1", key]
 }
 
-pub fn available() -> bool {
+fn available() -> bool {
     let runs = |bin: &str| Command::new(bin).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status();
     matches!(runs("redis-server"), Ok(s) if s.success()) && matches!(runs("redis-cli"), Ok(s) if s.success())
+}
+
+/// Fails the test when redis-server or redis-cli is missing: a test that
+/// returned early would pass without having checked anything.
+pub fn require() {
+    assert!(available(), "redis-server and redis-cli are needed (scripts/test installs them)");
 }
 
 /// Runs `redis-cli -p port args...` and returns its output (errors too:
@@ -218,7 +225,7 @@ impl Processes {
 
     /// How the node on `port` ended, if it has.
     fn exited(&self, port: u16) -> Option<std::process::ExitStatus> {
-        let mut children = self.children.lock().unwrap_or_else(|p| p.into_inner());
+        let mut children = self.children.lock();
         let (_, child) = children.iter_mut().find(|(p, _)| *p == port)?;
         child.as_mut()?.try_wait().ok().flatten()
     }
@@ -233,7 +240,7 @@ impl Processes {
         if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("pids")) {
             let _ = writeln!(f, "{}", child.id());
         }
-        let mut children = self.children.lock().unwrap_or_else(|p| p.into_inner());
+        let mut children = self.children.lock();
         let pid = child.id();
         match children.iter_mut().find(|(p, _)| *p == port) {
             Some(slot) => slot.1 = Some(child),
@@ -262,7 +269,7 @@ impl Processes {
 
     /// `kill -9` the node on `port`.
     fn kill(&self, port: u16) {
-        let mut children = self.children.lock().unwrap_or_else(|p| p.into_inner());
+        let mut children = self.children.lock();
         if let Some((_, Some(child))) = children.iter_mut().find(|(p, _)| *p == port) {
             let _ = child.kill();
             let _ = child.wait();
@@ -275,7 +282,7 @@ impl Processes {
 
 impl Drop for Processes {
     fn drop(&mut self) {
-        let mut children = self.children.lock().unwrap_or_else(|p| p.into_inner());
+        let mut children = self.children.lock();
         for (_, child) in children.iter_mut() {
             if let Some(c) = child.as_mut() {
                 let _ = c.kill();
@@ -532,7 +539,7 @@ impl RedisCluster {
 
     /// Ports of the nodes running now.
     pub fn alive(&self) -> Vec<u16> {
-        let children = self.processes.children.lock().unwrap_or_else(|p| p.into_inner());
+        let children = self.processes.children.lock();
         children.iter().filter(|(_, c)| c.is_some()).map(|(p, _)| *p).collect()
     }
 

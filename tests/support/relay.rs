@@ -24,8 +24,10 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -112,19 +114,19 @@ impl Relay {
 
     /// Every command forwarded so far, oldest first.
     pub fn log(&self) -> Vec<Command> {
-        self.state.log.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.state.log.lock().clone()
     }
 
     /// How many commands forwarded so far match `matches`.
     pub fn count(&self, matches: impl Fn(&Command) -> bool) -> usize {
-        self.state.log.lock().unwrap_or_else(|p| p.into_inner()).iter().filter(|c| matches(c)).count()
+        self.state.log.lock().iter().filter(|c| matches(c)).count()
     }
 
     /// Holds the replies of a connection once it has forwarded a command
     /// matching `matches` (the first such command of any connection only:
     /// the predicate is cleared when it matches).
     pub fn hold_replies_after(&self, matches: impl Fn(&Command) -> bool + Send + Sync + 'static) {
-        *self.state.hold_after.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(matches));
+        *self.state.hold_after.lock() = Some(Arc::new(matches));
     }
 
     /// Lets held replies go on.
@@ -134,7 +136,7 @@ impl Relay {
 
     /// Sends every command matching `matches` to the node twice from now on.
     pub fn duplicate(&self, matches: impl Fn(&Command) -> bool + Send + Sync + 'static) {
-        *self.state.duplicate.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(matches));
+        *self.state.duplicate.lock() = Some(Arc::new(matches));
     }
 
     /// How many duplicates the node has run (and answered) so far.
@@ -155,7 +157,7 @@ impl Relay {
     /// Resets each connection opened from now on once it has carried
     /// `bytes` from the client (`None`: never).
     pub fn reset_after(&self, bytes: Option<u64>) {
-        *self.state.reset_after.lock().unwrap_or_else(|p| p.into_inner()) = bytes;
+        *self.state.reset_after.lock() = bytes;
     }
 }
 
@@ -173,7 +175,7 @@ async fn relay(state: Arc<State>, mut client: TcpStream, mut server: TcpStream) 
     let mut ended = state.end.subscribe();
     ended.borrow_and_update();
     let held = AtomicBool::new(false);
-    let reset_after = *state.reset_after.lock().unwrap_or_else(|p| p.into_inner());
+    let reset_after = *state.reset_after.lock();
     let outcome = {
         let (mut client_rx, mut client_tx) = client.split();
         let (mut server_rx, mut server_tx) = server.split();
@@ -191,7 +193,7 @@ async fn relay(state: Arc<State>, mut client: TcpStream, mut server: TcpStream) 
                     }
                     let duplicate = state.duplicate_matches(&command);
                     let bytes: Vec<u8> = pending.drain(..len).collect();
-                    state.log.lock().unwrap_or_else(|p| p.into_inner()).push(command);
+                    state.log.lock().push(command);
                     if server_tx.write_all(&bytes).await.is_err() {
                         return End::Close;
                     }
@@ -242,7 +244,7 @@ async fn relay(state: Arc<State>, mut client: TcpStream, mut server: TcpStream) 
 
 impl State {
     fn hold_matches(&self, command: &Command) -> bool {
-        let mut hold = self.hold_after.lock().unwrap_or_else(|p| p.into_inner());
+        let mut hold = self.hold_after.lock();
         let matched = hold.as_ref().is_some_and(|p| p(command));
         if matched {
             *hold = None;
@@ -251,7 +253,7 @@ impl State {
     }
 
     fn duplicate_matches(&self, command: &Command) -> bool {
-        self.duplicate.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|p| p(command))
+        self.duplicate.lock().as_ref().is_some_and(|p| p(command))
     }
 
     /// Sends `bytes` (one command) on the relay's own connection and reads

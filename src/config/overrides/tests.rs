@@ -58,13 +58,13 @@ fn api_keys_are_written_as_their_sha256_or_in_clear() {
     // Some SHA-256, in hex.
     let hex = "0f7b1e4b3d1d0c0fc5de4c6d06d4b8a6b2ef6d95ff0f1cd1fae1ef70a3bd2e8a";
     let mut clear = String::new();
-    crate::rules::push_sha256_hex(&mut clear, b"sk-live-1");
+    crate::config::key::push_sha256_hex(&mut clear, b"sk-live-1");
     let keys = override_keys(
         "[\"api_key\"]",
         &["api_key=sk-live-1", &format!("api_key=sha256:{}", hex.to_uppercase()), &format!("api_key={hex}")],
     );
     let mut raw_hex = String::new();
-    crate::rules::push_sha256_hex(&mut raw_hex, hex.as_bytes());
+    crate::config::key::push_sha256_hex(&mut raw_hex, hex.as_bytes());
     assert_eq!(
         keys,
         [format!("api_key=sha256:{clear}"), format!("api_key=sha256:{hex}"), format!("api_key=sha256:{raw_hex}")]

@@ -254,7 +254,7 @@ local function decide()
     -- Settle (`cost_response_header`): the real cost minus the reserved
     -- one, given back (`extra` starts with '-') or charged on top. A
     -- charge may take the level above the capacity: a debt that the next
-    -- requests wait out, as `settle` in src/limiter/settle.rs.
+    -- requests wait out, as `settle` in src/limiter/reservation.rs.
     local new_level
     if match(extra, '^%-') then
       new_level = max(level - cost, 0)

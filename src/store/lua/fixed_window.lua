@@ -28,7 +28,7 @@ local function decide()
   end
 
   if mode == 4 then
-    -- Settle (`cost_response_header`), as `settle` in src/limiter/settle.rs:
+    -- Settle (`cost_response_header`), as `settle` in src/limiter/reservation.rs:
     -- `extra` is the sign and how long ago (µs) the reservation was
     -- counted. A charge goes to the current window and may take its count
     -- past the limit (a debt the next requests wait out); a refund reaches

@@ -44,7 +44,7 @@ local function decide()
   end
 
   if mode == 4 then
-    -- Settle (`cost_response_header`), as `settle` in src/limiter/settle.rs:
+    -- Settle (`cost_response_header`), as `settle` in src/limiter/reservation.rs:
     -- `extra` is the sign and how long ago (µs) the reservation was
     -- counted. A charge goes to the current window (its count may pass the
     -- limit: a debt the next requests wait out); a refund to the window the

@@ -24,12 +24,13 @@
 //! migration since) is answered `NotHere` by the script before anything is
 //! written for it, and asked again in a call of its own, routed by its key.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fred::bytes_utils::Str;
 use fred::interfaces::ClusterInterface;
 use fred::types::Value;
+use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use super::Shared;
@@ -117,10 +118,6 @@ impl Batcher {
         let state = State { routes: Vec::new(), routed_at: None, nodes: vec![first], queues: Vec::new() };
         Batcher { state: Mutex::new(state), clustered }
     }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
 }
 
 impl Shared {
@@ -167,7 +164,7 @@ impl Shared {
             let _ = reply.send(Err(Failure { error: StoreError::Unavailable(error), outage: false }));
             (false, false)
         } else {
-            let mut state = self.batcher.lock();
+            let mut state = self.batcher.state.lock();
             if state.queues.len() <= queue {
                 state.queues.resize_with(queue + 1, Queue::default);
             }
@@ -194,7 +191,7 @@ impl Shared {
             tokio::spawn(async move {
                 tokio::time::sleep(LAZY).await;
                 let start = {
-                    let mut state = shared.batcher.lock();
+                    let mut state = shared.batcher.state.lock();
                     let q = &mut state.queues[queue];
                     q.timer = false;
                     let start = q.senders == 0 && !q.waiting.is_empty();
@@ -225,14 +222,14 @@ impl Shared {
     pub(super) fn node_of(&self, key: &str) -> (usize, Arc<Node>) {
         if self.batcher.clustered {
             let stale = {
-                let state = self.batcher.lock();
+                let state = self.batcher.state.lock();
                 state.routed_at.is_none_or(|at| at.elapsed() >= ROUTES_EVERY)
             };
             if stale {
                 self.read_routes();
             }
         }
-        let state = self.batcher.lock();
+        let state = self.batcher.state.lock();
         let slot = usize::from(fred::util::redis_keyslot(key.as_bytes()));
         let index = if self.batcher.clustered { usize::from(state.routes.get(slot).copied().unwrap_or(0)) } else { 0 };
         match state.nodes.get(index).or(state.nodes.first()) {
@@ -271,7 +268,7 @@ impl Shared {
                 }
             }
         }
-        let mut state = self.batcher.lock();
+        let mut state = self.batcher.state.lock();
         // Without a layout yet, ask again on the next check.
         state.routed_at = (!routes.is_empty()).then(Instant::now);
         state.routes = routes;
@@ -287,17 +284,17 @@ impl Shared {
         let mut sending = Sending { shared: &self, queue, done: false };
         // Spaced from the queue's last call of several checks, even if the
         // queue went idle since (see `Queue::shared_at`).
-        let mut sent_at: Option<Instant> = self.batcher.lock().queues[queue].shared_at;
+        let mut sent_at: Option<Instant> = self.batcher.state.lock().queues[queue].shared_at;
         loop {
             if let Some(at) = sent_at {
                 let next = at + SPACING;
-                let waiting = self.batcher.lock().queues[queue].waiting.len();
+                let waiting = self.batcher.state.lock().queues[queue].waiting.len();
                 if waiting > 0 && waiting < MAX_BATCH && next > Instant::now() {
                     tokio::time::sleep_until(next.into()).await;
                 }
             }
             let batch: Vec<Waiting> = {
-                let mut state = self.batcher.lock();
+                let mut state = self.batcher.state.lock();
                 let q = &mut state.queues[queue];
                 // The last sender of a queue stays while checks wait; the
                 // others (sent for full batches) leave it to that one.
@@ -362,7 +359,7 @@ impl Shared {
             let _ = w.reply.send(answer);
         }
         if !elsewhere.is_empty() {
-            self.batcher.lock().routed_at = None;
+            self.batcher.state.lock().routed_at = None;
             self.metrics.redis_misrouted_total.inc_by(elsewhere.len() as u64);
             tracing::debug!(checks = elsewhere.len(), "keys not on the node the slot map named; asking their owners");
             tokio::spawn(self.clone().send_each(algorithm, elsewhere));
@@ -409,7 +406,7 @@ impl Drop for Sending<'_> {
         if self.done {
             return;
         }
-        let waiting = match self.shared.batcher.lock().queues.get_mut(self.queue) {
+        let waiting = match self.shared.batcher.state.lock().queues.get_mut(self.queue) {
             Some(q) => {
                 q.senders = q.senders.saturating_sub(1);
                 if q.senders == 0 { std::mem::take(&mut q.waiting) } else { Vec::new() }

@@ -23,11 +23,10 @@
 //! reports stops counting after the store timeout.
 
 use std::collections::HashMap;
-use std::hash::BuildHasher;
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::nanos;
+use crate::limiter::shards::Shards;
 use crate::limiter::{Limits, Verdict};
 
 const SHARDS: usize = 16;
@@ -38,8 +37,7 @@ const MAX_PER_SHARD: usize = 10_000;
 
 /// Rejected keys and when Redis said to come back.
 pub(super) struct OverLimitCache {
-    shards: Box<[Mutex<HashMap<String, Entry>>]>,
-    hasher: foldhash::quality::RandomState,
+    shards: Shards<HashMap<String, Entry>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -68,18 +66,7 @@ pub(super) enum Lookup {
 
 impl OverLimitCache {
     pub fn new() -> OverLimitCache {
-        OverLimitCache {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: foldhash::quality::RandomState::default(),
-        }
-    }
-
-    fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<String, Entry>> {
-        let i = self.hasher.hash_one(key) as usize % SHARDS;
-        // A panic while holding the lock cannot leave an entry half-written
-        // (entries are `Copy` values inserted whole), so a poisoned lock is
-        // safe to keep using.
-        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
+        OverLimitCache { shards: Shards::new(SHARDS, HashMap::new) }
     }
 
     /// Remembers that Redis rejected `key` with `verdict` at `now`.
@@ -91,7 +78,7 @@ impl OverLimitCache {
             cost,
             probing_until: None,
         };
-        let mut shard = self.shard(key);
+        let mut shard = self.shards.lock_key(key);
         if shard.len() >= MAX_PER_SHARD && !shard.contains_key(key) {
             shard.retain(|_, e| e.retry_at > now);
             if shard.len() >= MAX_PER_SHARD {
@@ -112,7 +99,7 @@ impl OverLimitCache {
     /// What to do about `key` now (see [`Lookup`]). `probe_for` bounds how
     /// long a probe may take to report.
     pub fn lookup(&self, key: &str, limits: &Limits, cost: u64, now: Instant, probe_for: Duration) -> Lookup {
-        let mut shard = self.shard(key);
+        let mut shard = self.shards.lock_key(key);
         let Some(entry) = shard.get_mut(key) else { return Lookup::Unknown };
         if entry.limits != *limits || cost < entry.cost {
             return Lookup::Unknown;
@@ -147,14 +134,13 @@ impl OverLimitCache {
     /// The probe for `key` was admitted, or not sent after all: the entry
     /// no longer holds.
     pub fn forget(&self, key: &str) {
-        self.shard(key).remove(key);
+        self.shards.lock_key(key).remove(key);
     }
 
     /// Drops every entry whose moment has passed. Returns how many.
     pub fn sweep(&self, now: Instant) -> usize {
         let mut dropped = 0;
-        for shard in self.shards.iter() {
-            let mut s = shard.lock().unwrap_or_else(|p| p.into_inner());
+        for mut s in self.shards.each() {
             let before = s.len();
             s.retain(|_, e| e.retry_at > now || e.probing_until.is_some_and(|t| t > now));
             dropped += before - s.len();
@@ -165,7 +151,7 @@ impl OverLimitCache {
     /// Entries held now, expired or not.
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len()).sum()
+        self.shards.sum(HashMap::len)
     }
 }
 

@@ -24,7 +24,6 @@ impl Shared {
         mode: Mode,
     ) -> (Vec<Answer>, Option<Slots>) {
         let started = Instant::now();
-        let deadline = started + self.timeout;
         let keys: Vec<String> = checks.iter().map(|c| redis_key(&self.key_prefix, c.key, c.limits.algorithm)).collect();
         let consume = mode == Mode::Consume;
 
@@ -38,36 +37,17 @@ impl Shared {
                 Err(p) => probes = p,
             }
         }
-        // Checks that leased quota held here can answer (see `lease`).
-        let mut local: Vec<Option<Verdict>> = vec![None; checks.len()];
-        // The lease each was taken from, for a give-back.
-        let mut tokens = vec![0i64; checks.len()];
-        if consume && self.leases.enabled() {
-            let mut ahead = Vec::new();
-            for (((slot, token), c), key) in local.iter_mut().zip(&mut tokens).zip(checks).zip(&keys) {
-                if c.settles {
-                    continue;
-                }
-                *slot = self.leases.take(key, &c.limits, c.cost, started, self.timeout).map(|taken| {
-                    ahead.extend(taken.ahead);
-                    *token = taken.token;
-                    taken.verdict
-                });
-            }
-            // Not sent to a node that is down: the next take may try again.
-            let (ahead, unsent): (Vec<Ahead>, Vec<Ahead>) = ahead.into_iter().partition(|a| !self.node_down(&a.key));
-            for a in &unsent {
-                self.leases.unsent(a);
-            }
-            if !ahead.is_empty() {
-                self.renew_ahead(ahead, started);
-            }
-            if local.iter().all(Option::is_some) {
-                self.metrics.lease_hits_total.inc();
-                return (local.into_iter().flatten().map(Ok).collect(), None);
-            }
+        // Checks that leased quota held here can answer (see `lease`), and
+        // the lease each was taken from, for a give-back.
+        let (local, tokens) = if consume && self.leases.enabled() {
+            self.take_leases(checks, &keys, started)
+        } else {
+            (vec![None; checks.len()], vec![0; checks.len()])
+        };
+        if consume && self.leases.enabled() && local.iter().all(Option::is_some) {
+            self.metrics.lease_hits_total.inc();
+            return (local.into_iter().flatten().map(Ok).collect(), None);
         }
-        let script_mode = if consume { ScriptMode::Consume } else { ScriptMode::Peek };
         // Sliding window log entries and concurrency slots are named by
         // request, so a refund removes exactly this request's entry.
         let ids: Vec<String> = checks
@@ -75,6 +55,93 @@ impl Shared {
             .map(|c| if c.limits.algorithm.names_requests() { self.ids.next() } else { String::new() })
             .collect();
         let asked: Vec<usize> = (0..checks.len()).filter(|&i| local[i].is_none()).collect();
+        let results = self.ask(checks, &keys, &ids, &asked, mode, started).await;
+        let now = Instant::now();
+
+        // A probe Redis admitted clears its key's entry (one it rejected is
+        // remembered anew below).
+        for &i in &probes {
+            let admitted = asked
+                .iter()
+                .position(|&j| j == i)
+                .is_some_and(|at| results[at].as_ref().is_ok_and(|r| r.verdict.allowed));
+            if admitted {
+                self.cache.forget(&keys[i]);
+            }
+        }
+        if results.iter().any(Result::is_err) {
+            self.metrics.store_errors_total.with_label_values(&["redis"]).inc();
+        }
+
+        let mut answers = answers(&local, &asked, &results);
+        let mut rejected = self.note_rejections(checks, &keys, &answers, &local, consume, now);
+        let denied = checks.iter().zip(&answers).any(|(c, a)| c.enforced && a.is_err() && c.on_error == OnError::Deny);
+        // Failed rules whose policy is `local` are decided in this process,
+        // unless the request is refused anyway (then they count nowhere).
+        let mut local_slots = None;
+        if !rejected && !denied {
+            let (fallback_rejected, slots) = self.fall_back(checks, &mut answers, mode);
+            rejected |= fallback_rejected;
+            local_slots = slots;
+        }
+        if consume && (rejected || denied) {
+            // The request counts nowhere: give back what the rules that did
+            // answer counted (the fallback counted nothing for a rejected
+            // request), concurrency slots included.
+            self.uncount(checks, &keys, &ids, &asked, &results, (&local, &tokens));
+            return (answers, None);
+        }
+        let slots = if consume { self.hold(checks, &keys, ids, &asked, &results, local_slots, now) } else { None };
+        (answers, slots)
+    }
+
+    /// Takes what leases held here can answer of `checks` (`None` for the
+    /// others), with the lease each was taken from; sends the renewals
+    /// ahead that made due.
+    fn take_leases(
+        self: &Arc<Self>,
+        checks: &[Check<'_>],
+        keys: &[String],
+        started: Instant,
+    ) -> (Vec<Option<Verdict>>, Vec<i64>) {
+        let mut local: Vec<Option<Verdict>> = vec![None; checks.len()];
+        let mut tokens = vec![0i64; checks.len()];
+        let mut ahead = Vec::new();
+        for (((slot, token), c), key) in local.iter_mut().zip(&mut tokens).zip(checks).zip(keys) {
+            if c.settles {
+                continue;
+            }
+            *slot = self.leases.take(key, &c.limits, c.cost, started, self.timeout).map(|taken| {
+                ahead.extend(taken.ahead);
+                *token = taken.token;
+                taken.verdict
+            });
+        }
+        // Not sent to a node that is down: the next take may try again.
+        let (ahead, unsent): (Vec<Ahead>, Vec<Ahead>) = ahead.into_iter().partition(|a| !self.node_down(&a.key));
+        for a in &unsent {
+            self.leases.unsent(a);
+        }
+        if !ahead.is_empty() {
+            self.renew_ahead(ahead, started);
+        }
+        (local, tokens)
+    }
+
+    /// Asks Redis the checks `asked`, with a lease wanted for each where
+    /// leases serve, and records what was leased.
+    async fn ask(
+        self: &Arc<Self>,
+        checks: &[Check<'_>],
+        keys: &[String],
+        ids: &[String],
+        asked: &[usize],
+        mode: Mode,
+        started: Instant,
+    ) -> Vec<Result<Reply, Failure>> {
+        let consume = mode == Mode::Consume;
+        let script_mode = if consume { ScriptMode::Consume } else { ScriptMode::Peek };
+        let deadline = started + self.timeout;
         let wants: Vec<LeaseArgs> = asked
             .iter()
             .map(|&i| {
@@ -117,37 +184,23 @@ impl Shared {
                 Err(_) => self.leases.failed(&keys[i]),
             }
         }
+        results
+    }
 
-        // A probe Redis admitted clears its key's entry (one it rejected is
-        // remembered anew below).
-        for &i in &probes {
-            let admitted = asked
-                .iter()
-                .position(|&j| j == i)
-                .is_some_and(|at| results[at].as_ref().is_ok_and(|r| r.verdict.allowed));
-            if admitted {
-                self.cache.forget(&keys[i]);
-            }
-        }
-
-        if results.iter().any(Result::is_err) {
-            self.metrics.store_errors_total.with_label_values(&["redis"]).inc();
-        }
-
-        // Every rule keeps its own answer: what arrived, else its error.
-        let mut answers: Vec<Answer> = local.iter().map(|v| v.ok_or(StoreError::Protocol(String::new()))).collect();
-        for (&i, result) in asked.iter().zip(&results) {
-            answers[i] = match result {
-                // The client may use what this instance now holds for it.
-                Ok(reply) => {
-                    Ok(Verdict { remaining: reply.verdict.remaining.saturating_add(reply.granted), ..reply.verdict })
-                }
-                Err(failure) => Err(failure.error.clone()),
-            };
-        }
-
+    /// Whether an enforced rule rejected the request; when it consumes,
+    /// remembers in the over-limit cache the keys Redis rejected or left
+    /// exhausted.
+    fn note_rejections(
+        &self,
+        checks: &[Check<'_>],
+        keys: &[String],
+        answers: &[Answer],
+        local: &[Option<Verdict>],
+        consume: bool,
+        now: Instant,
+    ) -> bool {
         let mut rejected = false;
-        for (i, ((c, key), answer)) in checks.iter().zip(&keys).zip(&answers).enumerate() {
+        for (i, ((c, key), answer)) in checks.iter().zip(keys).zip(answers).enumerate() {
             let Ok(v) = answer else { continue };
             // A concurrency slot may come back any moment: every acquire
             // asks Redis.
@@ -161,32 +214,31 @@ impl Shared {
                 self.cache.exhausted(key, c.limits, c.cost, v, now);
             }
         }
-        let denied = checks.iter().zip(&answers).any(|(c, a)| c.enforced && a.is_err() && c.on_error == OnError::Deny);
-        // Failed rules whose policy is `local` are decided in this process,
-        // unless the request is refused anyway (then they count nowhere).
-        let mut local_slots = None;
-        if !rejected && !denied {
-            let fallback: Vec<usize> =
-                (0..checks.len()).filter(|&i| answers[i].is_err() && checks[i].on_error == OnError::Local).collect();
-            if !fallback.is_empty() {
-                let sub: Vec<Check<'_>> = fallback.iter().map(|&i| checks[i].clone()).collect();
-                let (verdicts, slots) = self.local.check_holding(&sub, mode);
-                local_slots = slots;
-                for (&i, v) in fallback.iter().zip(verdicts) {
-                    rejected |= checks[i].enforced && !v.allowed;
-                    answers[i] = Ok(Verdict { fallback: true, ..v });
-                }
-            }
+        rejected
+    }
+
+    /// Decides in this process the failed rules whose policy is `local`;
+    /// answers whether one of them rejected the request, and the
+    /// concurrency slots the fallback now holds for it.
+    fn fall_back(
+        &self,
+        checks: &[Check<'_>],
+        answers: &mut [Answer],
+        mode: Mode,
+    ) -> (bool, Option<crate::store::memory::Slots>) {
+        let fallback: Vec<usize> =
+            (0..checks.len()).filter(|&i| answers[i].is_err() && checks[i].on_error == OnError::Local).collect();
+        if fallback.is_empty() {
+            return (false, None);
         }
-        if consume && (rejected || denied) {
-            // The request counts nowhere: give back what the rules that did
-            // answer counted (the fallback counted nothing for a rejected
-            // request), concurrency slots included.
-            self.uncount(checks, &keys, &ids, &asked, &results, (&local, &tokens));
-            return (answers, None);
+        let sub: Vec<Check<'_>> = fallback.iter().map(|&i| checks[i].clone()).collect();
+        let (verdicts, slots) = self.local.check_holding(&sub, mode);
+        let mut rejected = false;
+        for (&i, v) in fallback.iter().zip(verdicts) {
+            rejected |= checks[i].enforced && !v.allowed;
+            answers[i] = Ok(Verdict { fallback: true, ..v });
         }
-        let slots = if consume { self.hold(checks, &keys, ids, &asked, &results, local_slots, now) } else { None };
-        (answers, slots)
+        (rejected, slots)
     }
 
     /// Sends the renewals ahead that spending leases made due (see
@@ -361,6 +413,22 @@ pub(super) fn random_u64() -> u64 {
     use std::hash::BuildHasher;
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     std::collections::hash_map::RandomState::new().hash_one((std::process::id(), now.as_nanos()))
+}
+
+/// Every rule keeps its own answer: what a lease answered here, what Redis
+/// answered, else its error.
+fn answers(local: &[Option<Verdict>], asked: &[usize], results: &[Result<Reply, Failure>]) -> Vec<Answer> {
+    let mut answers: Vec<Answer> = local.iter().map(|v| v.ok_or(StoreError::Protocol(String::new()))).collect();
+    for (&i, result) in asked.iter().zip(results) {
+        answers[i] = match result {
+            // The client may use what this instance now holds for it.
+            Ok(reply) => {
+                Ok(Verdict { remaining: reply.verdict.remaining.saturating_add(reply.granted), ..reply.verdict })
+            }
+            Err(failure) => Err(failure.error.clone()),
+        };
+    }
+    answers
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ use fred::types::config::{
 use prometheus::IntCounter;
 
 use crate::config::StoreConfig;
+use crate::config::pem::{client_identity, roots};
 
 /// How long fred may take to open a connection (TCP and TLS) or to run its
 /// own commands (`CLUSTER SLOTS`, `AUTH`...). fred's defaults are 10 s, which
@@ -129,7 +130,7 @@ pub(super) async fn log_errors(
 /// system's) and the client identity (`tls_cert_file`, `tls_key_file`).
 fn tls_config(config: &StoreConfig) -> Result<fred::rustls::ClientConfig, String> {
     let roots = match &config.tls_ca {
-        Some((path, pem)) => tls_roots(pem).map_err(|e| format!("{}: {e}", path.display()))?,
+        Some((path, pem)) => roots(pem).map_err(|e| format!("{}: {e}", path.display()))?,
         None => {
             let mut roots = fred::rustls::RootCertStore::empty();
             let system = fred::rustls_native_certs::load_native_certs();
@@ -144,55 +145,12 @@ fn tls_config(config: &StoreConfig) -> Result<fred::rustls::ClientConfig, String
     let builder = fred::rustls::ClientConfig::builder().with_root_certificates(roots);
     match &config.tls_client {
         Some(files) => {
-            let (chain, key) = tls_client_identity(&files.cert, &files.key)
+            let (chain, key) = client_identity(&files.cert, &files.key)
                 .map_err(|e| format!("{} and {}: {e}", files.cert_path.display(), files.key_path.display()))?;
             builder.with_client_auth_cert(chain, key).map_err(|e| format!("the client certificate cannot be used: {e}"))
         }
         None => Ok(builder.with_no_client_auth()),
     }
-}
-
-/// A client certificate chain and its private key, from PEM. Errors are
-/// plain sentences.
-pub fn tls_client_identity(
-    cert: &[u8],
-    key: &[u8],
-) -> Result<
-    (Vec<fred::rustls::pki_types::CertificateDer<'static>>, fred::rustls::pki_types::PrivateKeyDer<'static>),
-    String,
-> {
-    use fred::rustls::pki_types::pem::PemObject;
-    use fred::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert)
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("not a PEM certificate file ({e})"))?;
-    if chain.is_empty() {
-        return Err("the certificate file holds no PEM certificate".into());
-    }
-    let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| format!("no PEM private key in the key file ({e})"))?;
-    // Whether the key matches the certificate is checked when the
-    // connection's TLS configuration is built.
-    fred::rustls::ClientConfig::builder()
-        .with_root_certificates(fred::rustls::RootCertStore::empty())
-        .with_client_auth_cert(chain.clone(), key.clone_key())
-        .map_err(|e| format!("the key does not go with the certificate ({e})"))?;
-    Ok((chain, key))
-}
-
-/// The certificates of a PEM file, as the roots a `rediss://` connection
-/// trusts (`[store] tls_ca_file`). Errors are plain sentences.
-pub fn tls_roots(pem: &[u8]) -> Result<fred::rustls::RootCertStore, String> {
-    use fred::rustls::pki_types::CertificateDer;
-    use fred::rustls::pki_types::pem::PemObject;
-    let mut roots = fred::rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(pem) {
-        let cert = cert.map_err(|e| format!("not a PEM certificate file ({e})"))?;
-        roots.add(cert).map_err(|e| format!("a certificate cannot be used as a CA ({e})"))?;
-    }
-    if roots.is_empty() {
-        return Err("holds no PEM certificate (-----BEGIN CERTIFICATE-----)".into());
-    }
-    Ok(roots)
 }
 
 /// The URL without its password, for logs and errors.

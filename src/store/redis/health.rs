@@ -31,18 +31,19 @@
 //! one node named `cluster`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use fred::interfaces::{ClientLike, ClusterInterface};
 use fred::types::config::{Options, Server};
+use parking_lot::Mutex;
 
 use prometheus::{IntCounter, IntGauge, IntGaugeVec};
 use tokio::sync::Notify;
 
 use super::call;
-use crate::metrics::Metrics;
+use crate::obs::metrics::Metrics;
 use crate::store::StoreError;
 
 /// Consecutive failed calls that take a node down.
@@ -99,14 +100,9 @@ impl Health {
         }
     }
 
-    fn nodes(&self) -> MutexGuard<'_, HashMap<String, Arc<Node>>> {
-        // Entries are inserted and removed whole.
-        self.nodes.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// The node named `name`, known from now on if it was not (up).
     pub fn node(&self, name: &str, server: Option<Server>) -> Arc<Node> {
-        let mut nodes = self.nodes();
+        let mut nodes = self.nodes.lock();
         if let Some(n) = nodes.get(name) {
             return n.clone();
         }
@@ -127,7 +123,7 @@ impl Health {
     /// was down counts as back: its keys are another node's now.
     pub fn retain(&self, names: &[&str]) {
         let gone: Vec<Arc<Node>> = {
-            let mut nodes = self.nodes();
+            let mut nodes = self.nodes.lock();
             let gone: Vec<String> = nodes.keys().filter(|k| !names.contains(&k.as_str())).cloned().collect();
             gone.iter().filter_map(|k| nodes.remove(k)).collect()
         };
@@ -151,14 +147,14 @@ impl Health {
 
     /// The nodes down now.
     pub fn down_nodes(&self) -> Vec<Arc<Node>> {
-        let mut down: Vec<Arc<Node>> = self.nodes().values().filter(|n| n.is_down()).cloned().collect();
+        let mut down: Vec<Arc<Node>> = self.nodes.lock().values().filter(|n| n.is_down()).cloned().collect();
         down.sort_by(|a, b| a.name.cmp(&b.name));
         down
     }
 
     /// Every node known, down or not.
     pub fn all_nodes(&self) -> Vec<Arc<Node>> {
-        self.nodes().values().cloned().collect()
+        self.nodes.lock().values().cloned().collect()
     }
 
     /// A call to `node` got an answer from it.
@@ -181,7 +177,7 @@ impl Health {
     pub fn degrade(&self, node: &Node, reason: &str) {
         // Under the lock, and only a node still known: one forgotten by
         // `retain` (a call to it was out meanwhile) would never be probed.
-        let nodes = self.nodes();
+        let nodes = self.nodes.lock();
         if !nodes.get(&node.name).is_some_and(|n| std::ptr::eq(n.as_ref(), node)) {
             return;
         }

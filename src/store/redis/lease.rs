@@ -78,13 +78,12 @@
 //! the units still held here: an estimate, since other instances spend too.
 
 use std::collections::HashMap;
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::nanos;
 use super::scripts::{LeaseArgs, Reply, Settle};
+use crate::limiter::shards::Shards;
 use crate::limiter::{Algorithm, Limits, Verdict};
 
 const SHARDS: usize = 64;
@@ -118,8 +117,7 @@ const BY_USE_SHARE: u64 = 10;
 
 /// The leases this instance holds.
 pub(super) struct Leases {
-    shards: Box<[Mutex<HashMap<String, Lease>>]>,
-    hasher: foldhash::quality::RandomState,
+    shards: Shards<HashMap<String, Lease>>,
     percent: u64,
     idle: Duration,
     /// A token-bucket escrow slot's period, in µs (`lease_lifetime`).
@@ -286,8 +284,7 @@ impl Leases {
     pub fn new(percent: u8, idle: Duration, lifetime: Duration) -> Leases {
         let horizon = HORIZON.min(lifetime).max(Duration::from_millis(1));
         Leases {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: foldhash::quality::RandomState::default(),
+            shards: Shards::new(SHARDS, HashMap::new),
             percent: u64::from(percent),
             idle,
             period_us: u64::try_from(lifetime.as_micros()).unwrap_or(u64::MAX).max(1),
@@ -302,13 +299,6 @@ impl Leases {
 
     pub fn enabled(&self) -> bool {
         self.percent > 0
-    }
-
-    fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<String, Lease>> {
-        let i = self.hasher.hash_one(key) as usize % SHARDS;
-        // Entries are `Copy` values replaced whole, so a panic while the
-        // lock was held cannot have left one half-written.
-        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether `limits` can be leased at all (see the module notes).
@@ -375,7 +365,7 @@ impl Leases {
     /// (see [`Ahead`]). The caller reports the renewal's outcome to
     /// [`renewed`](Self::renewed) or [`renew_failed`](Self::renew_failed).
     pub fn take(&self, key: &str, limits: &Limits, cost: u64, now: Instant, timeout: Duration) -> Option<Taken> {
-        let mut shard = self.shard(key);
+        let mut shard = self.shards.lock_key(key);
         let lease = shard.get_mut(key)?;
         self.roll(lease, now);
         lease.seen = lease.seen.saturating_add(cost);
@@ -464,7 +454,7 @@ impl Leases {
             return self.granted(&ahead.key, &ahead.limits, reply, sent, now);
         };
         let expires_at = (reply.lease_ttl > 0).then(|| sent + Duration::from_nanos(reply.lease_ttl));
-        let mut shard = self.shard(&ahead.key);
+        let mut shard = self.shards.lock_key(&ahead.key);
         let lease = shard.get_mut(&ahead.key);
         let current = lease.as_ref().is_some_and(|l| l.limits == ahead.limits && l.token == ahead.token);
         if !current || self.closing.load(Ordering::Relaxed) {
@@ -502,7 +492,7 @@ impl Leases {
 
     /// A renewal ahead was never sent: the lease is as it was before it.
     pub fn unsent(&self, ahead: &Ahead) {
-        if let Some(lease) = self.shard(&ahead.key).get_mut(&ahead.key) {
+        if let Some(lease) = self.shards.lock_key(&ahead.key).get_mut(&ahead.key) {
             lease.asking_until = None;
             if let Some(settle) = ahead.args.settle
                 && lease.token == ahead.token
@@ -516,7 +506,7 @@ impl Leases {
     /// the lease is never settled (its units count until its slot ends, or
     /// the new one if it ran, which ends later) and is spent until it ends.
     pub fn renew_failed(&self, ahead: &Ahead) {
-        if let Some(lease) = self.shard(&ahead.key).get_mut(&ahead.key) {
+        if let Some(lease) = self.shards.lock_key(&ahead.key).get_mut(&ahead.key) {
             lease.asking_until = None;
             if ahead.args.settle.is_some() && lease.token == ahead.token {
                 lease.taken = 0;
@@ -530,7 +520,7 @@ impl Leases {
     /// window's) stay spent: they were counted where that lease was, and
     /// would let the new one spend more than Redis counted for it.
     pub fn give_back(&self, key: &str, limits: &Limits, cost: u64, token: i64) {
-        if let Some(lease) = self.shard(key).get_mut(key)
+        if let Some(lease) = self.shards.lock_key(key).get_mut(key)
             && lease.limits == *limits
             && lease.token == token
             // (An ended lease holds nothing and never expires: not this one.)
@@ -558,7 +548,7 @@ impl Leases {
         }
         let share = self.share(limits);
         let (period_us, phase_us) = self.escrow(key, limits);
-        let mut shard = self.shard(key);
+        let mut shard = self.shards.lock_key(key);
         if let Some(lease) = shard.get_mut(key) {
             // In use, leased or not: its history is kept.
             lease.last_used = now;
@@ -635,7 +625,7 @@ impl Leases {
                 expires_at,
             });
         }
-        let mut shard = self.shard(key);
+        let mut shard = self.shards.lock_key(key);
         let lease = shard.get_mut(key)?;
         lease.asking_until = None;
         if reply.granted == 0 {
@@ -678,7 +668,7 @@ impl Leases {
 
     /// The call that asked for a lease on `key` failed: let the next one ask.
     pub fn failed(&self, key: &str) {
-        if let Some(lease) = self.shard(key).get_mut(key) {
+        if let Some(lease) = self.shards.lock_key(key).get_mut(key) {
             lease.asking_until = None;
         }
     }
@@ -713,8 +703,7 @@ impl Leases {
     /// leases it ends or forgets with `give_back`.
     fn sweep(&self, now: Instant, mut fate: impl FnMut(&Lease) -> Fate) -> Vec<Unused> {
         let mut unused = Vec::new();
-        for shard in self.shards.iter() {
-            let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+        for mut shard in self.shards.each() {
             shard.retain(|key, lease| {
                 let (forget, give_back) = match fate(lease) {
                     Fate::Keep => return true,
@@ -745,7 +734,7 @@ impl Leases {
     /// Keys tracked now.
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len()).sum()
+        self.shards.sum(HashMap::len)
     }
 }
 

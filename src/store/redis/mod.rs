@@ -103,22 +103,22 @@ mod scripts;
 mod slots;
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fred::clients::{Client, Pool};
 use fred::interfaces::{ClientLike, EventInterface};
+use parking_lot::Mutex;
 use tokio::task::JoinHandle;
 
-use crate::clock::SharedClock;
 use crate::config::StoreConfig;
+use crate::limiter::clock::SharedClock;
 use crate::limiter::{Nanos, Verdict};
-use crate::metrics::Metrics;
+use crate::obs::metrics::Metrics;
 use crate::store::{Answer, Check, MemoryStore, Mode, Store, StoreError, memory};
 
 use check::RequestIds;
 use connection::{START_WAIT, keep_connected, log_errors, redact};
-pub use connection::{tls_client_identity, tls_roots};
 use scripts::Scripts;
 pub use scripts::{Outcome, Reply, fresh_bucket, parse_batch, redis_key, source as script_source, suffix};
 pub use slots::Slots;
@@ -239,7 +239,7 @@ impl RedisStore {
 
     /// The clock of the local fallback (Redis itself counts on the server's
     /// clock).
-    pub fn clock(&self) -> &dyn crate::clock::Clock {
+    pub fn clock(&self) -> &dyn crate::limiter::clock::Clock {
         self.shared.local.clock()
     }
 

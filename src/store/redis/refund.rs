@@ -101,7 +101,7 @@ impl Shared {
         if unused.is_empty() {
             return;
         }
-        let mut backlog = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
+        let mut backlog = self.backlog.lock();
         let room = MAX_BACKLOG.saturating_sub(backlog.len());
         let dropped = unused.len().saturating_sub(room);
         let lost: u64 = unused.iter().skip(room).map(|u| u.units).sum();
@@ -114,13 +114,13 @@ impl Shared {
 
     /// Tries the backlog again; what is for a node still down waits on.
     pub(super) async fn flush_backlog(&self) {
-        let waiting: Vec<lease::Unused> = self.backlog.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect();
+        let waiting: Vec<lease::Unused> = self.backlog.lock().drain(..).collect();
         self.return_units(waiting).await;
     }
 
     /// Entries waiting in the backlog.
     pub(super) fn backlog_len(&self) -> usize {
-        self.backlog.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.backlog.lock().len()
     }
 
     pub(super) fn spawn_refunds(self: &Arc<Self>, calls: Vec<(Algorithm, String, [Value; scripts::ARGS])>) {

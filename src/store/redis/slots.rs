@@ -18,9 +18,10 @@
 //! leased: each acquire asks Redis.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use super::Shared;
@@ -57,34 +58,24 @@ impl Registry {
         Registry { held: Mutex::new(HashMap::new()), releasing: Mutex::new(Vec::new()), wake: Notify::new() }
     }
 
-    fn held(&self) -> MutexGuard<'_, HashMap<String, Held>> {
-        // Entries are inserted and removed whole: a panic while the lock
-        // was held cannot have left one half-written.
-        self.held.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn releasing(&self) -> MutexGuard<'_, Vec<Release>> {
-        self.releasing.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Records a slot Redis just gave this instance (taken at `at`).
     pub(super) fn hold(&self, id: String, key: String, limits: Limits, at: Instant) {
-        self.held().insert(id, Held { key, limits, renewed: at });
+        self.held.lock().insert(id, Held { key, limits, renewed: at });
     }
 
     /// How many slots are held.
     pub(super) fn len(&self) -> usize {
-        self.held().len()
+        self.held.lock().len()
     }
 
     /// Stops renewing `ids` and queues them to be given back.
     fn release(&self, ids: Vec<String>) {
         let released: Vec<Release> = {
-            let mut held = self.held();
+            let mut held = self.held.lock();
             ids.into_iter().filter_map(|id| held.remove(&id).map(|h| (h.key, h.limits, id))).collect()
         };
         if !released.is_empty() {
-            self.releasing().extend(released);
+            self.releasing.lock().extend(released);
             self.wake.notify_one();
         }
     }
@@ -92,7 +83,7 @@ impl Registry {
     /// The slots due for renewal at `now`, marked renewed, each with when
     /// it was renewed before (see [`Registry::retry`]).
     fn due(&self, now: Instant) -> Vec<(Release, Instant)> {
-        let mut held = self.held();
+        let mut held = self.held.lock();
         held.iter_mut()
             .filter(|(_, h)| now.saturating_duration_since(h.renewed) >= renew_after(&h.limits))
             .map(|(id, h)| {
@@ -106,15 +97,15 @@ impl Registry {
     /// so the next tick tries again. Marked renewed until then, a slot
     /// whose renewal failed twice in a row would have expired.
     fn retry(&self, id: &str, before: Instant) {
-        if let Some(h) = self.held().get_mut(id) {
+        if let Some(h) = self.held.lock().get_mut(id) {
             h.renewed = before;
         }
     }
 
     /// Everything held or waiting to be given back (at shutdown).
     fn drain(&self) -> Vec<Release> {
-        let mut out: Vec<Release> = self.held().drain().map(|(id, h)| (h.key, h.limits, id)).collect();
-        out.append(&mut self.releasing());
+        let mut out: Vec<Release> = self.held.lock().drain().map(|(id, h)| (h.key, h.limits, id)).collect();
+        out.append(&mut self.releasing.lock());
         out
     }
 }
@@ -157,7 +148,7 @@ impl Shared {
                 }
                 () = self.slots.wake.notified() => {}
             }
-            let released = std::mem::take(&mut *self.slots.releasing());
+            let released = std::mem::take(&mut *self.slots.releasing.lock());
             self.give_back_slots(released).await;
             self.metrics.concurrency_slots_held.set(self.slots.len() as i64);
         }

@@ -1,0 +1,476 @@
+//! Closing connections that sit idle.
+//!
+//! [`IdleIo`] wraps a connection's socket: when no request on it has been in
+//! flight for the idle timeout, its next read reports end-of-file, which
+//! hyper treats as the client closing an idle connection, the cleanest way
+//! out for both HTTP/1.1 and HTTP/2. Bytes alone do not keep a connection
+//! open: an HTTP/2 client sending a PING (or a SETTINGS, or a
+//! WINDOW_UPDATE) every few seconds would hold its place under
+//! `max_connections` forever. Bytes count only while a request is in
+//! flight, or when one has ended since the last bytes (its response's last
+//! bytes may leave just after it ends).
+//!
+//! The same timer bounds how long a client may take to send a request head
+//! (slowloris), `listen.header_read_timeout`: from the connection's start
+//! (the HTTP/2 preface included: a client that trickles it is not let in)
+//! until its first request, and on HTTP/1.1 from the end of each request
+//! until the next one's head is read (the wait for the next request is
+//! part of it, as it was with hyper's own timer). An HTTP/2 connection that
+//! has sent a request waits for the next up to the idle timeout. hyper's
+//! timer is off: it took a timer and an allocation per request, this one
+//! takes none (one timer per connection, moved lazily).
+//!
+//! A request waiting on a slow upstream moves no bytes but is not idle: the
+//! service holds an [`InflightGuard`] while it works.
+//!
+//! A client that stops reading its response is another matter: writes to it
+//! stay blocked, and everything queued for it stays in memory. When a write
+//! has been blocked for the send timeout without a byte going out, the
+//! write fails with `TimedOut` and hyper closes the connection (and drops
+//! the upstream response it was relaying).
+//!
+//! An HTTP/2 client can also stall without blocking a write: it grants no
+//! flow-control credit, so h2 writes nothing and waits. The connection's
+//! [`SendBudget`] knows since when it has held response data with none of
+//! it leaving; past the send timeout, the next read fails with `TimedOut`
+//! and hyper closes the connection. (h2 reads whenever it is not blocked
+//! writing, so the read side is always being polled in that state.)
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll, Waker, ready};
+use std::time::Duration;
+
+use hyper::body::{Body, Frame, SizeHint};
+use prometheus::IntCounter;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, Sleep};
+
+use crate::edge::send_budget::SendBudget;
+
+/// Requests in flight on one connection.
+#[derive(Debug, Clone, Default)]
+pub struct Inflight(Arc<InflightState>);
+
+/// Two counters rather than one count in flight: the requests started also
+/// tell [`IdleIo`] that a request head has been read, at the same cost (one
+/// atomic addition when a request starts, one when it ends).
+#[derive(Debug, Default)]
+struct InflightState {
+    started: AtomicUsize,
+    ended: AtomicUsize,
+    /// Where requests whose client went away are counted.
+    gone: Option<IntCounter>,
+}
+
+impl Inflight {
+    /// Requests in flight, those whose client goes away counted in `gone`.
+    pub fn counting_gone(gone: IntCounter) -> Inflight {
+        Inflight(Arc::new(InflightState { gone: Some(gone), ..InflightState::default() }))
+    }
+
+    /// Marks a request in flight until the guard is dropped. A guard
+    /// dropped before [`InflightGuard::answered`] is a client that went
+    /// away (hyper drops a request's future and body when its client does).
+    pub fn start(&self) -> InflightGuard {
+        self.0.started.fetch_add(1, Ordering::Relaxed);
+        InflightGuard { state: self.0.clone(), answered: false }
+    }
+
+    /// Requests started on the connection so far.
+    pub fn started(&self) -> usize {
+        self.0.started.load(Ordering::Relaxed)
+    }
+
+    /// Requests ended on the connection so far.
+    fn ended(&self) -> usize {
+        self.0.ended.load(Ordering::Relaxed)
+    }
+
+    fn busy(&self) -> bool {
+        // `ended` never passes `started`: read it first.
+        let ended = self.0.ended.load(Ordering::Relaxed);
+        self.0.started.load(Ordering::Relaxed) != ended
+    }
+}
+
+/// See [`Inflight::start`].
+pub struct InflightGuard {
+    state: Arc<InflightState>,
+    answered: bool,
+}
+
+impl InflightGuard {
+    /// The client got its whole answer (or the connection became a
+    /// tunnel): dropping the guard is no longer a client going away.
+    pub fn answered(&mut self) {
+        self.answered = true;
+    }
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.state.ended.fetch_add(1, Ordering::Relaxed);
+        if !self.answered
+            && let Some(gone) = &self.state.gone
+        {
+            gone.inc();
+        }
+    }
+}
+
+/// A response body that keeps its request in flight until it ends: a
+/// streaming response (server-sent events, a long poll) whose upstream is
+/// silent for a while is not an idle connection. How long the upstream may
+/// stay silent is its own `timeout` (see [`crate::upstream::pool::Pool::limit_silence`]);
+/// a client that stops reading meets the send timeout. A body dropped
+/// before its end is a client that went away, and is counted as such.
+pub struct InflightBody<B: Body> {
+    body: B,
+    /// Until the body ends or fails.
+    guard: Option<InflightGuard>,
+}
+
+impl<B: Body> InflightBody<B> {
+    pub fn new(body: B, guard: InflightGuard) -> InflightBody<B> {
+        InflightBody { body, guard: Some(guard) }
+    }
+
+    /// A body whose request is tracked elsewhere (a tunnel's 101).
+    pub fn untracked(body: B) -> InflightBody<B> {
+        InflightBody { body, guard: None }
+    }
+}
+
+impl<B: Body + Unpin> Body for InflightBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let frame = ready!(Pin::new(&mut self.body).poll_frame(cx));
+        // Ended, or failed on the upstream's side: neither is the client's
+        // doing.
+        if (!matches!(frame, Some(Ok(_))) || self.body.is_end_stream())
+            && let Some(mut guard) = self.guard.take()
+        {
+            guard.answered();
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl<B: Body> Drop for InflightBody<B> {
+    fn drop(&mut self) {
+        // A body with nothing to send (HEAD, 204, 304) may be dropped
+        // unpolled; any other dropped before its end lost its client.
+        if let Some(guard) = &mut self.guard
+            && self.body.is_end_stream()
+        {
+            guard.answered();
+        }
+    }
+}
+
+/// What a connection speaks, as far as its first bytes tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    /// So many bytes of the HTTP/2 preface seen, and nothing else.
+    Undecided(usize),
+    Http1,
+    Http2,
+}
+
+/// How an HTTP/2 connection starts (RFC 9113 3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// A socket that reads as closed once it has been idle for `timeout`, or
+/// has taken longer than its header timeout to send a request head.
+pub struct IdleIo<T> {
+    inner: T,
+    timeout: Duration,
+    inflight: Inflight,
+    /// The last bytes moved: where a wait for a request head starts.
+    last_activity: Instant,
+    /// The last bytes moved for a request: where the idle timeout starts.
+    last_request: Instant,
+    /// Requests ended as of `last_request`.
+    ended_seen: usize,
+    /// `listen.header_read_timeout`; `None`: heads are not timed.
+    header_timeout: Option<Duration>,
+    protocol: Protocol,
+    /// Since when the connection has waited for a request head, and how
+    /// many requests had started then (a later start ends that wait).
+    waiting: Option<(usize, Instant)>,
+    /// Moved lazily: armed no later than the earliest deadline that can
+    /// come before it fires, re-armed from the real deadlines when it does.
+    timer: Pin<Box<Sleep>>,
+    /// The waker `timer` was last polled with.
+    timer_waker: Option<Waker>,
+    send_timeout: Duration,
+    /// Armed while a write is blocked.
+    send_timer: Option<Pin<Box<Sleep>>>,
+    budget: SendBudget,
+    /// Armed while the connection holds response data none of which leaves.
+    stall_timer: Option<Pin<Box<Sleep>>>,
+}
+
+impl<T> IdleIo<T> {
+    /// Wraps `inner`: idle after `timeout` without traffic or a request in
+    /// flight; writes fail after `send_timeout` without progress, and reads
+    /// fail once `budget` has held response data for `send_timeout` without
+    /// any of it leaving.
+    pub fn new(inner: T, timeout: Duration, send_timeout: Duration, inflight: Inflight, budget: SendBudget) -> Self {
+        let now = Instant::now();
+        IdleIo {
+            inner,
+            timeout,
+            inflight,
+            last_activity: now,
+            last_request: now,
+            ended_seen: 0,
+            header_timeout: None,
+            protocol: Protocol::Undecided(0),
+            waiting: None,
+            timer: Box::pin(tokio::time::sleep_until(now + timeout)),
+            timer_waker: None,
+            send_timeout,
+            send_timer: None,
+            budget,
+            stall_timer: None,
+        }
+    }
+
+    /// Also reads as closed once a request head has taken longer than
+    /// `timeout` (see the module's documentation for when that clock runs).
+    pub fn with_header_timeout(mut self, timeout: Duration) -> Self {
+        self.header_timeout = Some(timeout);
+        let now = Instant::now();
+        let first = self.timer.deadline().min(now + timeout);
+        self.timer.as_mut().reset(first);
+        self
+    }
+
+    /// Notes what the first bytes of the connection say about its protocol.
+    fn classify(&mut self, bytes: &[u8]) {
+        let Protocol::Undecided(seen) = self.protocol else { return };
+        let want = &H2_PREFACE[seen..];
+        let n = bytes.len().min(want.len());
+        self.protocol = if bytes[..n] != want[..n] {
+            Protocol::Http1
+        } else if seen + n == H2_PREFACE.len() {
+            Protocol::Http2
+        } else {
+            Protocol::Undecided(seen + n)
+        };
+    }
+
+    /// Whether a request head is being waited for, and so timed: nothing is
+    /// in flight, and either no request has started yet or the connection
+    /// is not HTTP/2. Notes since when, the first time it is asked in a wait.
+    fn head_deadline(&mut self) -> Option<Instant> {
+        let timeout = self.header_timeout?;
+        if self.inflight.busy() || !self.heads_may_be_timed() {
+            return None;
+        }
+        let started = self.inflight.started();
+        match self.waiting {
+            Some((n, since)) if n == started => Some(since + timeout),
+            _ => {
+                // The wait began with the last byte moved: the end of the
+                // previous response (or the connection's start), unless
+                // bytes of the next head came in first.
+                self.waiting = Some((started, self.last_activity));
+                Some(self.last_activity + timeout)
+            }
+        }
+    }
+
+    /// Whether a wait for a request head can still come on this
+    /// connection: not once an HTTP/2 connection has sent a request.
+    fn heads_may_be_timed(&self) -> bool {
+        self.header_timeout.is_some() && (self.protocol != Protocol::Http2 || self.inflight.started() == 0)
+    }
+
+    /// Whether the connection has held response data for the send timeout
+    /// without any of it leaving. Registers the waker with the timer when
+    /// it holds some but not for that long yet.
+    fn send_stalled(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(since) = self.budget.stalled_since() else {
+            self.stall_timer = None;
+            return false;
+        };
+        let deadline = since + self.send_timeout;
+        let timer = self.stall_timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if timer.deadline() != deadline {
+            timer.as_mut().reset(deadline);
+        }
+        timer.as_mut().poll(cx).is_ready()
+    }
+
+    /// A write returned `poll`: progress disarms the send timer, a blocked
+    /// write arms it, and a write blocked past the send timeout fails.
+    fn check_send<R>(&mut self, cx: &mut Context<'_>, poll: Poll<io::Result<R>>) -> Poll<io::Result<R>> {
+        if poll.is_ready() {
+            self.send_timer = None;
+            return poll;
+        }
+        let timeout = self.send_timeout;
+        let timer = self.send_timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        if timer.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client read nothing for listen.send_timeout",
+            )));
+        }
+        Poll::Pending
+    }
+
+    fn touch(&mut self) {
+        // Only the timestamps move here; the timer is re-armed lazily when it
+        // fires, so busy connections do not reset a timer on every read.
+        let now = Instant::now();
+        self.last_activity = now;
+        // `ended` first: it never passes `started`.
+        let ended = self.inflight.ended();
+        if ended != self.ended_seen || self.inflight.started() != ended {
+            self.ended_seen = ended;
+            self.last_request = now;
+        }
+    }
+
+    /// Whether the connection has been idle for the timeout. Registers the
+    /// waker with the timer when it has not.
+    fn idle_expired(&mut self, cx: &mut Context<'_>) -> bool {
+        // A connection with a request in flight cannot expire: while its
+        // timer is armed for this task and has not fired, it is not polled
+        // again (each poll registers the waker anew, on every read that
+        // waits). Once it fires, the loop below moves it on as before.
+        if self.inflight.busy()
+            && !self.timer.is_elapsed()
+            && self.timer_waker.as_ref().is_some_and(|w| w.will_wake(cx.waker()))
+        {
+            return false;
+        }
+        if !self.timer_waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            self.timer_waker = Some(cx.waker().clone());
+        }
+        // A wait for a head that began since the timer was armed may end
+        // before it: the timer is moved to it (once per wait, and only
+        // earlier when the idle timeout is the longer one).
+        let head = self.head_deadline();
+        if let Some(head) = head
+            && head < self.timer.deadline()
+        {
+            self.timer.as_mut().reset(head);
+        }
+        // Armed no later than a head wait beginning now would end, so that
+        // the next wait (after this request, say) need not move it earlier.
+        let heads_later = self.header_timeout.filter(|_| head.is_none() && self.heads_may_be_timed());
+        loop {
+            if self.timer.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            let now = Instant::now();
+            let idle = self.last_request + self.timeout;
+            let deadline = head.map_or(idle, |h| h.min(idle));
+            let soonest = |d: Instant| heads_later.map_or(d, |h| d.min(now + h));
+            if deadline > now {
+                self.timer.as_mut().reset(soonest(deadline));
+                continue;
+            }
+            // In flight, or ended with no bytes since (a stream the client
+            // reset, say): the idle time starts now at the earliest.
+            let ended = self.inflight.ended();
+            if head.is_none() && (self.inflight.busy() || ended != self.ended_seen) {
+                self.ended_seen = ended;
+                (self.last_activity, self.last_request) = (now, now);
+                self.timer.as_mut().reset(soonest(now + self.timeout));
+                continue;
+            }
+            return true;
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for IdleIo<T> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        // Checked before reading: a client that keeps sending (pings, say)
+        // while taking none of its responses is stalled all the same.
+        if self.send_stalled(cx) {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client took none of its responses for listen.send_timeout",
+            )));
+        }
+        let before = buf.filled().len();
+        match Pin::new(&mut self.inner).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                if buf.filled().len() > before {
+                    if matches!(self.protocol, Protocol::Undecided(_)) {
+                        self.classify(&buf.filled()[before..]);
+                    }
+                    self.touch();
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => {
+                if self.idle_expired(cx) {
+                    // End of file: the peer "closed" an idle connection.
+                    Poll::Ready(Ok(()))
+                } else {
+                    Poll::Pending
+                }
+            }
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for IdleIo<T> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, data);
+        let n = ready!(self.check_send(cx, polled))?;
+        if n > 0 {
+            self.touch();
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        let n = ready!(self.check_send(cx, polled))?;
+        if n > 0 {
+            self.touch();
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.inner).poll_flush(cx);
+        self.check_send(cx, polled)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests;

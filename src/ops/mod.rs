@@ -1,0 +1,6 @@
+//! Operating a running proxy: the admin listener (`/metrics`, `/healthz`,
+//! `/readyz`, `/rules`, `/config`, `/top`) and hot reload of the rules and
+//! the main file.
+
+pub mod admin;
+pub mod reload;
