@@ -37,13 +37,11 @@ use serde_json::{Map, Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use crate::config::{Cost, KeyPart, OnError, TierSource};
-use crate::limit::rules::RuleReport;
+use crate::config::{Cost, KeyPart, TierSource};
+use crate::decide::{Decider, Outcome};
 use crate::limit::rules::{Plan, RequestFacts, Rule};
-use crate::limiter::{NANOS_PER_SEC, Nanos, ceil_secs};
-use crate::proxy::Proxy;
+use crate::limiter::NANOS_PER_SEC;
 use crate::wire::error::json_response;
-use crate::wire::headers;
 
 /// The largest request body read: a check is a few hundred bytes; anything
 /// far larger is a mistake or an attack, answered 413 without reading on.
@@ -57,7 +55,7 @@ pub const CHECK_PATH: &str = "/v1/check";
 
 /// Accepts decision API connections until the task is aborted (at
 /// shutdown, like the admin listener).
-pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>, header_read_timeout: Duration) {
+pub async fn serve(listener: TcpListener, decider: Arc<Decider>, header_read_timeout: Duration) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(header_read_timeout);
@@ -72,11 +70,11 @@ pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>, header_read_timeout
         // timeout and retry policy take it from there.
         let Ok(permit) = slots.clone().try_acquire_owned() else { continue };
         let _ = stream.set_nodelay(true);
-        let (proxy, builder) = (proxy.clone(), builder.clone());
+        let (decider, builder) = (decider.clone(), builder.clone());
         tokio::spawn(async move {
             let svc = service_fn(move |req| {
-                let proxy = proxy.clone();
-                async move { Ok::<_, Infallible>(handle(&proxy, req).await) }
+                let decider = decider.clone();
+                async move { Ok::<_, Infallible>(handle(&decider, req).await) }
             });
             let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
             drop(permit);
@@ -85,7 +83,7 @@ pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>, header_read_timeout
 }
 
 /// Answers one request to the decision listener.
-pub async fn handle<B>(proxy: &Proxy, req: Request<B>) -> Response<Full<Bytes>>
+pub async fn handle<B>(decider: &Decider, req: Request<B>) -> Response<Full<Bytes>>
 where
     B: hyper::body::Body,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -114,7 +112,7 @@ where
         }
         Err(_) => return bad("The request body could not be read.".into()),
     };
-    match check(proxy, &body).await {
+    match check(decider, &body).await {
         Ok(v) => json_response(StatusCode::OK, &v),
         Err(why) => bad(why),
     }
@@ -125,7 +123,7 @@ fn bad(message: String) -> Response<Full<Bytes>> {
 }
 
 /// Decides one check. `Err` carries the sentence of the 400 answer.
-async fn check(proxy: &Proxy, body: &[u8]) -> Result<Value, String> {
+async fn check(decider: &Decider, body: &[u8]) -> Result<Value, String> {
     let req: Value = serde_json::from_slice(body).map_err(|e| format!("The body is not valid JSON: {e}."))?;
     let Value::Object(mut req) = req else { return Err("The body must be a JSON object.".into()) };
     let name = match req.remove("rule") {
@@ -148,7 +146,7 @@ async fn check(proxy: &Proxy, body: &[u8]) -> Result<Value, String> {
         return Err(format!("Unknown field {other:?}: a check has \"rule\", \"key\", \"cost\" and \"tier\"."));
     }
 
-    let rules = proxy.rules.load();
+    let rules = decider.rules().load();
     let Some(rule) = rules.rules.iter().find(|r| r.name() == name) else {
         return Err(format!("No rule is named {name:?}."));
     };
@@ -165,7 +163,7 @@ async fn check(proxy: &Proxy, body: &[u8]) -> Result<Value, String> {
             _ => return Err(format!("\"cost\" must be a whole number from 1 to {max_cost}.")),
         },
     };
-    let o = decide(proxy, rule, &key, Ask { cost, tier: tier.as_deref(), limit: None }).await?;
+    let o = decide(decider, rule, &key, Ask { cost, tier: tier.as_deref(), limit: None }).await?;
     let headers: Map<String, Value> = o
         .headers()
         .iter()
@@ -219,49 +217,14 @@ pub fn max_cost_under(rule: &Rule, limit: Option<&Plan>) -> u64 {
 /// `ShouldRateLimit` asks this before refusing a cost past what the rule
 /// admits at once). `false` for key parts that do not parse ([`decide`]
 /// refuses those).
-pub fn exempts(proxy: &Proxy, rule: &Rule, key: &Map<String, Value>) -> bool {
+pub fn exempts(decider: &Decider, rule: &Rule, key: &Map<String, Value>) -> bool {
     if rule.spec.exempt.is_empty() {
         return false;
     }
-    KeyValues::parse(proxy, rule, key).is_ok_and(|given| {
+    KeyValues::parse(decider, rule, key).is_ok_and(|given| {
         let facts = given.facts();
         rule.spec.exempt.contains(facts.client_ip, facts.user, facts.api_key)
     })
-}
-
-/// One decision, whoever asked (`/v1/check` or Envoy's `ShouldRateLimit`).
-pub struct Outcome<'r> {
-    pub allowed: bool,
-    /// What the client is told remains (`None`: exempt, or the store
-    /// failed).
-    pub remaining: Option<u64>,
-    /// Whole seconds until a retry can pass; 0 when allowed.
-    pub retry_after: u64,
-    /// Nanoseconds until the quota is whole again.
-    pub reset_after: Nanos,
-    /// Leaky-bucket shaping: how long the proxy would hold the request.
-    pub delay: Nanos,
-    /// What the proxy's rate-limit headers would say (none for shadow
-    /// rules, exempt clients and store failures). Kept as a report rather
-    /// than rendered, so that `ShouldRateLimit` renders one set of headers
-    /// for all its descriptors, as the proxy does for all its rules.
-    pub report: Option<RuleReport<'r>>,
-    pub exempt: bool,
-    pub store_unavailable: bool,
-}
-
-impl Outcome<'_> {
-    /// The rate-limit headers the proxy would send for this one rule.
-    pub fn headers(&self) -> HeaderMap {
-        let mut headers = HeaderMap::new();
-        if let Some(report) = self.report {
-            headers::write(&mut headers, &[report], 0);
-            if !self.allowed {
-                headers::write_retry_after(&mut headers, self.retry_after);
-            }
-        }
-        headers
-    }
 }
 
 /// What a caller asks of one rule besides its key.
@@ -281,42 +244,52 @@ pub struct Ask<'a> {
 
 /// Decides `ask.cost` units of `rule` for the key parts in `key` (named as
 /// in the rule's key list), counting in the store and the rule's metrics as
-/// a proxied request does. `Err` carries the sentence for the caller.
+/// a proxied request does ([`Decider::decide_one`]). `Err` carries the
+/// sentence for the caller.
 pub async fn decide<'r>(
-    proxy: &Proxy,
+    decider: &Decider,
     rule: &'r Rule,
     key: &Map<String, Value>,
     ask: Ask<'r>,
 ) -> Result<Outcome<'r>, String> {
-    let cost = ask.cost;
-    let given = KeyValues::parse(proxy, rule, key)?;
+    let given = KeyValues::parse(decider, rule, key)?;
     let facts = given.facts();
-    let mut o = Outcome {
-        allowed: true,
-        remaining: None,
-        retry_after: 0,
-        reset_after: 0,
-        delay: 0,
-        report: None,
-        exempt: false,
-        store_unavailable: false,
-    };
     if !rule.spec.exempt.is_empty() && rule.spec.exempt.contains(facts.client_ip, facts.user, facts.api_key) {
         // The proxy would not count this client under this rule either.
-        o.exempt = true;
-        return Ok(o);
+        return Ok(Outcome::exempt());
     }
     let mut bucket = String::with_capacity(64);
     rule.key(&facts, &mut bucket)?;
-    // An override or tier applies as for a proxied request: the key's
-    // override first, then the tier the caller states, else the one its
-    // tier header's key part gives.
-    let plan = match (ask.limit, ask.tier) {
+    let plan = plan_of(decider, rule, &facts, &mut bucket, &ask)?;
+    // Bounded by the plan that applies, not the rule's largest: a cost past
+    // this key's bucket could never be admitted, whatever `retry_after` said.
+    let most = rule.capacity_of(plan);
+    if ask.cost > most {
+        return Err(format!(
+            "\"cost\" must be a whole number from 1 to {most}: the most rule {:?} admits at once for this key.",
+            rule.name()
+        ));
+    }
+    Ok(decider.decide_one(rule, plan, bucket, ask.cost).await)
+}
+
+/// The limits a check counts under. An override or tier applies as for a
+/// proxied request: the key's override first, then the tier the caller
+/// states, else the one its tier header's key part gives. Envoy's `limit`
+/// replaces them all, on a bucket of its own (`bucket` grows a suffix).
+fn plan_of<'r>(
+    decider: &Decider,
+    rule: &'r Rule,
+    facts: &RequestFacts<'_>,
+    bucket: &mut String,
+    ask: &Ask<'r>,
+) -> Result<&'r Plan, String> {
+    Ok(match (ask.limit, ask.tier) {
         (Some(plan), _) => {
             // `|` ends the key parts, and `envoy` is no part's tag: no
             // request's key is this one.
             let _ = write!(bucket, "|envoy={}/{}s", plan.nominal.limit, plan.nominal.window / NANOS_PER_SEC);
-            proxy.cover_idle_horizon(&plan.nominal);
+            decider.cover_idle_horizon(&plan.nominal);
             plan
         }
         (None, Some(tier)) => {
@@ -330,55 +303,10 @@ pub async fn decide<'r>(
                     rule.name()
                 ));
             }
-            rule.plan_stated(&bucket, Some(tier.as_bytes()))
+            rule.plan_stated(bucket, Some(tier.as_bytes()))
         }
-        (None, None) => rule.plan_for(&bucket, &facts),
-    };
-    // Bounded by the plan that applies, not the rule's largest: a cost past
-    // this key's bucket could never be admitted, whatever `retry_after` said.
-    let most = rule.capacity_of(plan);
-    if cost > most {
-        return Err(format!(
-            "\"cost\" must be a whole number from 1 to {most}: the most rule {:?} admits at once for this key.",
-            rule.name()
-        ));
-    }
-    let (answer, limits) = proxy.decide_one(rule, plan, bucket, cost).await;
-    let verdict = match answer {
-        Ok(v) => v,
-        Err(e) => {
-            tracing::debug!(error = %e, rule = rule.name(), "decision API: store check failed");
-            // `allow` and `local` (when even the local fallback could not
-            // answer) admit; `deny` refuses, as the proxy's 503 does.
-            o.allowed = !rule.enforced() || proxy.on_error_of(rule) != OnError::Deny;
-            o.retry_after = if o.allowed { 0 } else { 1 };
-            o.store_unavailable = true;
-            return Ok(o);
-        }
-    };
-    o.reset_after = verdict.reset_after;
-    if rule.enforced() {
-        let report = RuleReport::of(rule, plan, &verdict, limits.capacity());
-        if verdict.allowed {
-            rule.counters.allowed.inc();
-            o.delay = verdict.delay;
-        } else {
-            rule.counters.limited.inc();
-            o.retry_after = ceil_secs(verdict.retry_after).max(1);
-        }
-        o.allowed = verdict.allowed;
-        o.remaining = Some(report.remaining);
-        o.report = Some(report);
-    } else {
-        // Shadow rules are measured, never enforced nor shown.
-        if verdict.allowed {
-            rule.counters.allowed.inc();
-        } else {
-            rule.counters.shadow_limited.inc();
-        }
-        o.remaining = Some(verdict.remaining);
-    }
-    Ok(o)
+        (None, None) => rule.plan_for(bucket, facts),
+    })
 }
 
 /// The values a check gave for its rule's key parts, owned, from which
@@ -401,7 +329,7 @@ impl KeyValues {
     /// the rule's `key` list. `Err` for a part without a value, a value the
     /// proxy could never see (an empty one, an invalid header value), or a
     /// name the rule does not key on.
-    fn parse(proxy: &Proxy, rule: &Rule, given: &Map<String, Value>) -> Result<KeyValues, String> {
+    fn parse(decider: &Decider, rule: &Rule, given: &Map<String, Value>) -> Result<KeyValues, String> {
         let unspecified = IpAddr::from([0, 0, 0, 0]);
         let mut v = KeyValues {
             method: Method::GET,
@@ -439,48 +367,54 @@ impl KeyValues {
                     ));
                 }
             };
-            match part {
-                KeyPart::Ip => {
-                    let ip: IpAddr =
-                        value.parse().map_err(|_| format!("Key part \"ip\": {value:?} is not an IP address."))?;
-                    // `exempt` compares the client as the proxy sees it.
-                    let ip = crate::wire::client::canonical(ip);
-                    v.client_ip = ip;
-                    v.client = crate::wire::client::key_addr(ip, proxy.client_config().ipv6_prefix);
-                }
-                KeyPart::User => v.user = Some(value.as_bytes().to_vec()),
-                KeyPart::ApiKey => v.api_key = Some(value.as_bytes().to_vec()),
-                KeyPart::ClientCert => v.client_cert = Some(value.as_bytes().to_vec()),
-                KeyPart::Route => v.route = Some(value.to_string()),
-                KeyPart::Method => {
-                    v.method = Method::from_bytes(value.as_bytes())
-                        .map_err(|_| format!("Key part \"method\": {value:?} is not an HTTP method."))?;
-                }
-                KeyPart::Path => {
-                    // Canonical, as the proxy keys a request's path.
-                    v.path = crate::wire::normalize::path(value, proxy.normalization())
-                        .map_err(|e| format!("Key part \"path\": {}", e.reason()))?
-                        .into_owned();
-                }
-                KeyPart::Header(h) => {
-                    let hv = HeaderValue::from_str(value)
-                        .map_err(|_| format!("Key part {spelled:?}: the value is not a valid header value."))?;
-                    v.headers.insert(HeaderName::clone(h), hv);
-                }
-                KeyPart::Query(q) => {
-                    // Encoded so that the key function's form decoding gives
-                    // back exactly the value given.
-                    let query = v.query.get_or_insert_with(String::new);
-                    if !query.is_empty() {
-                        query.push('&');
-                    }
-                    form_encode(query, q.as_bytes());
-                    query.push('=');
-                    form_encode(query, value.as_bytes());
-                }
-            }
+            v.set(decider, part, value)?;
         }
         Ok(v)
+    }
+
+    /// Sets the value of one key part, as the proxy would see it.
+    fn set(&mut self, decider: &Decider, part: &KeyPart, value: &str) -> Result<(), String> {
+        match part {
+            KeyPart::Ip => {
+                let ip: IpAddr =
+                    value.parse().map_err(|_| format!("Key part \"ip\": {value:?} is not an IP address."))?;
+                // `exempt` compares the client as the proxy sees it.
+                let ip = crate::wire::client::canonical(ip);
+                self.client_ip = ip;
+                self.client = crate::wire::client::key_addr(ip, decider.ipv6_prefix());
+            }
+            KeyPart::User => self.user = Some(value.as_bytes().to_vec()),
+            KeyPart::ApiKey => self.api_key = Some(value.as_bytes().to_vec()),
+            KeyPart::ClientCert => self.client_cert = Some(value.as_bytes().to_vec()),
+            KeyPart::Route => self.route = Some(value.to_string()),
+            KeyPart::Method => {
+                self.method = Method::from_bytes(value.as_bytes())
+                    .map_err(|_| format!("Key part \"method\": {value:?} is not an HTTP method."))?;
+            }
+            KeyPart::Path => {
+                // Canonical, as the proxy keys a request's path.
+                self.path = crate::wire::normalize::path(value, decider.normalization())
+                    .map_err(|e| format!("Key part \"path\": {}", e.reason()))?
+                    .into_owned();
+            }
+            KeyPart::Header(h) => {
+                let hv = HeaderValue::from_str(value)
+                    .map_err(|_| format!("Key part {:?}: the value is not a valid header value.", part.describe()))?;
+                self.headers.insert(HeaderName::clone(h), hv);
+            }
+            KeyPart::Query(q) => {
+                // Encoded so that the key function's form decoding gives
+                // back exactly the value given.
+                let query = self.query.get_or_insert_with(String::new);
+                if !query.is_empty() {
+                    query.push('&');
+                }
+                form_encode(query, q.as_bytes());
+                query.push('=');
+                form_encode(query, value.as_bytes());
+            }
+        }
+        Ok(())
     }
 
     fn facts(&self) -> RequestFacts<'_> {

@@ -20,7 +20,7 @@
 //! | 10 | [`ops`] | operating a running proxy: the admin listener, hot reload |
 //! | 9 | [`proxy`] [`held`] [`settle`] | the request path: route, decide, forward or reject, settle |
 //! | 8 | [`decision`] [`envoy_rls`] | the decision API (`POST /v1/check`) and Envoy's rate limit service |
-//! | 7 | [`limit`] | the compiled rules: which match, their keys, costs and limits; the heaviest keys |
+//! | 7 | [`limit`] [`decide`] | the compiled rules: which match, their keys, costs and limits; the heaviest keys |
 //! | 6 | [`store`] | where counters live: this process's memory, or Redis (Cluster) |
 //! | 5 | [`upstream`] | talking to upstream servers: balancing, health, pools, bodies, tunnels |
 //! | 4 | [`obs`] | what tollgate tells operators: metrics, the access log, the summary line |
@@ -77,10 +77,11 @@
 //! | [`edge::process`] | what the binaries share: the async runtime, logging, the shutdown signals (SIGTERM: lame duck first; SIGINT: drain at once), SIGHUP (reload) and SIGUSR1 (reopen the access log) |
 //! | [`ops::admin`] | `/metrics`, `/healthz`, `/readyz`, `/rules`, `/config`, `/top` |
 //! | [`ops::reload`] | watch the rules and the main file, debounce, validate, swap; keep the old rules on error |
-//! | [`proxy`] | the request path: route, decide, forward or reject |
+//! | [`proxy`] | the request path in phases over one per-request context: admit (spelling, route, limits, client, identity), decide, reject or forward, settle, and one log step |
 //! | [`held`] | a request's concurrency slots, held until its response body ends or its client goes away |
 //! | [`settle`] | `cost_response_header`: the reserved cost corrected to the real one from the response's header or trailers, with the store (the arithmetic is in [`limiter`]) |
-//! | [`decision`] | `[listen] decision`: `POST /v1/check`, the proxy's decision for services not behind it ([`decision::decide`], shared with `envoy_rls`) |
+//! | [`decide`] | the `Decider`, the one place a request's facts become verdicts: deny list, keys and costs, one store round, `on_error`, per-rule metrics and reports; used by the proxy, `decision` and `envoy_rls` |
+//! | [`decision`] | `[listen] decision`: `POST /v1/check`, the proxy's decision for services not behind it (key parts parsed into a rule's key, then [`decide::Decider::decide_one`], shared with `envoy_rls`) |
 //! | [`envoy_rls`] | `[listen] envoy_rls`: Envoy's `ShouldRateLimit` over gRPC, descriptors mapped to rules by `[[envoy]]` ([`config::EnvoyMapping`]); tonic's generated service on hyper's HTTP/2 server |
 //! | [`limit::rules`] | the compiled rule set: which rules match, the bucket key and limits (overrides, tiers) of each, what each reports to the client |
 //! | [`limit::top`] | the heaviest keys of each rule (`/top`, `tollgate top`, whose client is [`cli::top`]) in fixed-memory sketches |
@@ -111,6 +112,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod decide;
 pub mod decision;
 pub mod edge;
 pub mod envoy_rls;

@@ -589,7 +589,7 @@ async fn an_override_of_zero_is_over_and_an_unknown_unit_fails_the_call() {
 
 /// Keys in the memory store behind `t`.
 fn stored_keys(t: &Tollgate) -> usize {
-    match &t.proxy.store {
+    match t.proxy.store() {
         tollgate::store::AnyStore::Memory(m) => m.len(),
         _ => panic!("the test's tollgate runs on the memory store"),
     }
@@ -620,7 +620,7 @@ async fn an_overrides_counter_outlives_the_rules_idle_horizon() {
     // sweep runs (the server's, every 5 s, and this one, so that it surely
     // ran after the advance).
     t.advance(Duration::from_secs(300));
-    t.proxy.store.sweep();
+    t.proxy.store().sweep();
     assert_eq!(stored_keys(&t), 1, "the sweep kept the override's counter");
     let r = rls.ok(hourly).await;
     assert_eq!(code(&r["statuses"][0]), "OVER_LIMIT", "{r}");

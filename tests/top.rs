@@ -180,7 +180,7 @@ async fn top_keys_zero_counts_nothing_and_turns_top_off() {
     let t = Tollgate::with(&config, &[("rules.toml", PER_KEY)]).await;
     send_traffic(&t).await;
     assert!(t.proxy.top().is_none());
-    assert!(t.proxy.rules.load().rules.iter().all(|r| r.top.is_none()), "no rule has a sketch");
+    assert!(t.proxy.rules().load().rules.iter().all(|r| r.top.is_none()), "no rule has a sketch");
     let reply = t.admin("/top?rule=per-key").await;
     assert_eq!(reply.status, 404, "{}", reply.text());
     assert_eq!(reply.json()["error"], "top_off");

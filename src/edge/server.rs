@@ -220,13 +220,15 @@ impl Server {
                 proxy.clone(),
             ))
         });
-        let decision_task = decision_listener
-            .map(|l| tokio::spawn(crate::decision::serve(l, proxy.clone(), config.listen.header_read_timeout)));
-        let envoy_rls_task = envoy_rls_listener.map(|l| tokio::spawn(crate::envoy_rls::serve(l, proxy.clone())));
+        let decision_task = decision_listener.map(|l| {
+            tokio::spawn(crate::decision::serve(l, proxy.decider().clone(), config.listen.header_read_timeout))
+        });
+        let envoy_rls_task =
+            envoy_rls_listener.map(|l| tokio::spawn(crate::envoy_rls::serve(l, proxy.decider().clone())));
 
         let shutdown = lame_duck(stop, stopping, config.listen.shutdown_delay);
         serve_proxy(proxy_listener, proxy.clone(), &config, tls, slots, shutdown).await;
-        proxy.store.close().await;
+        proxy.store().close().await;
         proxy.flush_access_log(ACCESS_LOG_FLUSH).await;
         let tasks = [hangups, reopens, cert_watch, redirect_task, decision_task, envoy_rls_task];
         for task in tasks.into_iter().flatten().chain(housekeeping).chain([watch, admin_task]) {
@@ -244,7 +246,7 @@ fn housekeeping(proxy: &Arc<Proxy>) -> Vec<tokio::task::JoinHandle<()>> {
             let mut every = tokio::time::interval(SWEEP_EVERY);
             loop {
                 every.tick().await;
-                proxy.store.sweep();
+                proxy.store().sweep();
             }
         }
     });

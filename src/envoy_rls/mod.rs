@@ -27,10 +27,10 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+use crate::decide::Decider;
 use crate::decision::Ask;
 use crate::limit::rules::RuleReport;
-use crate::limit::rules::{Plan, Rule};
-use crate::proxy::Proxy;
+use crate::limit::rules::{Plan, Rule, RuleSet};
 use proto::envoy::config::core::v3::HeaderValue;
 use proto::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit};
 use proto::envoy::service::ratelimit::v3::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
@@ -54,13 +54,13 @@ const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 
 /// The rate limit service: the proxy's rules and store.
 pub struct Rls {
-    proxy: Arc<Proxy>,
+    decider: Arc<Decider>,
 }
 
 /// Accepts gRPC connections until the task is aborted (at shutdown).
-pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
+pub async fn serve(listener: TcpListener, decider: Arc<Decider>) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let service = RateLimitServiceServer::new(Rls { proxy }).max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let service = RateLimitServiceServer::new(Rls { decider }).max_decoding_message_size(MAX_MESSAGE_BYTES);
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     // Pings free the slot of an Envoy that went away without closing.
     builder
@@ -93,133 +93,154 @@ impl RateLimitService for Rls {
         request: tonic::Request<RateLimitRequest>,
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
         let req = request.into_inner();
-        // Envoy's own service refuses these two the same way.
-        if req.domain.is_empty() {
-            return Err(tonic::Status::invalid_argument("domain must not be empty"));
-        }
-        if req.descriptors.is_empty() || req.descriptors.len() > MAX_DESCRIPTORS {
-            return Err(tonic::Status::invalid_argument(format!("a request needs 1 to {MAX_DESCRIPTORS} descriptors")));
-        }
-        if req.descriptors.iter().any(|d| d.entries.len() > MAX_ENTRIES) {
-            return Err(tonic::Status::invalid_argument(format!("a descriptor has at most {MAX_ENTRIES} entries")));
-        }
-        let rules = self.proxy.rules.load();
-        // Each descriptor's rule, key values, tier and limit override, found
-        // before anything is spent: an override that cannot be applied
-        // fails the whole call, as it fails Envoy's own service.
-        let mut found = Vec::with_capacity(req.descriptors.len());
-        for (i, d) in req.descriptors.iter().enumerate() {
-            let unit = match &d.limit {
-                Some(o) => Some(unit_of(o.unit).ok_or_else(|| {
-                    tonic::Status::invalid_argument(format!(
-                        "descriptor {i}: the limit override's unit {} is none of SECOND to YEAR",
-                        o.unit
-                    ))
-                })?),
-                None => None,
-            };
-            let covered = rules.envoy.iter().find_map(|m| {
-                let (key, tier) =
-                    m.key_of(&req.domain, d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())))?;
-                Some((rules.rules.iter().find(|r| r.name() == m.rule)?, key, tier))
-            });
-            let Some((rule, key, tier)) = covered else {
-                found.push(None);
-                continue;
-            };
-            let limit = match (d.limit, unit) {
-                (Some(o), Some((secs, unit))) => {
-                    if let Some(c) = &rule.spec.calendar
-                        && per_period(1, c.period).1 != unit
-                    {
-                        return Err(tonic::Status::invalid_argument(format!(
-                            "descriptor {i}: rule {:?} counts per calendar {}: a limit override must be per {}",
-                            rule.name(),
-                            c.period.as_str(),
-                            per_period(1, c.period).1.as_str_name(),
-                        )));
-                    }
-                    Some(rule.envoy_plan(u64::from(o.requests_per_unit), secs))
-                }
-                _ => None,
-            };
-            found.push(Some((rule, key, tier, limit)));
-        }
-        let mut over = false;
-        let mut statuses = Vec::with_capacity(req.descriptors.len());
-        let mut reports = Vec::new();
-        let mut retry_after = 0;
+        within_bounds(&req)?;
+        let rules = self.decider.rules().load();
+        let found = find(&rules, &req)?;
+        let mut answer =
+            Answer { over: false, statuses: Vec::with_capacity(found.len()), reports: Vec::new(), retry_after: 0 };
         for (d, found) in req.descriptors.iter().zip(&found) {
-            let Some((rule, key, tier, limit)) = found else {
-                // As Envoy's own service answers a descriptor it has no
-                // limit for.
-                statuses.push(DescriptorStatus { code: Code::Ok as i32, ..Default::default() });
-                continue;
-            };
-            let (rule, tier, limit) = (*rule, *tier, limit.as_ref());
             // 0 is proto3's "not set": one hit. A descriptor's own
             // hits_addend overrides the request's.
             let cost = d.hits_addend.unwrap_or(u64::from(req.hits_addend)).max(1);
-            if cost > crate::decision::max_cost_under(rule, limit) && !crate::decision::exempts(&self.proxy, rule, key)
-            {
-                // More than the rule ever admits at once (with an override
-                // of 0 requests, anything): over the limit, without
-                // spending. Not an error, which Envoy's default
-                // `failure_mode_deny = false` would let through.
-                if rule.enforced() {
-                    over = true;
-                }
-                statuses.push(DescriptorStatus {
-                    code: if rule.enforced() { Code::OverLimit } else { Code::Ok } as i32,
-                    current_limit: Some(current_limit(rule, limit.unwrap_or(&rule.plan))),
-                    ..Default::default()
-                });
-                continue;
-            }
-            let o = match crate::decision::decide(&self.proxy, rule, key, Ask { cost, tier, limit }).await {
-                Ok(o) => o,
-                Err(why) => {
-                    // A value the rule cannot key on (empty, an `ip` that
-                    // is no address): refused, as the proxy answers such a
-                    // request 400. Not an error, which Envoy's default
-                    // failure mode would let through.
-                    tracing::debug!(rule = rule.name(), why, "envoy_rls: descriptor refused");
-                    over = true;
-                    statuses.push(DescriptorStatus { code: Code::OverLimit as i32, ..Default::default() });
-                    continue;
-                }
+            let status = match found {
+                // As Envoy's own service answers a descriptor it has no
+                // limit for.
+                None => DescriptorStatus { code: Code::Ok as i32, ..Default::default() },
+                Some(found) => self.decide(found, cost, &mut answer).await,
             };
-            over |= !o.allowed;
-            if !o.allowed {
-                retry_after = retry_after.max(o.retry_after);
-            }
-            reports.extend(o.report);
-            statuses.push(match o.remaining {
-                Some(remaining) => DescriptorStatus {
-                    code: if o.allowed { Code::Ok } else { Code::OverLimit } as i32,
-                    current_limit: Some(current_limit(rule, o.report.map_or(&rule.plan, |r| r.plan))),
-                    limit_remaining: remaining.min(u64::from(u32::MAX)) as u32,
-                    // Whole seconds, rounded up as the reset headers are:
-                    // Envoy's own x-ratelimit-reset reads only the seconds.
-                    duration_until_reset: Some(prost_types::Duration {
-                        seconds: crate::limiter::ceil_secs(o.reset_after).min(i64::MAX as u64) as i64,
-                        nanos: 0,
-                    }),
-                    quota: None,
-                },
-                // Exempt, or the store failed: no limit was counted.
-                None => DescriptorStatus {
-                    code: if o.allowed { Code::Ok } else { Code::OverLimit } as i32,
-                    ..Default::default()
-                },
-            });
+            answer.statuses.push(status);
         }
         Ok(tonic::Response::new(RateLimitResponse {
-            overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
-            statuses,
-            response_headers_to_add: response_headers(&reports, retry_after),
+            overall_code: if answer.over { Code::OverLimit } else { Code::Ok } as i32,
+            statuses: answer.statuses,
+            response_headers_to_add: response_headers(&answer.reports, answer.retry_after),
             ..Default::default()
         }))
+    }
+}
+
+/// A descriptor's rule, its key values, tier and limit override.
+type Found<'r> = (&'r Rule, serde_json::Map<String, serde_json::Value>, Option<&'r str>, Option<Plan>);
+
+/// What a request's descriptors add up to.
+struct Answer<'r> {
+    /// An enforced rule refuses one of them.
+    over: bool,
+    statuses: Vec<DescriptorStatus>,
+    reports: Vec<RuleReport<'r>>,
+    retry_after: u64,
+}
+
+/// Envoy's own service refuses these requests the same way.
+fn within_bounds(req: &RateLimitRequest) -> Result<(), tonic::Status> {
+    if req.domain.is_empty() {
+        return Err(tonic::Status::invalid_argument("domain must not be empty"));
+    }
+    if req.descriptors.is_empty() || req.descriptors.len() > MAX_DESCRIPTORS {
+        return Err(tonic::Status::invalid_argument(format!("a request needs 1 to {MAX_DESCRIPTORS} descriptors")));
+    }
+    if req.descriptors.iter().any(|d| d.entries.len() > MAX_ENTRIES) {
+        return Err(tonic::Status::invalid_argument(format!("a descriptor has at most {MAX_ENTRIES} entries")));
+    }
+    Ok(())
+}
+
+/// Each descriptor's rule, key values, tier and limit override (`None`:
+/// no `[[envoy]]` entry covers it), found before anything is spent: an
+/// override that cannot be applied fails the whole call, as it fails
+/// Envoy's own service.
+fn find<'r>(rules: &'r RuleSet, req: &'r RateLimitRequest) -> Result<Vec<Option<Found<'r>>>, tonic::Status> {
+    let mut found = Vec::with_capacity(req.descriptors.len());
+    for (i, d) in req.descriptors.iter().enumerate() {
+        let unit = match &d.limit {
+            Some(o) => Some(unit_of(o.unit).ok_or_else(|| {
+                tonic::Status::invalid_argument(format!(
+                    "descriptor {i}: the limit override's unit {} is none of SECOND to YEAR",
+                    o.unit
+                ))
+            })?),
+            None => None,
+        };
+        let covered = rules.envoy.iter().find_map(|m| {
+            let (key, tier) = m.key_of(&req.domain, d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())))?;
+            Some((rules.rules.iter().find(|r| r.name() == m.rule)?, key, tier))
+        });
+        let Some((rule, key, tier)) = covered else {
+            found.push(None);
+            continue;
+        };
+        let limit = match (d.limit, unit) {
+            (Some(o), Some((secs, unit))) => {
+                if let Some(c) = &rule.spec.calendar
+                    && per_period(1, c.period).1 != unit
+                {
+                    return Err(tonic::Status::invalid_argument(format!(
+                        "descriptor {i}: rule {:?} counts per calendar {}: a limit override must be per {}",
+                        rule.name(),
+                        c.period.as_str(),
+                        per_period(1, c.period).1.as_str_name(),
+                    )));
+                }
+                Some(rule.envoy_plan(u64::from(o.requests_per_unit), secs))
+            }
+            _ => None,
+        };
+        found.push(Some((rule, key, tier, limit)));
+    }
+    Ok(found)
+}
+
+impl Rls {
+    /// Decides `cost` units of one covered descriptor: its status, and
+    /// what it adds to `answer`.
+    async fn decide<'r>(&self, found: &'r Found<'r>, cost: u64, answer: &mut Answer<'r>) -> DescriptorStatus {
+        let (rule, key, tier, limit) = (found.0, &found.1, found.2, found.3.as_ref());
+        if cost > crate::decision::max_cost_under(rule, limit) && !crate::decision::exempts(&self.decider, rule, key) {
+            // More than the rule ever admits at once (with an override of 0
+            // requests, anything): over the limit, without spending. Not an
+            // error, which Envoy's default `failure_mode_deny = false` would
+            // let through.
+            answer.over |= rule.enforced();
+            return DescriptorStatus {
+                code: if rule.enforced() { Code::OverLimit } else { Code::Ok } as i32,
+                current_limit: Some(current_limit(rule, limit.unwrap_or(&rule.plan))),
+                ..Default::default()
+            };
+        }
+        let o = match crate::decision::decide(&self.decider, rule, key, Ask { cost, tier, limit }).await {
+            Ok(o) => o,
+            Err(why) => {
+                // A value the rule cannot key on (empty, an `ip` that is no
+                // address): refused, as the proxy answers such a request
+                // 400. Not an error, which Envoy's default failure mode
+                // would let through.
+                tracing::debug!(rule = rule.name(), why, "envoy_rls: descriptor refused");
+                answer.over = true;
+                return DescriptorStatus { code: Code::OverLimit as i32, ..Default::default() };
+            }
+        };
+        answer.over |= !o.allowed;
+        if !o.allowed {
+            answer.retry_after = answer.retry_after.max(o.retry_after);
+        }
+        answer.reports.extend(o.report);
+        let code = if o.allowed { Code::Ok } else { Code::OverLimit } as i32;
+        let Some(remaining) = o.remaining else {
+            // Exempt, or the store failed: no limit was counted.
+            return DescriptorStatus { code, ..Default::default() };
+        };
+        DescriptorStatus {
+            code,
+            current_limit: Some(current_limit(rule, o.report.map_or(&rule.plan, |r| r.plan))),
+            limit_remaining: remaining.min(u64::from(u32::MAX)) as u32,
+            // Whole seconds, rounded up as the reset headers are: Envoy's
+            // own x-ratelimit-reset reads only the seconds.
+            duration_until_reset: Some(prost_types::Duration {
+                seconds: crate::limiter::ceil_secs(o.reset_after).min(i64::MAX as u64) as i64,
+                nanos: 0,
+            }),
+            quota: None,
+        }
     }
 }
 

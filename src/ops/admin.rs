@@ -95,7 +95,7 @@ impl Admin {
     /// answer.
     async fn ping(&self) -> Result<(), Outage> {
         let whole = |reason: String| Outage { reason, nodes_down: Vec::new(), whole: true };
-        let store = &self.proxy.store;
+        let store = self.proxy.store();
         let survey = async {
             match store.survey().await {
                 None => store.ping().await.map_err(|e| whole(e.to_string())),
@@ -116,7 +116,7 @@ impl Admin {
     /// `/healthz/store`: 200 while every node of the store answers, 503
     /// when one does not (`partial`: some do) or none does (`down`).
     async fn store_health(&self) -> Response<Full<Bytes>> {
-        let backend = self.proxy.store.backend();
+        let backend = self.proxy.store().backend();
         match self.ping().await {
             Ok(()) => json_response(StatusCode::OK, &json!({"status": "up", "store": backend})),
             Err(o) => json_response(
@@ -129,7 +129,7 @@ impl Admin {
     /// `/readyz`: not ready only when no node of the store answers and
     /// requests would be refused for it (`on_error = "deny"`).
     async fn ready(&self) -> Response<Full<Bytes>> {
-        let backend = self.proxy.store.backend();
+        let backend = self.proxy.store().backend();
         if self.stopping.load(Ordering::Relaxed) {
             return json_response(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -151,7 +151,7 @@ impl Admin {
     }
 
     fn rules(&self) -> Response<Full<Bytes>> {
-        let set = self.proxy.rules.load();
+        let set = self.proxy.rules().load();
         let status = self.reloader.status.lock().clone();
         let rules: Vec<_> = set
             .rules
@@ -251,7 +251,7 @@ impl Admin {
             None => crate::limit::top::By::Limited,
             Some(given) => crate::limit::top::By::parse(&given).ok_or(AdminError::BadBy(given))?,
         };
-        let set = self.proxy.rules.load();
+        let set = self.proxy.rules().load();
         let report = |r: &crate::limit::rules::Rule| {
             let report = r.top.as_ref().map(|t| top.report(t, by, n)).unwrap_or_default();
             let keys: Vec<_> =
