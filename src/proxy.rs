@@ -366,7 +366,7 @@ impl Proxy {
         let down = self.downstream(x, &x.routing.routes[route].0, version, path, upgrade, bytes_in, chosen_at);
         // No clock read for the access log when it is off.
         let sent = x.note.enabled().then(Instant::now);
-        let result = upstream.forward(req, down).await;
+        let result = upstream.forward(req, &down).await;
         if let Some(sent) = sent {
             x.note.upstream_answer(result.as_ref().ok().map(|r| r.status().as_u16()), sent.elapsed());
         }
