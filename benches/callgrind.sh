@@ -7,6 +7,9 @@
 #   benches/callgrind.sh                       # builds release, 2,000 requests each
 #   benches/callgrind.sh --tollgate PATH       # a given binary (an older build, say)
 #   benches/callgrind.sh --requests 5000 --keep DIR   # keep the callgrind profiles
+#   benches/callgrind.sh --decoys 1000 --only forward # 1,000 prefix rules
+#       (`match.path = "/decoyN/*"`) and 1,000 routes (`/decoyN/`) that
+#       the requests do not match, before the ones they do
 #
 # Prints one line per scenario:
 #   CALLGRIND scenario=forward requests=2000 instr_per_req=123456 ...
@@ -27,12 +30,16 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 TOLLGATE=""
 REQUESTS=2000
 KEEP=""
+DECOYS=0
+ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --tollgate) TOLLGATE="$2"; shift 2 ;;
     --requests) REQUESTS="$2"; shift 2 ;;
     --keep) KEEP="$2"; shift 2 ;;
-    -h|--help) sed -n 2,22p "$0"; exit 0 ;;
+    --decoys) DECOYS="$2"; shift 2 ;;
+    --only) ONLY="$2"; shift 2 ;;
+    -h|--help) sed -n 2,25p "$0"; exit 0 ;;
     *) echo "callgrind.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -100,11 +107,18 @@ backend = "memory"
 name = "bench"
 url = "http://127.0.0.1:$UP"
 
+EOF
+  : > "$dir/rules.toml"
+  for i in $(seq 1 "$DECOYS"); do
+    printf '[[route]]\npath_prefix = "/decoy%d/"\nupstream = "bench"\n\n' "$i" >> "$dir/tollgate.toml"
+    printf '[[rule]]\nname = "decoy%d"\nkey = ["ip"]\nlimit = 10\nwindow = "1s"\nmatch = { path = "/decoy%d/*" }\n\n' "$i" "$i" >> "$dir/rules.toml"
+  done
+  cat >> "$dir/tollgate.toml" <<EOF
 [[route]]
 path_prefix = "/"
 upstream = "bench"
 EOF
-  cat > "$dir/rules.toml" <<EOF
+  cat >> "$dir/rules.toml" <<EOF
 [[rule]]
 name = "per-user"
 key = ["header:x-user-id"]
@@ -130,9 +144,9 @@ EOF
   # file is the program's end.
   local profile="$dir/callgrind.out.1" total
   total=$(grep -h '^summary:' "$profile" | awk '{print $2}')
-  echo "CALLGRIND scenario=$name requests=$REQUESTS instr_per_req=$((total / REQUESTS)) replies=${codes%,}"
+  echo "CALLGRIND scenario=$name decoys=$DECOYS requests=$REQUESTS instr_per_req=$((total / REQUESTS)) replies=${codes%,}"
   if [ -n "$KEEP" ]; then mkdir -p "$KEEP"; cp "$profile" "$KEEP/$name.callgrind"; fi
 }
 
-scenario forward 1000000000
-scenario reject 1
+if [ -z "$ONLY" ] || [ "$ONLY" = forward ]; then scenario forward 1000000000; fi
+if [ -z "$ONLY" ] || [ "$ONLY" = reject ]; then scenario reject 1; fi

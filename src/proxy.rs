@@ -24,9 +24,10 @@ use http::{HeaderValue, Request, Response, header};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
-use crate::config::{ClientConfig, Config, Normalization, OnError, Route};
+use crate::config::{ClientConfig, Config, Normalization, OnError, PathPattern, Route};
 use crate::decide::{Decider, Decision, Ruling};
 use crate::held::Holding;
+use crate::limit::path_index::PathIndex;
 use crate::limit::rules::RuleSet;
 use crate::limit::top::TopKeys;
 use crate::obs::access_log::{AccessLog, Logged, Note};
@@ -114,6 +115,9 @@ pub struct Routing {
     upstreams: Vec<UpstreamClient>,
     /// Routes sorted by descending prefix length, host-specific first.
     routes: Vec<(Route, RouteCounters)>,
+    /// The routes by their prefixes: a request looks only at those that
+    /// can match its path, whatever the number of routes.
+    paths: PathIndex,
 }
 
 impl Routing {
@@ -144,11 +148,14 @@ impl Routing {
         let mut routes: Vec<(Route, RouteCounters)> =
             config.routes.iter().map(|r| (r.clone(), metrics.route_counters(&r.name))).collect();
         routes.sort_by_key(|(r, _)| (std::cmp::Reverse(r.path_prefix.len()), r.host.is_none()));
-        Routing { upstreams, routes }
+        let prefixes: Vec<_> = routes.iter().map(|(r, _)| PathPattern::Prefix(r.path_prefix.clone())).collect();
+        let paths = PathIndex::new(prefixes.iter().map(Some));
+        Routing { upstreams, routes, paths }
     }
 
     fn route(&self, host: Option<&str>, path: &str) -> Option<usize> {
-        self.routes.iter().position(|(r, _)| {
+        self.paths.candidates(path).find(|&i| {
+            let r = &self.routes[i].0;
             path.starts_with(r.path_prefix.as_str()) && r.host.as_deref().is_none_or(|h| Some(h) == host)
         })
     }

@@ -2,5 +2,6 @@
 //! cost and limits (own, override or tier) of each, and the heaviest keys
 //! of each rule (`/top`). Built at reload, read per request, no IO.
 
+pub mod path_index;
 pub mod rules;
 pub mod top;

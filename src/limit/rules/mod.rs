@@ -23,6 +23,7 @@ use crate::config::key::{encode, push_sha256_hex, tag};
 use crate::config::{
     Cost, DenySpec, EnvoyMapping, KeyPart, LoadedRules, PathPattern, RuleMode, RuleSpec, Throttle, TierSource,
 };
+use crate::limit::path_index::PathIndex;
 use crate::limiter::{Limits, NANOS_PER_SEC, Nanos};
 use crate::obs::metrics::{Metrics, RuleCounters};
 
@@ -65,11 +66,9 @@ pub struct RuleSet {
     pub loaded_at: SystemTime,
     /// The longest idle time after which any rule's bucket is fresh again.
     pub idle_horizon: Nanos,
-    /// Rules with an exact `match.path`, by that path (indexes in file
-    /// order): a request only looks at the rules of its own path...
-    by_path: std::collections::HashMap<String, Vec<usize>, foldhash::fast::RandomState>,
-    /// ...and at these, the rules without an exact path.
-    unindexed: Vec<usize>,
+    /// The rules by their `match.path`: a request looks only at those
+    /// that can match its path.
+    paths: PathIndex,
 }
 
 /// One compiled rule.
@@ -232,15 +231,7 @@ impl RuleSet {
             rules.iter().any(|r| r.spec.key.contains(&KeyPart::ApiKey) || !r.spec.exempt.api_keys.is_empty());
         let reads_method =
             rules.iter().any(|r| !r.spec.matcher.methods.is_empty() || r.spec.key.contains(&KeyPart::Method));
-        let mut by_path: std::collections::HashMap<String, Vec<usize>, foldhash::fast::RandomState> =
-            Default::default();
-        let mut unindexed = Vec::new();
-        for (i, r) in rules.iter().enumerate() {
-            match &r.spec.matcher.path {
-                Some(PathPattern::Exact(p)) => by_path.entry(p.clone()).or_default().push(i),
-                _ => unindexed.push(i),
-            }
-        }
+        let paths = PathIndex::new(rules.iter().map(|r| r.spec.matcher.path.as_ref()));
         let tier_claim = rules.iter().find_map(|r| match r.spec.tiers.as_ref().map(|t| &t.source) {
             Some(TierSource::Claim(c)) => Some(c.clone()),
             _ => None,
@@ -260,8 +251,7 @@ impl RuleSet {
             files,
             loaded_at: SystemTime::now(),
             idle_horizon,
-            by_path,
-            unindexed,
+            paths,
         }
     }
 
@@ -292,8 +282,7 @@ impl RuleSet {
         if self.denies_name_users {
             return true;
         }
-        let exact = self.by_path.get(crate::wire::normalize::match_path(path)).map_or(&[][..], Vec::as_slice);
-        exact.iter().chain(&self.unindexed).any(|&i| {
+        self.paths.candidates(path).any(|i| {
             let r = &self.rules[i];
             r.needs_user() && path_fits(r.spec.matcher.path.as_ref(), path)
         })
@@ -301,35 +290,11 @@ impl RuleSet {
 
     /// The rules that apply to a request, in file order.
     ///
-    /// Only the rules of the request's exact path and the rules without an
-    /// exact path are examined (merged back into file order), so a thousand
-    /// per-endpoint rules cost a hash lookup, not a thousand comparisons.
+    /// Only the rules [`PathIndex`] finds for the request's path are
+    /// examined, so a thousand per-endpoint rules (exact paths or
+    /// prefixes) cost a few hash lookups, not a thousand comparisons.
     pub fn matching<'s: 'f, 'f>(&'s self, facts: &'f RequestFacts<'_>) -> impl Iterator<Item = &'s Rule> + 'f {
-        let exact = self.by_path.get(crate::wire::normalize::match_path(facts.path)).map_or(&[][..], Vec::as_slice);
-        MergeSorted { a: exact, b: &self.unindexed }.map(|i| &self.rules[i]).filter(move |r| r.matches(facts))
-    }
-}
-
-/// Two ascending index lists, merged into one ascending sequence.
-struct MergeSorted<'a> {
-    a: &'a [usize],
-    b: &'a [usize],
-}
-
-impl Iterator for MergeSorted<'_> {
-    type Item = usize;
-
-    fn next(&mut self) -> Option<usize> {
-        let take_a = match (self.a.first(), self.b.first()) {
-            (Some(x), Some(y)) => x < y,
-            (Some(_), None) => true,
-            (None, Some(_)) => false,
-            (None, None) => return None,
-        };
-        let side = if take_a { &mut self.a } else { &mut self.b };
-        let (first, rest) = side.split_first()?;
-        *side = rest;
-        Some(*first)
+        self.paths.candidates(facts.path).map(|i| &self.rules[i]).filter(move |r| r.matches(facts))
     }
 }
 
