@@ -81,8 +81,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::nanos;
-use super::scripts::{LeaseArgs, Reply, Settle};
+use super::scripts::{LeaseArgs, Reply, Settle, nanos};
 use crate::limiter::shards::Shards;
 use crate::limiter::{Algorithm, Limits, Verdict};
 
