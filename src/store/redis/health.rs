@@ -11,7 +11,7 @@
 //! counted in this process's memory) without first waiting out the store
 //! timeout. The keys of the other nodes are not affected. A probe then asks
 //! that node alone every [`PROBE_EVERY`] and takes it back as soon as it
-//! answers. Both switches are logged, counted in
+//! answers (see [`probe`](super::probe)). Both switches are logged, counted in
 //! `tollgate_store_fallback_transitions_total{direction="to_local"|"to_store"}`
 //! (once per node and switch), and shown by `tollgate_store_node_up{node}`;
 //! `tollgate_store_degraded` is 1 while any node is down.

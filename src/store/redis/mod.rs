@@ -12,7 +12,7 @@
 //! | `shared.rs` | what the request path and the store's tasks share ([`Shared`](shared::Shared)), whose methods the files above write |
 //! | `queues.rs` | the queues of checks waiting for a call, per node and algorithm |
 //! | `registry.rs` | the concurrency slots held here, by request id |
-//! | `lease.rs` | quota leased to this instance |
+//! | `lease/` | quota leased to this instance |
 //! | `cache.rs` | the local over-limit cache |
 //! | `connection.rs` | fred's pool and its settings, TLS, connection error logs |
 //! | `health.rs` | each node up or down |
