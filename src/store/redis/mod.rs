@@ -9,7 +9,7 @@
 //! | `refund.rs` | giving quota back to Redis in the background |
 //! | `slots.rs` | concurrency slots held here: renewed while their requests run, given back when they end |
 //! | `probe.rs` | the probe that takes a node back, and the survey of every node |
-//! | `shared.rs` | what the request path and the store's tasks share ([`Shared`](shared::Shared)), whose methods the files above write |
+//! | `shared.rs` | what the request path and the store's tasks share ([`Shared`]), whose methods the files above write |
 //! | `queues.rs` | the queues of checks waiting for a call, per node and algorithm |
 //! | `registry.rs` | the concurrency slots held here, by request id |
 //! | `lease/` | quota leased to this instance |
