@@ -370,7 +370,7 @@ struct Held {
 }
 
 /// Token-bucket leases (bucket.lua's escrow), driven as three instances
-/// would drive them (`lease.rs`): each spends its lease locally until it
+/// would drive them (`store/redis/lease/`): each spends its lease locally until it
 /// runs out or its slot ends, then asks the script, settling the lease it
 /// held in the same call, with escrow periods that differ between the
 /// instances (a `lease_lifetime` rolled out to some of them). Whatever the

@@ -176,7 +176,7 @@ impl Proxy {
 /// server's count of answered requests that long.
 fn tunnel_on(resp: &mut Response<UpstreamBody<RequestBody>>, client: OnUpgrade, held: Option<Held>) {
     let upstream = hyper::upgrade::on(&mut *resp);
-    let held = held.map(Arc::new);
+    let held = held.map(tunnel::Guard::new);
     let answered = resp.body_mut().take_answered().map(Arc::new);
     let websocket =
         resp.headers().get(http::header::UPGRADE).is_some_and(|p| p.as_bytes().eq_ignore_ascii_case(b"websocket"));

@@ -30,13 +30,13 @@ use std::time::{Duration, Instant};
 use fred::bytes_utils::Str;
 use fred::interfaces::ClusterInterface;
 use fred::types::Value;
-use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
-use super::Shared;
 use super::call::{self, Failure};
-use super::health::Node;
+use super::health::{Node, WHOLE_CLUSTER};
+use super::queues::{Queue, Waiting};
 use super::scripts::{self, Outcome, Reply};
+use super::shared::Shared;
 use crate::limiter::Algorithm;
 use crate::store::StoreError;
 
@@ -72,53 +72,6 @@ const SPACING: Duration = Duration::from_millis(1);
 const LAZY: Duration = Duration::from_millis(5);
 
 const ALGORITHMS: usize = scripts::ALGORITHMS;
-
-/// The queues of checks waiting for a call, per node and algorithm.
-pub(super) struct Batcher {
-    state: Mutex<State>,
-    clustered: bool,
-}
-
-struct State {
-    /// The node (an index of fred's primaries) owning each slot; empty for
-    /// a single server, or until the cluster's layout is known.
-    routes: Vec<u16>,
-    /// When `routes` was read; `None` asks for a fresh read.
-    routed_at: Option<Instant>,
-    /// The health of each node of `routes`, by index; the one node of a
-    /// single server, or the whole cluster until its layout is known.
-    nodes: Vec<Arc<Node>>,
-    /// `node * ALGORITHMS + algorithm`.
-    queues: Vec<Queue>,
-}
-
-#[derive(Default)]
-struct Queue {
-    waiting: Vec<Waiting>,
-    /// Tasks sending this queue's checks, a call each at a time.
-    senders: usize,
-    /// A timer will send the lazy checks waiting here if no call does.
-    timer: bool,
-    /// When this queue's last call left, if it carried more than one
-    /// check: the next call, even from a queue gone idle since, leaves no
-    /// sooner than [`SPACING`] after it (see `send_queue`).
-    shared_at: Option<Instant>,
-}
-
-/// A check waiting for its call.
-struct Waiting {
-    key: Str,
-    args: [Value; scripts::ARGS],
-    deadline: Instant,
-    reply: oneshot::Sender<Result<Reply, Failure>>,
-}
-
-impl Batcher {
-    pub fn new(clustered: bool, first: Arc<Node>) -> Batcher {
-        let state = State { routes: Vec::new(), routed_at: None, nodes: vec![first], queues: Vec::new() };
-        Batcher { state: Mutex::new(state), clustered }
-    }
-}
 
 impl Shared {
     /// Queues one check for the next call to its key's node, and answers
@@ -236,7 +189,7 @@ impl Shared {
             Some(node) => (index, node.clone()),
             // `nodes` starts with one and is only ever replaced by a
             // non-empty list; this is the same node, made again.
-            None => (0, self.health.node(super::health::WHOLE_CLUSTER, None)),
+            None => (0, self.health.node(WHOLE_CLUSTER, None)),
         }
     }
 

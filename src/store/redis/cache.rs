@@ -25,7 +25,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use super::nanos;
+use super::scripts::nanos;
 use crate::limiter::shards::Shards;
 use crate::limiter::{Limits, Verdict};
 

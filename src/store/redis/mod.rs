@@ -4,16 +4,23 @@
 //! | file | responsibility |
 //! |---|---|
 //! | `mod.rs` | [`RedisStore`]: start-up, the [`Store`] methods, shutdown |
-//! | `connection.rs` | fred's pool and its settings, TLS, connection error logs |
 //! | `check.rs` | one request's checks: cache, leases, script calls, refunds of a rejected request |
 //! | `batch.rs` | the checks of concurrent requests to one node, in one call |
+//! | `refund.rs` | giving quota back to Redis in the background |
+//! | `slots.rs` | concurrency slots held here: renewed while their requests run, given back when they end |
+//! | `probe.rs` | the probe that takes a node back, and the survey of every node |
+//! | `shared.rs` | what the request path and the store's tasks share ([`Shared`]), whose methods the files above write |
+//! | `queues.rs` | the queues of checks waiting for a call, per node and algorithm |
+//! | `registry.rs` | the concurrency slots held here, by request id |
+//! | `lease/` | quota leased to this instance |
+//! | `cache.rs` | the local over-limit cache |
+//! | `connection.rs` | fred's pool and its settings, TLS, connection error logs |
+//! | `health.rs` | each node up or down |
 //! | `call.rs` | one script call (a batch of checks) on the node owning its first key |
 //! | `scripts.rs` | the Lua scripts, their keys, arguments and replies |
-//! | `refund.rs` | giving quota back to Redis in the background |
-//! | `lease.rs` | quota leased to this instance |
-//! | `slots.rs` | concurrency slots held here: renewed while their requests run, given back when they end |
-//! | `cache.rs` | the local over-limit cache |
-//! | `health.rs` | each node up or down, and the probe that takes it back |
+//! | `ids.rs` | request ids, distinct across instances |
+//!
+//! Each file imports only from those below it in this table.
 //!
 //! # One check
 //!
@@ -97,16 +104,21 @@ mod call;
 mod check;
 mod connection;
 mod health;
+mod ids;
 mod lease;
+mod probe;
+mod queues;
 mod refund;
+mod registry;
 mod scripts;
+mod shared;
 mod slots;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fred::clients::{Client, Pool};
+use fred::clients::Client;
 use fred::interfaces::{ClientLike, EventInterface};
 use parking_lot::Mutex;
 use tokio::task::JoinHandle;
@@ -117,10 +129,11 @@ use crate::limiter::{Nanos, Verdict};
 use crate::obs::metrics::Metrics;
 use crate::store::{Answer, Check, MemoryStore, Mode, Store, StoreError, memory};
 
-use check::RequestIds;
 use connection::{START_WAIT, keep_connected, log_errors, redact};
-use scripts::Scripts;
+use ids::RequestIds;
 pub use scripts::{Outcome, Reply, fresh_bucket, parse_batch, redis_key, source as script_source, suffix};
+use scripts::{Scripts, nanos};
+use shared::Shared;
 pub use slots::Slots;
 
 /// How long shutdown waits for an unreachable Redis to take back the
@@ -146,26 +159,6 @@ impl Settler {
     pub fn settle_local(&self, check: &Check<'_>, delta: i64, since: Duration) {
         self.0.local.settle(check, delta, nanos(since));
     }
-}
-
-/// What the request path and the probe task share.
-struct Shared {
-    pool: Pool,
-    clustered: bool,
-    key_prefix: String,
-    timeout: Duration,
-    scripts: Scripts,
-    batcher: batch::Batcher,
-    cache: cache::OverLimitCache,
-    leases: lease::Leases,
-    /// Give-backs of leased units never sent, waiting for Redis to come
-    /// back (see `refund`).
-    backlog: Mutex<VecDeque<lease::Unused>>,
-    local: MemoryStore,
-    health: health::Health,
-    metrics: Arc<Metrics>,
-    ids: RequestIds,
-    slots: slots::Registry,
 }
 
 impl RedisStore {
@@ -202,7 +195,7 @@ impl RedisStore {
             key_prefix: config.key_prefix.clone(),
             timeout,
             scripts: Scripts::new(clustered),
-            batcher: batch::Batcher::new(clustered, first.clone()),
+            batcher: queues::Batcher::new(clustered, first.clone()),
             cache: cache::OverLimitCache::new(),
             leases: lease::Leases::new(config.lease_percent, config.lease_idle, config.lease_lifetime),
             backlog: Mutex::new(VecDeque::new()),
@@ -210,7 +203,7 @@ impl RedisStore {
             health,
             metrics,
             ids: RequestIds::new(),
-            slots: slots::Registry::new(),
+            slots: registry::Registry::new(),
         });
 
         let ready = tokio::time::timeout(START_WAIT, shared.pool.wait_for_connect()).await;
@@ -378,8 +371,4 @@ impl Store for RedisStore {
     fn set_idle_horizon(&self, horizon: Nanos) {
         self.shared.local.set_idle_horizon(horizon);
     }
-}
-
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }

@@ -9,7 +9,8 @@ use fred::interfaces::ClientLike;
 use fred::types::Value;
 
 use super::scripts::{self, LeaseArgs, Reply, ScriptMode};
-use super::{Shared, call, lease};
+use super::shared::Shared;
+use super::{call, lease};
 use crate::limiter::Algorithm;
 use crate::store::Check;
 
@@ -44,7 +45,7 @@ impl Shared {
     /// server. Never through a lease: a settled check takes none. A call
     /// that fails is not retried (it may have run): the reservation stands.
     pub(super) fn settle(self: &Arc<Self>, check: &Check<'_>, delta: i64, since: Duration) {
-        let delta = crate::limiter::refundable(&check.limits, check.cost, delta, super::nanos(since));
+        let delta = crate::limiter::refundable(&check.limits, check.cost, delta, super::scripts::nanos(since));
         if delta == 0 || !crate::limiter::settles(check.limits.algorithm) {
             return;
         }

@@ -304,7 +304,7 @@ const UNDO_ID: usize = 32;
 fn undo_id() -> [u8; UNDO_ID] {
     use std::sync::LazyLock;
     use std::sync::atomic::{AtomicU64, Ordering};
-    static PREFIX: LazyLock<u64> = LazyLock::new(super::check::random_u64);
+    static PREFIX: LazyLock<u64> = LazyLock::new(super::ids::random_u64);
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let text = format!("{:016x}{:016x}", *PREFIX, NEXT.fetch_add(1, Ordering::Relaxed));
     // Two u64 in 16 hex digits each: always 32 bytes.
@@ -456,6 +456,11 @@ fn reply(n: [i64; STRIDE]) -> Reply {
         lease_ttl: ns(n[7]),
         fresh: false,
     }
+}
+
+/// A duration in the whole nanoseconds verdicts and replies count in.
+pub(super) fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

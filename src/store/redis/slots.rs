@@ -3,7 +3,7 @@
 //!
 //! A slot is a member of its key's sorted set scored by when it expires
 //! (see `concurrency.lua`). Every slot this instance holds is in its
-//! [`Registry`]; one task ([`Shared::slots_loop`]) renews those due (a
+//! [`Registry`](super::registry::Registry); one task ([`Shared::slots_loop`]) renews those due (a
 //! third of their TTL after they were taken or last renewed, and at every
 //! tick after a renewal that failed) and gives back those whose requests
 //! ended. Both go through the [`batch`](super::batch)
@@ -17,16 +17,13 @@
 //! what happens to every slot of an instance that dies. No slot is ever
 //! leased: each acquire asks Redis.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
-use tokio::sync::Notify;
-
-use super::Shared;
+use super::registry::Release;
 use super::scripts::{self, LeaseArgs, ScriptMode};
-use crate::limiter::{Algorithm, Limits};
+use super::shared::Shared;
+use crate::limiter::Algorithm;
 use crate::store::memory;
 
 /// How often the task looks for slots due for renewal, and tries again
@@ -34,87 +31,6 @@ use crate::store::memory;
 /// validation), so a slot is renewed at most TTL / 3 + this after its last
 /// renewal while its node answers.
 const TICK: Duration = Duration::from_millis(250);
-
-/// The slots this instance holds, and those waiting to be given back.
-pub(super) struct Registry {
-    held: Mutex<HashMap<String, Held>>,
-    releasing: Mutex<Vec<Release>>,
-    wake: Notify,
-}
-
-/// One slot held: its key, its rule's limits (the TTL is the window), and
-/// when it was last taken or renewed.
-struct Held {
-    key: String,
-    limits: Limits,
-    renewed: Instant,
-}
-
-/// A slot to give back: key, limits and id.
-type Release = (String, Limits, String);
-
-impl Registry {
-    pub(super) fn new() -> Registry {
-        Registry { held: Mutex::new(HashMap::new()), releasing: Mutex::new(Vec::new()), wake: Notify::new() }
-    }
-
-    /// Records a slot Redis just gave this instance (taken at `at`).
-    pub(super) fn hold(&self, id: String, key: String, limits: Limits, at: Instant) {
-        self.held.lock().insert(id, Held { key, limits, renewed: at });
-    }
-
-    /// How many slots are held.
-    pub(super) fn len(&self) -> usize {
-        self.held.lock().len()
-    }
-
-    /// Stops renewing `ids` and queues them to be given back.
-    fn release(&self, ids: Vec<String>) {
-        let released: Vec<Release> = {
-            let mut held = self.held.lock();
-            ids.into_iter().filter_map(|id| held.remove(&id).map(|h| (h.key, h.limits, id))).collect()
-        };
-        if !released.is_empty() {
-            self.releasing.lock().extend(released);
-            self.wake.notify_one();
-        }
-    }
-
-    /// The slots due for renewal at `now`, marked renewed, each with when
-    /// it was renewed before (see [`Registry::retry`]).
-    fn due(&self, now: Instant) -> Vec<(Release, Instant)> {
-        let mut held = self.held.lock();
-        held.iter_mut()
-            .filter(|(_, h)| now.saturating_duration_since(h.renewed) >= renew_after(&h.limits))
-            .map(|(id, h)| {
-                let before = std::mem::replace(&mut h.renewed, now);
-                ((h.key.clone(), h.limits, id.clone()), before)
-            })
-            .collect()
-    }
-
-    /// A renewal of `id` failed or was not sent: it is due again at once,
-    /// so the next tick tries again. Marked renewed until then, a slot
-    /// whose renewal failed twice in a row would have expired.
-    fn retry(&self, id: &str, before: Instant) {
-        if let Some(h) = self.held.lock().get_mut(id) {
-            h.renewed = before;
-        }
-    }
-
-    /// Everything held or waiting to be given back (at shutdown).
-    fn drain(&self) -> Vec<Release> {
-        let mut out: Vec<Release> = self.held.lock().drain().map(|(id, h)| (h.key, h.limits, id)).collect();
-        out.append(&mut self.releasing.lock());
-        out
-    }
-}
-
-/// A third of the slot TTL: two renewals can be missed before a live
-/// request's slot expires.
-fn renew_after(limits: &Limits) -> Duration {
-    Duration::from_nanos(limits.window / 3)
-}
 
 /// Concurrency slots a request holds through the Redis store (and, for
 /// rules decided by the `local` fallback, in its memory): given back when
@@ -146,9 +62,9 @@ impl Shared {
                     let due = self.slots.due(Instant::now());
                     self.renew(due).await;
                 }
-                () = self.slots.wake.notified() => {}
+                () = self.slots.woken() => {}
             }
-            let released = std::mem::take(&mut *self.slots.releasing.lock());
+            let released = self.slots.released();
             self.give_back_slots(released).await;
             self.metrics.concurrency_slots_held.set(self.slots.len() as i64);
         }

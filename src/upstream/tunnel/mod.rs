@@ -110,16 +110,30 @@ pub struct Pending {
     pub client: OnUpgrade,
     pub upstream: OnUpgrade,
     /// The request's concurrency slots: a tunnel is one request in flight
-    /// until it closes, and holds them that long. Shared only because
-    /// response extensions must be `Clone`; the slots go back when the
-    /// last holder (the tunnel) is dropped.
-    pub held: Option<Arc<crate::store::Held>>,
+    /// until it closes, and holds them that long.
+    pub held: Option<Guard>,
     /// The upstream server's count of answered requests, added to when
     /// the tunnel closes: a tunnel is in flight on its server until then.
     pub answered: Option<Arc<crate::upstream::pool::Answered>>,
     /// The upstream switched to `websocket`: the tunnel carries WebSocket
     /// frames, and is closed at shutdown with a close frame.
     pub websocket: bool,
+}
+
+/// Whatever a tunnel keeps until it ends, then drops: the request's
+/// concurrency slots, which the proxy hands over without upstream knowing
+/// what they are (the store is a layer above). Shared only because
+/// response extensions must be `Clone`; what it keeps is dropped with the
+/// last clone (the tunnel's).
+#[derive(Clone)]
+pub struct Guard {
+    _keep: Arc<dyn Send + Sync>,
+}
+
+impl Guard {
+    pub fn new(keep: impl Send + Sync + 'static) -> Guard {
+        Guard { _keep: Arc::new(keep) }
+    }
 }
 
 /// What every tunnel of a server shares.

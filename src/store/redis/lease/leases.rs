@@ -1,234 +1,40 @@
-//! Leased quota: units a script took from a key ahead of need, for this
-//! instance to spend without a round trip.
-//!
-//! A busy key costs one script call per request otherwise, and every call is
-//! work for a Redis that all instances share. With a lease, the call that
-//! admits a request also takes up to `lease_percent` of the key's capacity
-//! for this instance; the requests that follow spend it here, and Redis
-//! hears from this instance again when the lease runs low: a renewal ahead
-//! ([`Ahead`]) tops it up in the background, so that a key in steady use
-//! never makes a request wait for Redis.
-//!
-//! What it keeps and what it gives up:
-//!
-//! - **Never more than the limit.** Leased units are counted in Redis when
-//!   they are taken, and spent only while that count still stands: a window
-//!   lease ends with the window it was counted in (a fixed window's count,
-//!   or a sliding counter's current window, which only weighs less as it
-//!   slides out). A token bucket's lease sits in an escrow slot beside the
-//!   level (see `bucket.lua`), which does not refill: it stays valid until
-//!   its slot ends, between one and two `lease_lifetime`s after the grant
-//!   (counted here from when the call was sent, so it ends here first), and
-//!   is settled with the call that asks for the next one, or given back.
-//! - **Exact near the limit.** A script grants a lease only when at least as
-//!   much again stays in Redis (`lease` in prelude.lua), so the last units of
-//!   a key are decided one request at a time. What an instance
-//!   can hold back from the others is one lease per key, and only for keys
-//!   it is using: a lease left idle for `lease_idle` is given back (a refund
-//!   script call), and so is every lease on shutdown.
-//! - **From the first request, given back only if used.** A client's
-//!   first request already takes a lease, so its next ones (a page and its
-//!   assets, a retry loop) are answered here. A lease never spent before it
-//!   goes idle is not given back: a scan of one-off clients then costs one
-//!   call per client, as without leases, and what each leaves counted is a
-//!   lease of a key nobody else is using, which ends with its window or its
-//!   escrow slot. One lease request per key is in flight at a time.
-//! - **Sized by use where a share of the capacity is too small.** A key
-//!   whose `lease_percent` share is under two units (every key under 200 at
-//!   the default 1%) is leased twice what this instance asked of it in the
-//!   last [`HORIZON`] (when that is two units or more) for a window, and
-//!   up to four times that for a token bucket (as many horizons as one
-//!   `lease_lifetime` holds, between [`BY_USE_SPAN`] and
-//!   [`BY_USE_SPAN_BUCKET`]: its escrow slot outlives a lifetime, while a
-//!   window's lease ends with its window), at most
-//!   a tenth of its capacity ([`BY_USE_SHARE`]), once the instance has seen
-//!   it for [`YOUTH`] (half a horizon): a key far below its limit then costs a round
-//!   trip every few seconds instead of one per request (a lease of
-//!   twice a second's use made fewer calls than one of a second's on
-//!   edge-bench `spread`: single Redis 4.1 against 4.6 µs of Redis CPU per
-//!   request, cluster 7.0 against 9.1; a bucket's lease of four seconds'
-//!   use against two: 0.16 against 0.25 calls per request, Redis 4.6
-//!   against 5.8 µs on one server), while a key seen
-//!   only in a burst (a crowd arriving at once) is still decided request by
-//!   request. The rule that half the room stays in Redis keeps the last
-//!   units exact. What an instance can hold back of such a key is one lease
-//!   of at most a tenth of its capacity, which it spends in two to four
-//!   seconds at the rate it used the key in the last one: other instances may be refused
-//!   while it holds it, by at most that tenth per instance, until it is
-//!   spent, settled, or given back idle.
-//! - **Renewed ahead, never more than one lease held.** A take that leaves
-//!   a lease at what the key spends here in [`LEAD`] (25 ms), at most an
-//!   eighth of its size, sends a renewal that no request waits for (a key
-//!   used a few times a second renews as it spends its last unit): a consume of nothing asking for the size less what
-//!   is held, in the next call to the key's node (a lazy check, see
-//!   `batch`). A token bucket's renewal settles the lease and carries its
-//!   unspent units into the new grant's slot (`bucket.lua`), where they
-//!   stay counted while this instance goes on spending them. The script
-//!   grants it only where a whole lease of that size would be granted
-//!   (counting what is held), so renewals stop as far from the limit as
-//!   leases do. A renewal that fails leaves a bucket's lease unsettled
-//!   until its slot ends (whether the settle ran is not known; either way
-//!   its units stay counted until then).
-//! - **Not for every algorithm.** The leaky bucket decides each request's
-//!   delay from the queue ahead of it, and the sliding log stamps each entry
-//!   with its own time (an entry stamped early would leave the window
-//!   early), so both ask Redis for every request.
-//!
-//! Headers served from a lease show what Redis had left at the grant plus
-//! the units still held here: an estimate, since other instances spend too.
+//! The leases this instance holds, one entry per key it uses: taken from
+//! by requests, granted and renewed by script calls, given back, swept.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::nanos;
-use super::scripts::{LeaseArgs, Reply, Settle};
+use super::ahead::{self, Ahead};
+use super::entry::{Lease, Unused};
+use super::size::Sizing;
 use crate::limiter::shards::Shards;
 use crate::limiter::{Algorithm, Limits, Verdict};
+use crate::store::redis::scripts::{LeaseArgs, Reply, Settle, nanos};
 
 const SHARDS: usize = 64;
 /// Keys tracked per shard at most: 128k in all, at roughly 220 bytes each
 /// (the key, the lease, the table's slack), so under 30 MB. Past it, new
 /// keys are simply not leased until idle ones are dropped.
 const MAX_PER_SHARD: usize = 2_000;
-/// Cluster hash slots: a key's slot gives its escrow phase.
-const SLOTS: u64 = 16_384;
-/// How far back a key's use here is measured to size a lease by use
-/// (shorter if `lease_lifetime` is).
-const HORIZON: Duration = Duration::from_secs(1);
-/// How long this instance must have seen a key before leasing it by use
-/// (at most a horizon): a crowd arriving at once is decided request by
-/// request, since it is over well before. Half a horizon rather than a
-/// whole one, because until then every request of a new client costs a
-/// round trip: on edge-bench `spread` against a cluster, whose 10,000 keys
-/// are all new in the first seconds, the defaults sent 0.17 to 0.18 checks
-/// per request with a whole horizon and 0.11 to 0.13 with half.
-const YOUTH: Duration = Duration::from_millis(500);
-/// A lease sized by use is what the last horizon asked, this many times:
-/// it lasts this many horizons at the rate it was sized by.
-const BY_USE_SPAN: u64 = 2;
-/// A token bucket's lease by use covers as many horizons as one
-/// `lease_lifetime` holds (its escrow slot lives one to two), at least
-/// [`BY_USE_SPAN`] and at most this many: fewer calls for keys far below
-/// their limit, and never more held back than [`BY_USE_SHARE`] allows.
-const BY_USE_SPAN_BUCKET: u64 = 4;
-/// A lease sized by use takes at most this fraction of the key's capacity.
-const BY_USE_SHARE: u64 = 10;
 
 /// The leases this instance holds.
-pub(super) struct Leases {
+pub struct Leases {
     shards: Shards<HashMap<String, Lease>>,
-    percent: u64,
+    sizing: Sizing,
     idle: Duration,
-    /// A token-bucket escrow slot's period, in µs (`lease_lifetime`).
-    period_us: u64,
-    /// [`HORIZON`], or `lease_lifetime` when that is shorter.
-    horizon: Duration,
-    /// [`YOUTH`], or the horizon when that is shorter.
-    youth: Duration,
-    /// How many horizons of use a token bucket's lease by use covers.
-    bucket_span: u64,
     /// Set by [`drain`](Leases::drain): no new leases, and grants that
     /// arrive later are given straight back.
     closing: AtomicBool,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Lease {
-    limits: Limits,
-    /// Units held here, counted in Redis and not spent yet.
-    units: u64,
-    /// A token bucket's: the units granted into its escrow slot and not
-    /// settled yet, spent or not (what a settle quotes).
-    taken: u64,
-    /// The window they were counted in, or a token bucket's escrow slot
-    /// (what a refund or a settle quotes).
-    token: i64,
-    /// When they stop being valid (the end of their window or escrow
-    /// slot), if ever.
-    expires_at: Option<Instant>,
-    last_used: Instant,
-    /// What Redis had left after the grant, and when the key would be full
-    /// again: for the headers of requests served here.
-    remaining: u64,
-    reset_at: Instant,
-    /// A lease request for this key is in flight until then.
-    asking_until: Option<Instant>,
-    /// Whether a request spent some of it since it was granted.
-    used: bool,
-    /// Units requests asked of this key here since `since` (the start of
-    /// the current horizon), served from the lease or not, and in the
-    /// horizon before: its rate here, which sizes a lease by use.
-    seen: u64,
-    before: u64,
-    since: Instant,
-    /// When this instance began tracking the key.
-    born: Instant,
-}
-
-impl Lease {
-    fn is_bucket(&self) -> bool {
-        self.limits.algorithm == Algorithm::TokenBucket
-    }
-
-    fn expired(&self, now: Instant) -> bool {
-        self.expires_at.is_some_and(|t| t <= now)
-    }
-
-    /// Drops the lease itself (given back or ended), keeping the key's
-    /// history.
-    fn end(&mut self) {
-        (self.units, self.taken, self.token, self.expires_at, self.used) = (0, 0, 0, None, false);
-    }
-
-    /// What giving this lease back at `now` returns: a window's unspent
-    /// units, or a token bucket's settle (nothing once its slot has ended,
-    /// which counted all of it already).
-    fn unused(&self, key: &str, now: Instant) -> Option<Unused> {
-        let unused = Unused {
-            key: key.to_string(),
-            limits: self.limits,
-            units: self.units,
-            taken: self.taken,
-            token: self.token,
-            expires_at: self.expires_at,
-        };
-        unused.worth_sending(now).then_some(unused)
-    }
-}
-
-/// A lease spent down to an [`AHEAD`]th of its size (or [`LEAD`]'s worth)
-/// is renewed ahead:
-/// the next requests need not wait for a round trip, and the renewal,
-/// which no request waits for, goes in whatever call to its node leaves
-/// next (see `batch`).
-const AHEAD: u64 = 8;
-/// ... or when what is left would last less than this at the key's rate
-/// here, if that is less: how long a renewal may take to come back (a lazy
-/// check's wait, a round trip under load).
-const LEAD: Duration = Duration::from_millis(25);
-
 /// What [`Leases::take`] spent, and the renewal it made due.
-pub(super) struct Taken {
+pub struct Taken {
     pub verdict: Verdict,
     pub ahead: Option<Ahead>,
     /// The lease spent from (its window, or a bucket's escrow slot): a
     /// [`give_back`](Leases::give_back) returns the units to it only.
     pub token: i64,
-}
-
-/// A renewal ahead: a consume of nothing that tops the lease up to its
-/// size, settling a token bucket's lease with its unspent units carried
-/// into the new grant's slot (`bucket.lua`), which the holder goes on
-/// spending meanwhile.
-#[derive(Debug)]
-pub(super) struct Ahead {
-    pub key: String,
-    pub limits: Limits,
-    pub args: LeaseArgs,
-    /// The lease's slot (a window's start) when it was sent: the lease
-    /// renewed, unless it has ended or been replaced since.
-    token: i64,
 }
 
 /// What a sweep does with a key's entry.
@@ -244,120 +50,18 @@ enum Fate {
     },
 }
 
-/// Units to give back to Redis: a lease nobody here uses any more.
-#[derive(Debug)]
-pub(super) struct Unused {
-    pub key: String,
-    pub limits: Limits,
-    /// Units held and not spent.
-    pub units: u64,
-    /// A token bucket's units granted into its slot (see [`Lease::taken`]).
-    pub taken: u64,
-    pub token: i64,
-    /// A token bucket's slot end, as estimated here.
-    pub expires_at: Option<Instant>,
-}
-
-impl Unused {
-    pub fn is_bucket(&self) -> bool {
-        self.limits.algorithm == Algorithm::TokenBucket
-    }
-
-    /// Whether a give-back at `now` still changes anything in Redis: a
-    /// window's units, or a bucket's slot before it ends.
-    pub fn worth_sending(&self, now: Instant) -> bool {
-        if self.is_bucket() { self.taken > 0 && self.expires_at.is_none_or(|t| t > now) } else { self.units > 0 }
-    }
-
-    /// The settle a token bucket's give-back sends.
-    pub fn settle(&self) -> Option<Settle> {
-        self.is_bucket().then_some(Settle {
-            slot: self.token,
-            taken: self.taken,
-            unspent: self.units.min(self.taken),
-            carry: false,
-        })
-    }
-}
-
 impl Leases {
     pub fn new(percent: u8, idle: Duration, lifetime: Duration) -> Leases {
-        let horizon = HORIZON.min(lifetime).max(Duration::from_millis(1));
         Leases {
             shards: Shards::new(SHARDS, HashMap::new),
-            percent: u64::from(percent),
+            sizing: Sizing::new(percent, lifetime),
             idle,
-            period_us: u64::try_from(lifetime.as_micros()).unwrap_or(u64::MAX).max(1),
-            horizon,
-            youth: YOUTH.min(horizon),
-            bucket_span: u64::try_from(lifetime.as_nanos() / horizon.as_nanos())
-                .unwrap_or(u64::MAX)
-                .clamp(BY_USE_SPAN, BY_USE_SPAN_BUCKET),
             closing: AtomicBool::new(false),
         }
     }
 
     pub fn enabled(&self) -> bool {
-        self.percent > 0
-    }
-
-    /// Whether `limits` can be leased at all (see the module notes).
-    fn leasable(limits: &Limits) -> bool {
-        matches!(limits.algorithm, Algorithm::TokenBucket | Algorithm::FixedWindow | Algorithm::SlidingWindowCounter)
-    }
-
-    /// The `lease_percent` share of the capacity, or 0 when under two units.
-    fn share(&self, limits: &Limits) -> u64 {
-        let size = limits.capacity().saturating_mul(self.percent) / 100;
-        if size < 2 { 0 } else { size }
-    }
-
-    /// The lease `lease`'s key has earned by use here at `now` (see the
-    /// module notes): twice the units asked in the last horizon (a sliding
-    /// estimate over this horizon and the one before), a token bucket's up
-    /// to four times, at most a tenth of
-    /// the capacity; none when that use is under two units, nor until the
-    /// key has been seen for [`YOUTH`].
-    fn by_use(&self, lease: &mut Lease, limits: &Limits, now: Instant) -> u64 {
-        self.roll(lease, now);
-        if now.saturating_duration_since(lease.born) < self.youth {
-            return 0;
-        }
-        let rate = self.rate(lease, now);
-        let span = if limits.algorithm == Algorithm::TokenBucket { self.bucket_span } else { BY_USE_SPAN };
-        let size = rate.saturating_mul(span).min(limits.capacity() / BY_USE_SHARE);
-        if rate < 2 || size < 2 { 0 } else { size }
-    }
-
-    /// The units asked of `lease`'s key here over the last horizon: a
-    /// sliding estimate over this horizon and the one before (`roll` first).
-    fn rate(&self, lease: &Lease, now: Instant) -> u64 {
-        let horizon = self.horizon.as_nanos();
-        let into = now.saturating_duration_since(lease.since).as_nanos().min(horizon);
-        let before = u128::from(lease.before) * (horizon - into) / horizon;
-        u64::try_from(before).unwrap_or(u64::MAX).saturating_add(lease.seen)
-    }
-
-    /// Moves `lease`'s use count on to the horizon `now` falls in.
-    fn roll(&self, lease: &mut Lease, now: Instant) {
-        let elapsed = now.saturating_duration_since(lease.since);
-        if elapsed >= 2 * self.horizon {
-            (lease.before, lease.seen, lease.since) = (0, 0, now);
-        } else if elapsed >= self.horizon {
-            (lease.before, lease.seen, lease.since) = (lease.seen, 0, lease.since + self.horizon);
-        }
-    }
-
-    /// A token bucket's escrow period and the phase its slots end on for
-    /// `key`: from the key's cluster slot, so every instance agrees on it
-    /// and the slots of different keys do not all end at once.
-    fn escrow(&self, key: &str, limits: &Limits) -> (u64, u64) {
-        if limits.algorithm != Algorithm::TokenBucket {
-            return (0, 0);
-        }
-        let slot = u64::from(fred::util::redis_keyslot(key.as_bytes()));
-        let phase = u128::from(slot) * u128::from(self.period_us) / u128::from(SLOTS);
-        (self.period_us, u64::try_from(phase).unwrap_or(0))
+        self.sizing.enabled()
     }
 
     /// Spends `cost` units of a valid lease on `key`, if one holds enough;
@@ -367,7 +71,7 @@ impl Leases {
     pub fn take(&self, key: &str, limits: &Limits, cost: u64, now: Instant, timeout: Duration) -> Option<Taken> {
         let mut shard = self.shards.lock_key(key);
         let lease = shard.get_mut(key)?;
-        self.roll(lease, now);
+        self.sizing.roll(lease, now);
         lease.seen = lease.seen.saturating_add(cost);
         if lease.limits != *limits || lease.units < cost.max(1) || lease.expired(now) {
             return None;
@@ -384,64 +88,13 @@ impl Leases {
             fallback: false,
         };
         let token = lease.token;
-        let ahead = self.ahead(lease, key, limits, now, timeout);
+        // No renewal after the drain.
+        let ahead = if self.closing.load(Ordering::Relaxed) {
+            None
+        } else {
+            ahead::due(&self.sizing, lease, key, limits, now, timeout)
+        };
         Some(Taken { verdict, ahead, token })
-    }
-
-    /// The renewal `lease` is due once a take leaves it at what the key
-    /// spends here in [`LEAD`], at most an eighth of its size: a top-up to its size (granted only where a whole
-    /// lease of that size would be: `lease` in prelude.lua), with a token bucket's
-    /// lease settled and its units carried into the new slot. None while a
-    /// lease request is in flight, after the drain, for a key no longer
-    /// worth a lease, or for a bucket lease whose settle is not known
-    /// (after a failed call: it ends with its slot, and the request that
-    /// finds it spent asks again).
-    fn ahead(&self, lease: &mut Lease, key: &str, limits: &Limits, now: Instant, timeout: Duration) -> Option<Ahead> {
-        if self.closing.load(Ordering::Relaxed) || lease.asking_until.is_some_and(|t| t > now) {
-            return None;
-        }
-        let share = self.share(limits);
-        let size = if share > 0 { share } else { self.by_use(lease, limits, now) };
-        // What the key spends here while a renewal is out, at most an eighth
-        // of the lease: a key used a few times a second renews as it spends
-        // its last unit, a whole lease per call.
-        if size == 0 || lease.units > size / AHEAD {
-            return None;
-        }
-        let lead = u128::from(self.rate(lease, now)) * LEAD.as_nanos() / self.horizon.as_nanos();
-        if u128::from(lease.units) > lead {
-            return None;
-        }
-        let bucket = lease.is_bucket();
-        if bucket && lease.taken == 0 {
-            return None;
-        }
-        let (period_us, phase_us) = self.escrow(key, limits);
-        let settle = bucket.then_some(Settle {
-            slot: lease.token,
-            taken: lease.taken,
-            unspent: lease.units.min(lease.taken),
-            carry: true,
-        });
-        lease.asking_until = Some(now + timeout);
-        if bucket {
-            // Settled by this renewal, if it runs: nothing else may settle
-            // it meanwhile (a sweep, the drain), or the slot would give up
-            // its units twice. Its units stay spendable until it ends.
-            lease.taken = 0;
-        }
-        Some(Ahead {
-            key: key.to_string(),
-            limits: *limits,
-            args: LeaseArgs {
-                want: size - lease.units.min(size),
-                period_us,
-                phase_us,
-                settle,
-                held: if bucket { 0 } else { lease.units },
-            },
-            token: lease.token,
-        })
     }
 
     /// Records the outcome of a renewal ahead. A window's grant is recorded
@@ -543,11 +196,11 @@ impl Leases {
     /// When it asks for units, the caller must report the call's outcome to
     /// [`granted`](Self::granted) or [`failed`](Self::failed).
     pub fn want(&self, key: &str, limits: &Limits, cost: u64, now: Instant, timeout: Duration) -> LeaseArgs {
-        if !Self::leasable(limits) || self.closing.load(Ordering::Relaxed) {
+        if !Sizing::leasable(limits) || self.closing.load(Ordering::Relaxed) {
             return LeaseArgs::default();
         }
-        let share = self.share(limits);
-        let (period_us, phase_us) = self.escrow(key, limits);
+        let share = self.sizing.share(limits);
+        let (period_us, phase_us) = self.sizing.escrow(key, limits);
         let mut shard = self.shards.lock_key(key);
         if let Some(lease) = shard.get_mut(key) {
             // In use, leased or not: its history is kept.
@@ -557,7 +210,7 @@ impl Leases {
             }
             // A key big enough for a share keeps it, so that what any
             // instance holds of it stays that share.
-            let size = if share > 0 { share } else { self.by_use(lease, limits, now) };
+            let size = if share > 0 { share } else { self.sizing.by_use(lease, limits, now) };
             if size < cost.max(1) {
                 return LeaseArgs::default();
             }
