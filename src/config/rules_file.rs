@@ -8,13 +8,16 @@ use std::time::Duration;
 use http::{HeaderName, Method};
 use toml::Spanned;
 
+use super::envoy::EnvoyMapping;
+use super::error::{ConfigError, ConfigErrors, line_col};
+use super::main_file::Config;
 use super::overrides::Base;
-use super::raw::{RawRule, RawRulesFile};
+use super::raw::{RawEnvoy, RawMatch, RawRule, RawRulesFile};
 use super::spec::{
     CalendarSpec, ClientSet, Cost, DEFAULT_MAX_COST, DEFAULT_SLOT_TTL, DenySpec, KeyPart, MAX_COUNT, MAX_SLOT_TTL,
-    MIN_SLOT_TTL, MatchSpec, PathPattern, RuleSpec, Throttle,
+    MIN_SLOT_TTL, MatchSpec, PathPattern, RuleSpec, Throttle, TierSource,
 };
-use super::{Config, ConfigError, ConfigErrors, Validator};
+use super::validate::{Validator, canonical_host, parse_net};
 use crate::limiter::Algorithm;
 
 /// Everything the rules path holds, validated.
@@ -25,7 +28,7 @@ pub struct LoadedRules {
     /// The files read, in order.
     pub files: Vec<PathBuf>,
     /// `[[envoy]]` entries, in file order.
-    pub envoy: Vec<super::EnvoyMapping>,
+    pub envoy: Vec<EnvoyMapping>,
 }
 
 /// One rules file, validated: each rule with the span of its name (for
@@ -35,7 +38,7 @@ pub struct RulesFile {
     pub rules: Vec<(RuleSpec, std::ops::Range<usize>)>,
     pub denies: Vec<DenySpec>,
     /// `[[envoy]]` entries, checked against the rules by [`load_rules`].
-    pub envoy: Vec<Spanned<super::raw::RawEnvoy>>,
+    pub envoy: Vec<Spanned<RawEnvoy>>,
 }
 
 /// The files a rules path stands for: itself, or the `*.toml` files in it
@@ -134,7 +137,7 @@ fn validate_rules_file(file: &Path, source: &str, config: &Config) -> (RulesFile
     let mut v = Validator { file, source, errors: Vec::new() };
     let mut denies = Vec::new();
     for d in raw.deny {
-        let line = super::line_col(source, d.span().start).0;
+        let line = line_col(source, d.span().start).0;
         let d = d.into_inner();
         let clients = v.clients(d.ips.as_deref(), d.users, d.api_keys);
         if clients.is_empty() {
@@ -144,7 +147,7 @@ fn validate_rules_file(file: &Path, source: &str, config: &Config) -> (RulesFile
     }
     let mut out: Vec<(RuleSpec, std::ops::Range<usize>)> = Vec::new();
     for r in raw.rule {
-        let line = super::line_col(source, r.span().start).0;
+        let line = line_col(source, r.span().start).0;
         let r = r.into_inner();
         let name_span = r.name.span();
         // Compared as validated: names are trimmed.
@@ -168,7 +171,7 @@ fn validate_rules_file(file: &Path, source: &str, config: &Config) -> (RulesFile
 /// remembering a token costs one more string, not a copy of its claims.
 fn claim_conflict<'a>(mut earlier: impl Iterator<Item = &'a RuleSpec>, rule: &RuleSpec) -> Option<String> {
     let claim = |s: &RuleSpec| match s.tiers.as_ref().map(|t| &t.source) {
-        Some(super::TierSource::Claim(c)) => Some(c.clone()),
+        Some(TierSource::Claim(c)) => Some(c.clone()),
         _ => None,
     };
     let mine = claim(rule)?;
@@ -192,7 +195,7 @@ impl Validator<'_> {
     ) -> ClientSet {
         let mut nets = Vec::new();
         for ip in ips.unwrap_or_default() {
-            match super::parse_net(ip.get_ref()) {
+            match parse_net(ip.get_ref()) {
                 Some(n) => nets.push(n),
                 None => self.error(
                     ip.span(),
@@ -537,7 +540,7 @@ impl Validator<'_> {
         Some(ttl)
     }
 
-    fn matcher(&mut self, m: super::raw::RawMatch, config: &Config) -> MatchSpec {
+    fn matcher(&mut self, m: RawMatch, config: &Config) -> MatchSpec {
         let mut spec = MatchSpec::default();
         for method in m.methods.iter().flatten() {
             match Method::from_bytes(method.get_ref().to_ascii_uppercase().as_bytes()) {
@@ -569,7 +572,7 @@ impl Validator<'_> {
                 }
             }
         }
-        spec.host = m.host.map(|h| super::canonical_host(&h));
+        spec.host = m.host.map(|h| canonical_host(&h));
         if let Some(route) = &m.route {
             if config.upstream_index(route.get_ref()).is_none()
                 && !config.routes.iter().any(|r| r.name == *route.get_ref())

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use rustls::pki_types::ServerName;
 
-use super::Validator;
 use super::pem::{self, PemError};
 use super::raw::RawUpstream;
+use super::validate::Validator;
 
 /// `protocol`: what is spoken to the servers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
