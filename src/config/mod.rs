@@ -23,6 +23,8 @@ mod overrides;
 pub mod pem;
 mod raw;
 mod routes;
+mod rule;
+mod rule_match;
 mod rules_file;
 mod spec;
 mod store;
