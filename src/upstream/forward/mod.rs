@@ -60,7 +60,7 @@ pub const UPSTREAM_READ_BUFFER: usize = 16 * 1024;
 ///
 /// It works on the head alone, leaving `down` as it was, so that a request
 /// sent again is prepared again from the client's head (see
-/// [`crate::upstream`]'s `Replay`).
+/// `Replay` in upstream/tries.rs).
 pub(crate) fn prepare(
     parts: &mut http::request::Parts,
     down: &Downstream<'_>,
