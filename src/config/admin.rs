@@ -1,8 +1,8 @@
 //! `[admin]`: what the admin listener offers beyond its fixed endpoints
 //! (its address is `[listen] admin`).
 
-use super::Validator;
 use super::raw::RawAdmin;
+use super::validate::Validator;
 
 /// `[admin]`, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]

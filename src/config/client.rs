@@ -2,10 +2,27 @@
 //! and API key headers) and `[client] jwt`.
 
 use http::HeaderName;
+use ipnet::IpNet;
 use toml::Spanned;
 
-use super::raw::RawClient;
-use super::{ClientConfig, Validator, parse_duration, parse_net, raw};
+use super::raw::{RawClient, RawJwt};
+use super::validate::{Validator, parse_duration, parse_net};
+
+/// `[client]`: how the client behind a request is identified.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Verified identity: when set, `user` keys come from a checked JWT and
+    /// the user header is ignored.
+    pub jwt: Option<crate::wire::identity::JwtConfig>,
+    pub trusted_proxies: Vec<IpNet>,
+    pub ipv6_prefix: u8,
+    pub user_header: HeaderName,
+    pub api_key_header: HeaderName,
+    /// Responses relayed from upstreams carry the request's `X-Request-Id`
+    /// (Envoy's `always_set_request_id_in_response`), so that a client
+    /// can quote the id the access log and the upstream saw.
+    pub request_id_in_response: bool,
+}
 
 impl Validator<'_> {
     /// `[client]`.
@@ -52,7 +69,7 @@ impl Validator<'_> {
 
     /// `[client] jwt`: reads the key file (relative to the config file) and
     /// checks that it can verify at least one configured algorithm.
-    fn jwt(&mut self, raw: &Spanned<raw::RawJwt>) -> Option<crate::wire::identity::JwtConfig> {
+    fn jwt(&mut self, raw: &Spanned<RawJwt>) -> Option<crate::wire::identity::JwtConfig> {
         use crate::wire::identity::{JwtConfig, JwtVerifier, KeySource};
         let j = raw.get_ref();
         let header = match &j.header {

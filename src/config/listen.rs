@@ -4,10 +4,75 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use super::pem::{Certificate, ClientAuth};
 use super::raw::RawListen;
-use super::{
-    DEFAULT_CONNECTION_BODY_BUFFER, Listen, MAX_BUFFER_BODY, Normalization, Validator, parse_duration, parse_size,
-};
+use super::routes::MAX_BUFFER_BODY;
+use super::validate::{Validator, parse_duration, parse_size};
+use crate::wire::normalize::Normalization;
+
+/// `[listen]`
+#[derive(Debug, Clone)]
+pub struct Listen {
+    pub proxy: SocketAddr,
+    pub admin: SocketAddr,
+    /// How long a client may take to send its request headers.
+    pub header_read_timeout: Duration,
+    /// How long an idle keep-alive connection stays open.
+    pub idle_timeout: Duration,
+    /// Connections served at once; further ones wait in the kernel backlog.
+    pub max_connections: usize,
+    /// How long shutdown waits for in-flight requests.
+    pub drain_timeout: Duration,
+    /// Largest request header section accepted (431 above it).
+    pub max_header_bytes: usize,
+    /// Longest request target (path and query) accepted (414 above it).
+    pub max_uri_bytes: usize,
+    /// Path, header-name and host normalisation.
+    pub normalization: Normalization,
+    /// Longest wait for the next piece of a request body (408 after it).
+    pub body_read_timeout: Duration,
+    /// The most request body bytes one client connection's requests hold
+    /// read ahead together (`buffer_body` is per request; an HTTP/2
+    /// connection carries many).
+    pub connection_body_buffer: u64,
+    /// A client that takes none of the response's bytes for this long is
+    /// disconnected.
+    pub send_timeout: Duration,
+    /// A WebSocket (or other upgraded) tunnel that moves no byte for this
+    /// long is closed.
+    pub tunnel_idle_timeout: Duration,
+    /// Requests one client connection may carry; its last is answered with
+    /// `Connection: close` (HTTP/1.1) or followed by a GOAWAY (HTTP/2).
+    pub max_requests_per_connection: usize,
+    /// How long one client connection may live before it is closed the
+    /// same graceful way; none when not set.
+    pub max_connection_age: Option<Duration>,
+    /// On SIGTERM, how long the listeners keep serving (with `/readyz`
+    /// answering 503) before they stop accepting and drain.
+    pub shutdown_delay: Duration,
+    /// `[[listen.tls]]`, read and checked: when not empty the proxy
+    /// listener speaks TLS only, and the first is the default certificate.
+    pub tls: Vec<Certificate>,
+    /// A plain-HTTP listener answering 308 to the `https://` URL.
+    pub http_redirect: Option<SocketAddr>,
+    /// The public HTTPS port the redirects name (left out when 443): the
+    /// proxy listener's own port is often not the one clients reach, behind
+    /// a load balancer or a port mapping.
+    pub redirect_port: u16,
+    /// `client_ca_file` and `client_auth`: client certificates asked for
+    /// in the TLS handshake; none when `client_ca_file` is not set.
+    pub client_auth: Option<ClientAuth>,
+    /// `[listen] decision`: the decision API's listener (`POST /v1/check`,
+    /// see [`crate::decision`]); none when not set.
+    pub decision: Option<SocketAddr>,
+    /// `[listen] envoy_rls`: Envoy's rate limit service over gRPC; none
+    /// when not set.
+    pub envoy_rls: Option<SocketAddr>,
+}
+
+/// `connection_body_buffer` when not set: four requests' default
+/// `buffer_body` at once.
+const DEFAULT_CONNECTION_BODY_BUFFER: u64 = 4 * 1024 * 1024;
 
 /// `max_requests_per_connection` when not set: nginx's
 /// `keepalive_requests` default since 1.19.10, high enough that no client

@@ -6,17 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
-use toml::Spanned;
-
-use super::Validator;
-
-/// `[log]` as serde reads it.
-#[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub struct RawLog {
-    pub access: Option<Spanned<String>>,
-}
+use super::raw::RawLog;
+use super::validate::Validator;
 
 /// `[log]`, validated.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

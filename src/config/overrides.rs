@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use http::HeaderName;
 use toml::Spanned;
 
-use super::Validator;
 use super::raw::RawOverride;
 use super::spec::{Cost, KeyPart, MAX_COUNT, OverrideSpec, TierSource, TiersSpec};
+use super::validate::Validator;
 use crate::limiter::Algorithm;
 
 /// What an override's or tier's limits are checked against: the rule's.
@@ -41,7 +41,7 @@ impl Validator<'_> {
     pub(super) fn overrides(&mut self, raw: Vec<Spanned<RawOverride>>, base: &Base<'_>) -> Vec<OverrideSpec> {
         let mut out: Vec<OverrideSpec> = Vec::new();
         for o in raw {
-            let line = super::line_col(self.source, o.span().start).0;
+            let line = super::error::line_col(self.source, o.span().start).0;
             let span = o.span();
             let o = o.into_inner();
             let Some(key) = &o.key else {

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::{Backend, EncodedSlashes, OnError};
+use super::spec::{InvalidToken, OnError, RuleMode};
+use crate::wire::normalize::EncodedSlashes;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -20,8 +21,15 @@ pub struct RawConfig {
     pub upstream: Vec<Spanned<RawUpstream>>,
     #[serde(default)]
     pub route: Vec<Spanned<RawRoute>>,
-    pub log: Option<super::log::RawLog>,
+    pub log: Option<RawLog>,
     pub admin: Option<RawAdmin>,
+}
+
+/// `[log]` as serde reads it.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawLog {
+    pub access: Option<Spanned<String>>,
 }
 
 /// `[admin]`: what the admin listener offers beyond its fixed endpoints.
@@ -73,6 +81,16 @@ pub struct RawTls {
 #[serde(deny_unknown_fields)]
 pub struct RawRules {
     pub path: Option<Spanned<String>>,
+}
+
+/// `[store] backend`: which store keeps the counters (read as it is:
+/// validation has nothing to add).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    #[default]
+    Memory,
+    Redis,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -228,7 +246,7 @@ pub struct RawRule {
     pub calendar: Option<Spanned<String>>,
     /// The IANA zone of `calendar`'s boundaries (default UTC).
     pub timezone: Option<Spanned<String>>,
-    pub mode: Option<super::RuleMode>,
+    pub mode: Option<RuleMode>,
     pub throttle: Option<Spanned<String>>,
     pub soft_percent: Option<Spanned<i64>>,
     pub elastic_percent: Option<Spanned<i64>>,
@@ -242,7 +260,7 @@ pub struct RawRule {
     pub quota_unit: Option<Spanned<String>>,
     pub on_error: Option<OnError>,
     pub exempt: Option<Spanned<RawClients>>,
-    pub on_invalid_token: Option<super::InvalidToken>,
+    pub on_invalid_token: Option<InvalidToken>,
     /// `[[rule.override]]`: limits of single keys.
     #[serde(rename = "override")]
     pub overrides: Option<Vec<Spanned<RawOverride>>>,

@@ -4,9 +4,30 @@
 use toml::Spanned;
 
 use super::raw::{RawRoute, RawUpstream};
-use super::{
-    DEFAULT_BUFFER_BODY, MAX_BUFFER_BODY, Normalization, Route, Upstream, Validator, canonical_host, parse_size,
-};
+use super::upstream::Upstream;
+use super::validate::{Validator, canonical_host, parse_size};
+use crate::wire::normalize::Normalization;
+
+/// `[[route]]`
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// Label in metrics: the `name` key, or the upstream's name.
+    pub name: String,
+    pub path_prefix: String,
+    pub host: Option<String>,
+    /// Index into [`super::Config::upstreams`].
+    pub upstream: usize,
+    /// Largest request body forwarded (413 above it); `None`: unlimited.
+    pub max_body: Option<u64>,
+    /// Bodies up to this size are read whole before the upstream is
+    /// contacted; larger ones stream (0: every body streams).
+    pub buffer_body: u64,
+}
+
+/// `buffer_body` when a route does not set it.
+const DEFAULT_BUFFER_BODY: u64 = 1024 * 1024;
+/// The largest `buffer_body`: each request in flight may hold this much.
+pub(super) const MAX_BUFFER_BODY: u64 = 64 * 1024 * 1024;
 
 impl Validator<'_> {
     /// Every `[[upstream]]` and every `[[route]]`.

@@ -8,8 +8,21 @@ use std::time::Duration;
 use http::{HeaderName, Method};
 use serde::Deserialize;
 
-use super::OnError;
 use crate::limiter::Algorithm;
+
+/// What a check does when the store cannot answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OnError {
+    /// Fail open: forward the request as if the rule allowed it.
+    #[default]
+    Allow,
+    /// Fail closed: answer 503 with Retry-After.
+    Deny,
+    /// Count in this process's memory with the same rules until the store
+    /// is back.
+    Local,
+}
 
 /// Whether a rule may reject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]

@@ -4,8 +4,48 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::raw::RawStore;
-use super::{Backend, StoreConfig, TlsClientFiles, Validator, machine};
+use super::machine;
+use super::raw::{Backend, RawStore};
+use super::spec::OnError;
+use super::validate::Validator;
+
+/// `[store]`
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    pub backend: Backend,
+    pub url: Option<String>,
+    pub timeout: Duration,
+    pub on_error: OnError,
+    pub pool_size: usize,
+    pub key_prefix: String,
+    /// Share of a key's capacity, in percent, that one instance may take
+    /// ahead in a round trip and spend locally (0: every check asks Redis).
+    pub lease_percent: u8,
+    /// How long leased quota nobody here uses is kept before it is given
+    /// back to Redis.
+    pub lease_idle: Duration,
+    /// How long a token-bucket lease lives: between this and twice this,
+    /// which bounds what a crashed instance's leases hold back.
+    pub lease_lifetime: Duration,
+    /// CA certificates (PEM) trusted for a `rediss://` store instead of the
+    /// system's roots: the file and its contents.
+    pub tls_ca: Option<(PathBuf, Vec<u8>)>,
+    /// A client certificate chain and its private key (PEM), for a Redis
+    /// that asks for one (`tls-auth-clients yes`).
+    pub tls_client: Option<TlsClientFiles>,
+    /// The most keys the memory store (or the Redis store's local state)
+    /// tracks; beyond it, the keys nearest to their full quota are forgotten.
+    pub max_keys: usize,
+}
+
+/// `[store] tls_cert_file` and `tls_key_file`, read.
+#[derive(Debug, Clone)]
+pub struct TlsClientFiles {
+    pub cert_path: PathBuf,
+    pub cert: Vec<u8>,
+    pub key_path: PathBuf,
+    pub key: Vec<u8>,
+}
 
 impl Validator<'_> {
     /// `[store]`.

@@ -2,8 +2,11 @@
 //! examples, every default, and every error with its exact
 //! file:line:column. No IO except temporary directories for rules paths.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use ipnet::IpNet;
 
 use super::*;
 use crate::limiter::Algorithm;

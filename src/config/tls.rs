@@ -6,9 +6,9 @@ use std::net::SocketAddr;
 
 use toml::Spanned;
 
-use super::Validator;
 use super::pem::{Certificate, ClientAuth};
 use super::raw::{RawListen, RawTls};
+use super::validate::Validator;
 
 /// The HTTPS port redirects name when `redirect_port` is not set.
 const DEFAULT_REDIRECT_PORT: u16 = 443;

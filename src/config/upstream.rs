@@ -7,9 +7,9 @@ use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderName, HeaderValue};
 use toml::Spanned;
 
-use super::Validator;
 use super::raw::{RawHealthCheck, RawUpstream};
-pub use super::upstream_tls::{Protocol, UpstreamTls};
+use super::upstream_tls::{Protocol, UpstreamTls};
+use super::validate::Validator;
 
 /// `[[upstream]]`
 #[derive(Debug, Clone)]

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::UpstreamClient;
+use super::client::UpstreamClient;
 use crate::config::MIN_RETRY_CONCURRENCY;
 
 /// The servers a request already went to (at most `retries + 1`).

@@ -8,7 +8,7 @@ use std::time::SystemTime;
 use http::Version;
 use http::header::HeaderValue;
 
-use super::Entry;
+use super::entry::Entry;
 
 /// Appends `e` as one JSON line.
 pub(super) fn render(e: &Entry, out: &mut Vec<u8>) {

@@ -31,8 +31,12 @@ use prometheus::IntCounter;
 
 use crate::config::AccessLogTarget;
 
+mod entry;
 mod line;
 mod writer;
+
+pub use entry::Entry;
+use entry::Message;
 use writer::Writer;
 
 /// Lines waiting for the writer at most. At 50 000 requests a second this
@@ -40,19 +44,9 @@ use writer::Writer;
 /// waiting line holds a few hundred bytes.
 pub const QUEUE: usize = 4096;
 
-/// The writer hands this much rendered text to the file at once, at most.
-const BATCH_BYTES: usize = 64 * 1024;
-
 /// The status logged for a request whose client went away before its
 /// response head was sent (nginx's 499, "client closed request").
 pub const CLIENT_GONE: u16 = 499;
-
-/// What the writer thread receives.
-enum Message {
-    Line(Box<Entry>),
-    /// Write out everything queued before this, then answer.
-    Flush(tokio::sync::oneshot::Sender<()>),
-}
 
 /// The request path's handle on the access log.
 pub struct AccessLog {
@@ -188,36 +182,6 @@ impl AccessLog {
         }
         let _ = tokio::time::timeout_at(deadline, rx).await;
     }
-}
-
-/// One request's line, as it is being filled in.
-pub struct Entry {
-    time: SystemTime,
-    started: Instant,
-    client: IpAddr,
-    method: Method,
-    uri: Uri,
-    status: u16,
-    /// Request body bytes read from the client so far, counted by the
-    /// forwarding side (see [`crate::upstream::forward::Downstream`]).
-    bytes_in: Option<Arc<AtomicU64>>,
-    bytes_out: u64,
-    duration: Duration,
-    upstream: Option<Authority>,
-    rule: Option<String>,
-    request_id: HeaderValue,
-    /// What the client sent: `None` when it sent none, or for a request
-    /// answered before hyper parsed it (over `max_connections`).
-    host: Option<HeaderValue>,
-    version: Option<Version>,
-    user_agent: Option<HeaderValue>,
-    referer: Option<HeaderValue>,
-    /// The upstream's status (`None`: it gave no response head) and the
-    /// time from sending the request to that head or to the failure;
-    /// `None` for a request never sent upstream.
-    upstream_answer: Option<(Option<u16>, Duration)>,
-    /// The connection's TLS version (`"TLSv1.3"`); `None` over plain TCP.
-    tls: Option<&'static str>,
 }
 
 /// A line not yet sent to the writer: sent when dropped, whether the

@@ -17,9 +17,12 @@ use std::sync::mpsc::Receiver;
 
 use prometheus::IntCounter;
 
+use super::entry::Message;
 use super::line::render;
-use super::{BATCH_BYTES, Message};
 use crate::config::AccessLogTarget;
+
+/// The writer hands this much rendered text to the file at once, at most.
+const BATCH_BYTES: usize = 64 * 1024;
 
 /// Where lines go once opened.
 pub(super) enum Output {

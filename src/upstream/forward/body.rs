@@ -17,7 +17,7 @@ use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tokio::time::{Instant, Sleep};
 
-use super::Downstream;
+use super::downstream::{AheadBudget, Downstream};
 
 /// Why a request body failed on the client's side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,35 +138,6 @@ impl Drop for Held {
     fn drop(&mut self) {
         if let Some(b) = &self.budget {
             b.give(self.bytes);
-        }
-    }
-}
-
-/// What one client connection's requests may hold of their bodies read
-/// ahead, together (`[listen] connection_body_buffer`). `buffer_body`
-/// bounds one request; an HTTP/2 connection carries up to 100 at once, and
-/// without this bound 100 streams each sending just under `buffer_body`
-/// would pin 100 times it. Past the budget a request stops reading ahead
-/// and is streamed: the rest of its body waits in the client, under HTTP/2
-/// flow control.
-#[derive(Debug, Clone)]
-pub struct AheadBudget(Arc<AtomicU64>);
-
-impl AheadBudget {
-    /// The budget whose bytes left are `left` (a connection's, kept with
-    /// its peer).
-    pub fn shared(left: Arc<AtomicU64>) -> AheadBudget {
-        AheadBudget(left)
-    }
-
-    /// Takes `n` bytes of the budget, if that many are left.
-    fn take(&self, n: u64) -> bool {
-        self.0.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| left.checked_sub(n)).is_ok()
-    }
-
-    fn give(&self, n: u64) {
-        if n > 0 {
-            self.0.fetch_add(n, Ordering::Relaxed);
         }
     }
 }

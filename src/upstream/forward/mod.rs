@@ -9,10 +9,6 @@
 //! counts against the upstream's `timeout`. The upstream's response body goes
 //! back untouched.
 
-use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
-use std::time::Duration;
-
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::{Response, StatusCode, Version};
@@ -24,7 +20,9 @@ use crate::wire::client::Peer;
 use crate::wire::error::ProxyError;
 
 mod body;
-pub use body::{AheadBudget, BodyFailed, BodyFailure, BodyWatch, RequestBody};
+mod downstream;
+pub use body::{BodyFailed, BodyFailure, BodyWatch, RequestBody};
+pub use downstream::{AheadBudget, Downstream};
 
 /// Headers that describe one connection, not the message (RFC 9110 7.6.1):
 /// never forwarded in either direction.
@@ -53,44 +51,6 @@ const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 /// (nginx's default is 4 or 8 KiB).
 pub const UPSTREAM_READ_BUFFER: usize = 16 * 1024;
 
-/// What [`crate::upstream::UpstreamClient::forward`] needs to know about
-/// the client side.
-pub struct Downstream<'a> {
-    /// The socket peer.
-    pub peer: &'a Peer,
-    /// The client's address (after trusted proxies), which `hash_key =
-    /// "ip"` hashes.
-    pub client_ip: std::net::IpAddr,
-    /// The host the client asked for, for `X-Forwarded-Host`.
-    pub host: Option<&'a str>,
-    /// The `Host` header to send instead of the client's: the host that was
-    /// matched, when it came from the request target or was spelled
-    /// differently (see [`crate::wire::normalize::host`]).
-    pub host_header: Option<HeaderValue>,
-    /// The canonical path, when the client spelled it otherwise: the
-    /// upstream receives the path the rules matched.
-    pub path: Option<String>,
-    /// The route's body limit.
-    pub max_body: Option<u64>,
-    /// The route's `buffer_body`.
-    pub buffer_body: u64,
-    /// `listen.body_read_timeout`.
-    pub body_read_timeout: Duration,
-    /// The protocol the client asked to switch to, when tollgate will
-    /// tunnel it (see [`crate::upstream::tunnel::requested`]).
-    pub upgrade: Option<HeaderValue>,
-    /// The client connection's budget for bodies read ahead (HTTP/2
-    /// only: an HTTP/1.1 connection has one request at a time).
-    pub ahead_budget: Option<AheadBudget>,
-    /// Where the body bytes read from the client are counted, for the
-    /// access log; `None` when it is off.
-    pub bytes_in: Option<Arc<AtomicU64>>,
-    /// Where the index of the server the request went to is noted (it
-    /// starts at `usize::MAX`: none), for the access log; `None` when it is
-    /// off.
-    pub chosen: Option<&'a std::sync::atomic::AtomicUsize>,
-}
-
 /// The request as the upstream gets it: origin-form target (with the
 /// upstream's base path and the canonical path), hop-by-hop headers
 /// stripped before tollgate's own are set (a header named in
@@ -100,7 +60,7 @@ pub struct Downstream<'a> {
 ///
 /// It works on the head alone, leaving `down` as it was, so that a request
 /// sent again is prepared again from the client's head (see
-/// [`crate::upstream`]'s `Replay`).
+/// `Replay` in upstream/tries.rs).
 pub(crate) fn prepare(
     parts: &mut http::request::Parts,
     down: &Downstream<'_>,

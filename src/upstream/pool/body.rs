@@ -11,7 +11,24 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1;
 use tokio::time::{Instant, Sleep};
 
-use super::{Answered, BoxError, Shared};
+use super::shared::Shared;
+
+/// The error of a response body, and of a connection that could not be
+/// opened.
+pub(super) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Adds one to a server's count of answered requests when dropped: held
+/// by a response body until it ends (or by the tunnel it turned into), so
+/// that a server's requests in flight include the responses still
+/// streaming.
+#[derive(Debug)]
+pub struct Answered(pub Arc<std::sync::atomic::AtomicU64>);
+
+impl Drop for Answered {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
 
 /// An upstream response body. Its connection goes back to the pool once
 /// the body has been read to its end, and is closed if it never is (its

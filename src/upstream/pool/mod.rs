@@ -26,7 +26,7 @@
 //! request at once (ALPN `h2` over TLS, prior knowledge over cleartext),
 //! opened again when it closes.
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use std::time::Duration;
@@ -39,23 +39,21 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use prometheus::IntCounter;
 use rustls::pki_types::ServerName;
-use tokio::time::Instant;
 use tokio_rustls::TlsConnector;
 use tower_service::Service;
 
 use crate::config::{Server, Upstream};
 
 mod body;
-pub use body::UpstreamBody;
+mod shared;
+
+use body::BoxError;
+pub use body::{Answered, UpstreamBody};
+pub use shared::MAX_IDLE;
+use shared::{Sender, Shared, reap};
 
 /// TCP keepalive probes on upstream connections start after this long idle.
 const KEEPALIVE: Duration = Duration::from_secs(60);
-
-/// The most idle connections kept per upstream; more are closed as they
-/// come back.
-pub const MAX_IDLE: usize = 1024;
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Why a request got no response from the upstream.
 #[derive(Debug, thiserror::Error)]
@@ -98,62 +96,9 @@ impl PoolError {
     }
 }
 
-/// Adds one to a server's count of answered requests when dropped: held
-/// by a response body until it ends (or by the tunnel it turned into), so
-/// that a server's requests in flight include the responses still
-/// streaming.
-#[derive(Debug)]
-pub struct Answered(pub Arc<std::sync::atomic::AtomicU64>);
-
-impl Drop for Answered {
-    fn drop(&mut self) {
-        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
 /// One upstream's connections, carrying request bodies of type `B`.
 pub struct Pool<B> {
     shared: Arc<Shared<B>>,
-}
-
-struct Shared<B> {
-    connector: HttpConnector,
-    /// `scheme://authority`, what the connector dials.
-    origin: Uri,
-    /// The `Host` for requests that carry none: the authority, without
-    /// port 80.
-    host: HeaderValue,
-    /// Read buffer of each connection (`http1_max_buf_size`).
-    max_buf_size: usize,
-    /// The TCP connect and the TLS handshake together.
-    connect_timeout: Duration,
-    /// `pool_idle_timeout`.
-    idle_timeout: Duration,
-    /// `h2_keepalive_interval`.
-    h2_keepalive: Duration,
-    /// Most recently returned last.
-    idle: Mutex<Vec<Idle<B>>>,
-    /// Whether the task that closes idle connections runs.
-    reaping: std::sync::Once,
-    /// The longest a response body may wait for the upstream's next bytes,
-    /// and where such a timeout is counted (see [`Pool::limit_silence`]).
-    silence: Option<(Duration, IntCounter)>,
-    /// For an `https://` server: the connector and the name to ask for.
-    tls: Option<(TlsConnector, ServerName<'static>)>,
-    /// `protocol = "h2"`: the one connection, shared by every request.
-    h2: Option<Mutex<Option<http2::SendRequest<B>>>>,
-}
-
-/// A connection's sending half: HTTP/1.1 (one request at a time, pooled)
-/// or HTTP/2 (shared).
-enum Sender<B> {
-    H1(http1::SendRequest<B>),
-    H2(http2::SendRequest<B>),
-}
-
-struct Idle<B> {
-    sender: http1::SendRequest<B>,
-    since: Instant,
 }
 
 impl<B> Pool<B>
@@ -408,74 +353,6 @@ where
             tokio::spawn(reap(Arc::downgrade(&self.shared)));
         });
         Ok(Sender::H1(sender))
-    }
-}
-
-impl<B: Send + 'static> Shared<B> {
-    fn idle(&self) -> parking_lot::MutexGuard<'_, Vec<Idle<B>>> {
-        self.idle.lock()
-    }
-
-    /// The most recently used idle connection that can take a request (or
-    /// the HTTP/2 connection, while it is open).
-    fn checkout(&self) -> Option<Sender<B>> {
-        if let Some(h2) = &self.h2 {
-            let shared = h2.lock();
-            return shared.as_ref().filter(|s| s.is_ready()).map(|s| Sender::H2(s.clone()));
-        }
-        let mut idle = self.idle();
-        while let Some(Idle { sender, since }) = idle.pop() {
-            if since.elapsed() >= self.idle_timeout {
-                // Everything below it has been idle longer.
-                idle.clear();
-                return None;
-            }
-            // Not ready: the upstream closed it while it was idle.
-            if sender.is_ready() {
-                return Some(Sender::H1(sender));
-            }
-        }
-        None
-    }
-
-    /// Takes back a connection whose response has ended.
-    fn put(self: &Arc<Self>, sender: http1::SendRequest<B>) {
-        if sender.is_ready() {
-            let mut idle = self.idle();
-            if idle.len() < MAX_IDLE {
-                idle.push(Idle { sender, since: Instant::now() });
-            }
-            return;
-        }
-        if sender.is_closed() {
-            return;
-        }
-        // Still finishing the exchange (writing the rest of a request body
-        // the upstream answered early): pooled once it is done.
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let mut sender = sender;
-            let shared = self.clone();
-            rt.spawn(async move {
-                if sender.ready().await.is_ok() {
-                    let mut idle = shared.idle();
-                    if idle.len() < MAX_IDLE {
-                        idle.push(Idle { sender, since: Instant::now() });
-                    }
-                }
-            });
-        }
-    }
-}
-
-/// Closes connections idle for `pool_idle_timeout`, until the pool is
-/// gone.
-async fn reap<B: Send + 'static>(shared: Weak<Shared<B>>) {
-    let Some(timeout) = shared.upgrade().map(|s| s.idle_timeout) else { return };
-    let mut every = tokio::time::interval(timeout / 4);
-    loop {
-        every.tick().await;
-        let Some(shared) = shared.upgrade() else { return };
-        shared.idle().retain(|i| i.since.elapsed() < timeout);
     }
 }
 
