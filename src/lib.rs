@@ -18,7 +18,7 @@
 //! | 12 | [`cli`] | the command line (run, `check`, `explain`, `top`) and the `tollgate-floor` bench binary's setup |
 //! | 11 | [`edge`] | listeners and the composition root, one client connection's life (TLS, timeouts, send budget, drain), signals |
 //! | 10 | [`ops`] | operating a running proxy: the admin listener, hot reload |
-//! | 9 | [`proxy`] [`held`] [`settle`] | the request path: route, decide, forward or reject, settle |
+//! | 9 | [`proxy`] | the request path: route, decide, forward or reject, settle |
 //! | 8 | [`decision`] [`envoy_rls`] | the decision API (`POST /v1/check`) and Envoy's rate limit service |
 //! | 7 | [`limit`] [`decide`] | the compiled rules: which match, their keys, costs and limits; the heaviest keys |
 //! | 6 | [`store`] | where counters live: this process's memory, or Redis (Cluster) |
@@ -51,8 +51,8 @@
 //!    [`upstream::balance`] among those [`upstream::health`] keeps in
 //!    service, headers and body by [`upstream::forward`], a connection from
 //!    [`upstream::pool`]; a 101 becomes an [`upstream::tunnel`].
-//! 6. The request's concurrency slots stay [`held`] until its body ends;
-//!    [`settle`] corrects its reserved cost from the response
+//! 6. The request's concurrency slots stay [`proxy::held`] until its body ends;
+//!    [`proxy::settle`] corrects its reserved cost from the response
 //!    (`cost_response_header`).
 //! 7. [`obs::access_log`] writes its line; [`obs::metrics`] counts it.
 //!
@@ -78,8 +78,8 @@
 //! | [`ops::admin`] | `/metrics`, `/healthz`, `/readyz`, `/rules`, `/config`, `/top` |
 //! | [`ops::reload`] | watch the rules and the main file, debounce, validate, swap; keep the old rules on error |
 //! | [`proxy`] | the request path in phases over one per-request context: admit (spelling, route, limits, client, identity), decide, reject or forward, settle, and one log step |
-//! | [`held`] | a request's concurrency slots, held until its response body ends or its client goes away |
-//! | [`settle`] | `cost_response_header`: the reserved cost corrected to the real one from the response's header or trailers, with the store (the arithmetic is in [`limiter`]) |
+//! | [`proxy::held`] | a request's concurrency slots, held until its response body ends or its client goes away |
+//! | [`proxy::settle`] | `cost_response_header`: the reserved cost corrected to the real one from the response's header or trailers, with the store (the arithmetic is in [`limiter`]) |
 //! | [`decide`] | the `Decider`, the one place a request's facts become verdicts: deny list, keys and costs, one store round, `on_error`, per-rule metrics and reports; used by the proxy, `decision` and `envoy_rls` |
 //! | [`decision`] | `[listen] decision`: `POST /v1/check`, the proxy's decision for services not behind it (key parts parsed into a rule's key, then [`decide::Decider::decide_one`], shared with `envoy_rls`) |
 //! | [`envoy_rls`] | `[listen] envoy_rls`: Envoy's `ShouldRateLimit` over gRPC, descriptors mapped to rules by `[[envoy]]` ([`config::EnvoyMapping`]); tonic's generated service on hyper's HTTP/2 server |
@@ -116,13 +116,11 @@ pub mod decide;
 pub mod decision;
 pub mod edge;
 pub mod envoy_rls;
-pub mod held;
 pub mod limit;
 pub mod limiter;
 pub mod obs;
 pub mod ops;
 pub mod proxy;
-pub mod settle;
 pub mod store;
 pub mod upstream;
 pub mod wire;

@@ -189,7 +189,7 @@ pub struct Verdict {
     pub delay: Nanos,
     /// Decided by the `on_error = "local"` fallback while the shared store
     /// could not answer: counted in this process's memory only, so a
-    /// settlement of its cost belongs there too (see [`crate::settle`]).
+    /// settlement of its cost belongs there too (see [`crate::proxy::settle`]).
     pub fallback: bool,
 }
 

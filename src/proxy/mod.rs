@@ -26,12 +26,12 @@ use hyper::body::Incoming;
 
 use crate::config::{ClientConfig, Config, Normalization, OnError, Route};
 use crate::decide::{Decider, Decision, Ruling};
-use crate::held::Holding;
 use crate::limit::rules::RuleSet;
 use crate::limit::top::TopKeys;
 use crate::obs::access_log::{AccessLog, Logged, Note};
 use crate::obs::metrics::{Metrics, RouteCounters};
-use crate::settle::OnTrailers;
+use crate::proxy::held::Holding;
+use crate::proxy::settle::OnTrailers;
 use crate::store::{AnyStore, Held};
 use crate::upstream::UpstreamClient;
 use crate::upstream::forward::RequestBody;
@@ -45,14 +45,16 @@ use crate::wire::normalize::Host;
 use crate::wire::request_id;
 
 mod admit;
+pub mod held;
 mod respond;
+pub mod settle;
 
 /// The body of every response tollgate sends: the upstream's, streamed, or
 /// one tollgate wrote.
 pub type ProxyBody = Either<UpstreamBody<RequestBody>, Full<Bytes>>;
 
 /// [`ProxyBody`] as it leaves [`Proxy::handle`]: holding the request's
-/// concurrency slots until it ends (see [`crate::held`]), counted for the
+/// concurrency slots until it ends (see [`crate::proxy::held`]), counted for the
 /// access log when there is one.
 pub type LoggedBody = Logged<Holding<ProxyBody>>;
 
