@@ -19,7 +19,7 @@
 //! | 11 | [`edge`] | listeners and the composition root, one client connection's life (TLS, timeouts, send budget, drain), signals |
 //! | 10 | [`ops`] | operating a running proxy: the admin listener, hot reload |
 //! | 9 | [`proxy`] | the request path: route, decide, forward or reject, settle |
-//! | 8 | [`decision`] [`envoy_rls`] | the decision API (`POST /v1/check`) and Envoy's rate limit service |
+//! | 8 | [`api`] | the decision API (`POST /v1/check`) and Envoy's rate limit service |
 //! | 7 | [`limit`] [`decide`] | the compiled rules: which match, their keys, costs and limits; the heaviest keys |
 //! | 6 | [`store`] | where counters live: this process's memory, or Redis (Cluster) |
 //! | 5 | [`upstream`] | talking to upstream servers: balancing, health, pools, bodies, tunnels |
@@ -43,7 +43,7 @@
 //!    (overrides, tiers) come from [`limit::rules`]; one round to the
 //!    [`store`] ([`store::memory`] or [`store::redis`], the arithmetic in
 //!    [`limiter`]) answers every rule; the verdicts are read in
-//!    [`proxy`] (and, for `/v1/check` and Envoy, in [`decision`]);
+//!    [`proxy`] (and, for `/v1/check` and Envoy, in [`api::decision`]);
 //!    [`limit::top`] counts the heaviest keys.
 //! 4. A rejection is answered by [`wire::error`] with the headers of
 //!    [`wire::headers`] (429 with `Retry-After`, 503, 403).
@@ -80,9 +80,9 @@
 //! | [`proxy`] | the request path in phases over one per-request context: admit (spelling, route, limits, client, identity), decide, reject or forward, settle, and one log step |
 //! | [`proxy::held`] | a request's concurrency slots, held until its response body ends or its client goes away |
 //! | [`proxy::settle`] | `cost_response_header`: the reserved cost corrected to the real one from the response's header or trailers, with the store (the arithmetic is in [`limiter`]) |
-//! | [`decide`] | the `Decider`, the one place a request's facts become verdicts: deny list, keys and costs, one store round, `on_error`, per-rule metrics and reports; used by the proxy, `decision` and `envoy_rls` |
-//! | [`decision`] | `[listen] decision`: `POST /v1/check`, the proxy's decision for services not behind it (key parts parsed into a rule's key, then [`decide::Decider::decide_one`], shared with `envoy_rls`) |
-//! | [`envoy_rls`] | `[listen] envoy_rls`: Envoy's `ShouldRateLimit` over gRPC, descriptors mapped to rules by `[[envoy]]` ([`config::EnvoyMapping`]); tonic's generated service on hyper's HTTP/2 server |
+//! | [`decide`] | the `Decider`, the one place a request's facts become verdicts: deny list, keys and costs, one store round, `on_error`, per-rule metrics and reports; used by the proxy, [`api::decision`] and [`api::envoy_rls`] |
+//! | [`api::decision`] | `[listen] decision`: `POST /v1/check`, the proxy's decision for services not behind it (key parts parsed into a rule's key, then [`decide::Decider::decide_one`], shared with `envoy_rls`) |
+//! | [`api::envoy_rls`] | `[listen] envoy_rls`: Envoy's `ShouldRateLimit` over gRPC, descriptors mapped to rules by `[[envoy]]` ([`config::EnvoyMapping`]); tonic's generated service on hyper's HTTP/2 server |
 //! | [`limit::rules`] | the compiled rule set: which rules match, the bucket key and limits (overrides, tiers) of each, what each reports to the client |
 //! | [`limit::top`] | the heaviest keys of each rule (`/top`, `tollgate top`, whose client is [`cli::top`]) in fixed-memory sketches |
 //! | [`store`] | the [`store::Store`] trait; [`store::memory`] keeps counters in this process, [`store::redis`] in a shared Redis (Cluster) |
@@ -110,12 +110,11 @@
 
 #![forbid(unsafe_code)]
 
+pub mod api;
 pub mod cli;
 pub mod config;
 pub mod decide;
-pub mod decision;
 pub mod edge;
-pub mod envoy_rls;
 pub mod limit;
 pub mod limiter;
 pub mod obs;

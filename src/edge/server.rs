@@ -221,10 +221,10 @@ impl Server {
             ))
         });
         let decision_task = decision_listener.map(|l| {
-            tokio::spawn(crate::decision::serve(l, proxy.decider().clone(), config.listen.header_read_timeout))
+            tokio::spawn(crate::api::decision::serve(l, proxy.decider().clone(), config.listen.header_read_timeout))
         });
         let envoy_rls_task =
-            envoy_rls_listener.map(|l| tokio::spawn(crate::envoy_rls::serve(l, proxy.decider().clone())));
+            envoy_rls_listener.map(|l| tokio::spawn(crate::api::envoy_rls::serve(l, proxy.decider().clone())));
 
         let shutdown = lame_duck(stop, stopping, config.listen.shutdown_delay);
         serve_proxy(proxy_listener, proxy.clone(), &config, tls, slots, shutdown).await;
