@@ -38,7 +38,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::config::{Cost, KeyPart, TierSource};
-use crate::decide::{Decider, Outcome};
+use crate::limit::decide::{Decider, Outcome};
 use crate::limit::rules::{Plan, RequestFacts, Rule};
 use crate::limiter::NANOS_PER_SEC;
 use crate::wire::error::json_response;

@@ -1,6 +1,6 @@
 //! The listeners that decide without proxying: the decision API
 //! (`POST /v1/check`) and Envoy's rate limit service. Both ask the one
-//! [`Decider`](crate::decide::Decider) the proxy asks, so a key
+//! [`Decider`](crate::limit::decide::Decider) the proxy asks, so a key
 //! spends the same counters whichever way it comes.
 
 pub mod decision;

@@ -4,7 +4,7 @@
 //!   `Proxy::serve`, then the log step, once for every request;
 //! - `admit`: one spelling of the request, its route, size limits, client
 //!   address and identity;
-//! - the [`Decider`] ([`crate::decide`]): deny list, rules, one store
+//! - the [`Decider`] ([`crate::limit::decide`]): deny list, rules, one store
 //!   round, verdicts;
 //! - `reject` (429) or `refuse` (anything else tollgate answers itself),
 //!   or `forward` to the upstream and `answered`: tunnel, settle, headers.
@@ -25,7 +25,7 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
 use crate::config::{ClientConfig, Config, Normalization, OnError, Route};
-use crate::decide::{Decider, Decision, Ruling};
+use crate::limit::decide::{Decider, Decision, Ruling};
 use crate::limit::rules::RuleSet;
 use crate::limit::top::TopKeys;
 use crate::obs::access_log::{AccessLog, Logged, Note};

@@ -13,7 +13,7 @@ use hyper::upgrade::OnUpgrade;
 
 use super::{Exchange, Proxy, ProxyBody};
 use crate::config::Route;
-use crate::decide::{Decision, Ruling};
+use crate::limit::decide::{Decision, Ruling};
 use crate::obs::metrics::RouteCounters;
 use crate::proxy::settle::{self, Settling};
 use crate::store::{Held, Stamp};

@@ -28,7 +28,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::api::decision::Ask;
-use crate::decide::Decider;
+use crate::limit::decide::Decider;
 use crate::limit::rules::RuleReport;
 use crate::limit::rules::{Plan, Rule, RuleSet};
 use proto::envoy::config::core::v3::HeaderValue;
