@@ -3,5 +3,6 @@
 //! [`Decider`](crate::limit::decide::Decider) the proxy asks, so a key
 //! spends the same counters whichever way it comes.
 
+mod accept;
 pub mod decision;
 pub mod envoy_rls;

@@ -69,14 +69,9 @@ pub async fn serve(listener: TcpListener, decider: Arc<Decider>) {
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .keep_alive_timeout(Duration::from_secs(10));
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
         // Over the bound, the connection is closed: Envoy counts the
         // failure and applies its `failure_mode_deny`.
-        let Ok(permit) = slots.clone().try_acquire_owned() else { continue };
-        let _ = stream.set_nodelay(true);
+        let (stream, permit) = crate::api::accept::next(&listener, &slots).await;
         let svc = TowerToHyperService::new(service.clone());
         let conn = builder.serve_connection(TokioIo::new(stream), svc);
         tokio::spawn(async move {
