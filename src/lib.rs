@@ -18,9 +18,9 @@
 //! | 12 | [`cli`] | the command line (run, `check`, `explain`, `top`) and the `tollgate-floor` bench binary's setup |
 //! | 11 | [`edge`] | listeners and the composition root, one client connection's life (TLS, timeouts, send budget, drain), signals |
 //! | 10 | [`ops`] | operating a running proxy: the admin listener, hot reload |
-//! | 9 | [`proxy`] [`held`] [`settle`] | the request path: route, decide, forward or reject, settle |
-//! | 8 | [`decision`] [`envoy_rls`] | the decision API (`POST /v1/check`) and Envoy's rate limit service |
-//! | 7 | [`limit`] [`decide`] | the compiled rules: which match, their keys, costs and limits; the heaviest keys |
+//! | 9 | [`proxy`] | the request path: route, decide, forward or reject, settle |
+//! | 8 | [`api`] | the decision API (`POST /v1/check`) and Envoy's rate limit service |
+//! | 7 | [`limit`] | the compiled rules: which match, their keys, costs and limits; the heaviest keys; the `Decider`: one store round, verdicts |
 //! | 6 | [`store`] | where counters live: this process's memory, or Redis (Cluster) |
 //! | 5 | [`upstream`] | talking to upstream servers: balancing, health, pools, bodies, tunnels |
 //! | 4 | [`obs`] | what tollgate tells operators: metrics, the access log, the summary line |
@@ -35,24 +35,25 @@
 //!    client certificates); [`edge::connection`] runs hyper over
 //!    [`edge::idle`] (idle and send timeouts) with [`edge::send_budget`]
 //!    and [`edge::drain`] (graceful shutdown, per-connection limits).
-//! 2. [`proxy::Proxy::serve`] takes each request:
-//!    [`wire::normalize`] gives it one spelling (or 400), the route is
-//!    chosen, [`wire::client`] says who the client is, [`wire::identity`]
-//!    verifies its JWT.
-//! 3. The deny list and, per matching rule, the bucket key, cost and limits
-//!    (overrides, tiers) come from [`limit::rules`]; one round to the
-//!    [`store`] ([`store::memory`] or [`store::redis`], the arithmetic in
-//!    [`limiter`]) answers every rule; the verdicts are read in
-//!    [`proxy`] (and, for `/v1/check` and Envoy, in [`decision`]);
-//!    [`limit::top`] counts the heaviest keys.
-//! 4. A rejection is answered by [`wire::error`] with the headers of
-//!    [`wire::headers`] (429 with `Retry-After`, 503, 403).
+//! 2. [`proxy::Proxy::serve`] takes each request; its `admit` phase
+//!    (`proxy/admit.rs`): [`wire::normalize`] gives it one spelling (or
+//!    400), the route is chosen, [`wire::client`] says who the client is,
+//!    [`wire::identity`] verifies its JWT.
+//! 3. [`limit::decide::Decider`] turns the request's facts into verdicts:
+//!    the deny list and, per matching rule, the bucket key, cost and limits
+//!    (overrides, tiers) from [`limit::rules`]; one round to the [`store`]
+//!    ([`store::memory`] or [`store::redis`], the arithmetic in
+//!    [`limiter`]) answers every rule, `on_error` when it fails;
+//!    [`limit::top`] counts the heaviest keys. `/v1/check` and Envoy
+//!    ([`api::decision`], [`api::envoy_rls`]) ask the same Decider.
+//! 4. A rejection is answered (`proxy/respond.rs`) by [`wire::error`] with
+//!    the headers of [`wire::headers`] (429 with `Retry-After`, 503, 403).
 //! 5. An admitted request is forwarded by [`upstream`]: a server chosen by
 //!    [`upstream::balance`] among those [`upstream::health`] keeps in
 //!    service, headers and body by [`upstream::forward`], a connection from
 //!    [`upstream::pool`]; a 101 becomes an [`upstream::tunnel`].
-//! 6. The request's concurrency slots stay [`held`] until its body ends;
-//!    [`settle`] corrects its reserved cost from the response
+//! 6. The request's concurrency slots stay [`proxy::held`] until its body ends;
+//!    [`proxy::settle`] corrects its reserved cost from the response
 //!    (`cost_response_header`).
 //! 7. [`obs::access_log`] writes its line; [`obs::metrics`] counts it.
 //!
@@ -78,12 +79,12 @@
 //! | [`ops::admin`] | `/metrics`, `/healthz`, `/readyz`, `/rules`, `/config`, `/top` |
 //! | [`ops::reload`] | watch the rules and the main file, debounce, validate, swap; keep the old rules on error |
 //! | [`proxy`] | the request path in phases over one per-request context: admit (spelling, route, limits, client, identity), decide, reject or forward, settle, and one log step |
-//! | [`held`] | a request's concurrency slots, held until its response body ends or its client goes away |
-//! | [`settle`] | `cost_response_header`: the reserved cost corrected to the real one from the response's header or trailers, with the store (the arithmetic is in [`limiter`]) |
-//! | [`decide`] | the `Decider`, the one place a request's facts become verdicts: deny list, keys and costs, one store round, `on_error`, per-rule metrics and reports; used by the proxy, `decision` and `envoy_rls` |
-//! | [`decision`] | `[listen] decision`: `POST /v1/check`, the proxy's decision for services not behind it (key parts parsed into a rule's key, then [`decide::Decider::decide_one`], shared with `envoy_rls`) |
-//! | [`envoy_rls`] | `[listen] envoy_rls`: Envoy's `ShouldRateLimit` over gRPC, descriptors mapped to rules by `[[envoy]]` ([`config::EnvoyMapping`]); tonic's generated service on hyper's HTTP/2 server |
+//! | [`proxy::held`] | a request's concurrency slots, held until its response body ends or its client goes away |
+//! | [`proxy::settle`] | `cost_response_header`: the reserved cost corrected to the real one from the response's header or trailers, with the store (the arithmetic is in [`limiter`]) |
+//! | [`api::decision`] | `[listen] decision`: `POST /v1/check`, the proxy's decision for services not behind it (key parts parsed into a rule's key, then [`limit::decide::Decider::decide_one`], shared with `envoy_rls`) |
+//! | [`api::envoy_rls`] | `[listen] envoy_rls`: Envoy's `ShouldRateLimit` over gRPC, descriptors mapped to rules by `[[envoy]]` ([`config::EnvoyMapping`]); tonic's generated service on hyper's HTTP/2 server |
 //! | [`limit::rules`] | the compiled rule set: which rules match, the bucket key and limits (overrides, tiers) of each, what each reports to the client |
+//! | [`limit::decide`] | the `Decider`, the one place a request's facts become verdicts: deny list, keys and costs, one store round, `on_error`, per-rule metrics and reports; used by the proxy, [`api::decision`] and [`api::envoy_rls`] |
 //! | [`limit::top`] | the heaviest keys of each rule (`/top`, `tollgate top`, whose client is [`cli::top`]) in fixed-memory sketches |
 //! | [`store`] | the [`store::Store`] trait; [`store::memory`] keeps counters in this process, [`store::redis`] in a shared Redis (Cluster) |
 //! | [`upstream`] | one upstream's servers and a request's tries on them: servers in service (`eject_after`, `max_ejected_percent`, panic mode, backups, `max_inflight`), retries within one deadline and a budget, what each failure is answered with |
@@ -110,19 +111,15 @@
 
 #![forbid(unsafe_code)]
 
+pub mod api;
 pub mod cli;
 pub mod config;
-pub mod decide;
-pub mod decision;
 pub mod edge;
-pub mod envoy_rls;
-pub mod held;
 pub mod limit;
 pub mod limiter;
 pub mod obs;
 pub mod ops;
 pub mod proxy;
-pub mod settle;
 pub mod store;
 pub mod upstream;
 pub mod wire;

@@ -13,39 +13,25 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use support::redis::{RedisCluster, ip_on_master, tollgate_config};
-use support::{Call, Tollgate, Upstream, eventually, metric};
+use support::redis::{OwnCluster, hourly_rule, ip_on_master};
+use support::{Call, eventually, metric};
 
 /// `/load` is counted against a limit no test request reaches; `/exact`
 /// against 10 per hour.
-const RULES: &str = r#"
-[[rule]]
-name = "load"
-match = { path = "/load" }
-key = ["ip"]
-algorithm = "token_bucket"
-limit = 1000000
-window = "1h"
-
-[[rule]]
-name = "exact"
-match = { path = "/exact" }
-key = ["ip"]
-algorithm = "fixed_window"
-limit = 10
-window = "1h"
-"#;
+fn rules() -> String {
+    hourly_rule("load", "token_bucket", 1000000, "") + &hourly_rule("exact", "fixed_window", 10, "")
+}
 
 const STORE_TIMEOUT: Duration = Duration::from_millis(50);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_killed_mid_traffic_is_absorbed_and_limits_are_exact_after_promotion() {
-    let cluster = Arc::new(tokio::task::spawn_blocking(RedisCluster::start).await.expect("cluster"));
-    let up = Upstream::start().await;
+    let own = OwnCluster::start().await;
+    let cluster = own.cluster.clone();
     // No leases: every load request must ask the cluster, or the ones
     // answered from quota leased before the kill would hide the outage.
     let store = format!("timeout = \"{}ms\"\non_error = \"allow\"\nlease_percent = 0", STORE_TIMEOUT.as_millis());
-    let tg = Tollgate::with(&tollgate_config(up.addr, &cluster.url(), &store), &[("rules.toml", RULES)]).await;
+    let tg = own.tollgate(&store, &rules()).await;
 
     let victim = cluster.masters()[0];
     // Load on every master, the victim included.

@@ -11,43 +11,19 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::redis::{RedisCluster, RedisServer, ip_on_master, tollgate_config, window};
+use support::redis::{OwnCluster, RedisServer, hourly_rule, ip_on_master, tollgate_config, window};
 use support::{Tollgate, Upstream, eventually, metric};
 
 /// `/exact` fails open (`allow`), `/strict` closed (`deny`), `/local`
 /// counts in this instance's memory (`local`); each allows 10 per hour per
 /// client address.
-const RULES: &str = r#"
-[[rule]]
-name = "exact"
-match = { path = "/exact" }
-key = ["ip"]
-algorithm = "fixed_window"
-limit = 10
-window = "1h"
-on_error = "allow"
-
-[[rule]]
-name = "strict"
-match = { path = "/strict" }
-key = ["ip"]
-algorithm = "fixed_window"
-limit = 10
-window = "1h"
-on_error = "deny"
-
-[[rule]]
-name = "local"
-match = { path = "/local" }
-key = ["ip"]
-algorithm = "fixed_window"
-limit = 10
-window = "1h"
-on_error = "local"
-"#;
+fn rules() -> String {
+    [("exact", "allow"), ("strict", "deny"), ("local", "local")]
+        .map(|(name, on_error)| hourly_rule(name, "fixed_window", 10, &format!("on_error = \"{on_error}\"")))
+        .concat()
+}
 
 const PAUSE: Duration = Duration::from_secs(10);
 
@@ -65,15 +41,13 @@ fn admitted(statuses: &[u16]) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_master_fails_only_its_own_keys() {
-    let cluster = Arc::new(tokio::task::spawn_blocking(RedisCluster::start).await.expect("cluster"));
-    let up = Upstream::start().await;
+    let own = OwnCluster::start().await;
+    let cluster = own.cluster.clone();
     // No leases: every request asks its key's master.
-    let store = "on_error = \"allow\"\nlease_percent = 0";
-    let tg = Tollgate::with(&tollgate_config(up.addr, &cluster.url(), store), &[("rules.toml", RULES)]).await;
+    let tg = own.tollgate("on_error = \"allow\"\nlease_percent = 0", &rules()).await;
     // An idle instance failing closed by default: it sees the paused master
     // only through its admin endpoints' probes.
-    let store = "on_error = \"deny\"\nlease_percent = 0";
-    let closed = Tollgate::with(&tollgate_config(up.addr, &cluster.url(), store), &[("rules.toml", RULES)]).await;
+    let closed = own.tollgate("on_error = \"deny\"\nlease_percent = 0", &rules()).await;
 
     let masters = cluster.masters();
     let (victim, healthy) = (masters[0], masters[1..].to_vec());

@@ -8,10 +8,7 @@
 
 mod support;
 
-use std::sync::Arc;
-
-use support::redis::{RedisCluster, ip_on_master, tollgate_config};
-use support::{Tollgate, Upstream};
+use support::redis::{OwnCluster, ip_on_master};
 
 /// Every request matches both: `down`, whose keys the test puts on the
 /// master it freezes, and `strict`, two per hour, on another master.
@@ -35,11 +32,10 @@ on_error = "allow"
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_rule_does_not_discard_the_verdicts_of_the_rules_that_answered() {
-    let cluster = Arc::new(tokio::task::spawn_blocking(RedisCluster::start).await.expect("cluster"));
-    let up = Upstream::start().await;
+    let own = OwnCluster::start().await;
+    let cluster = own.cluster.clone();
     // No leases: every request asks both nodes.
-    let store = "timeout = \"300ms\"\non_error = \"allow\"\nlease_percent = 0";
-    let tg = Tollgate::with(&tollgate_config(up.addr, &cluster.url(), store), &[("rules.toml", RULES)]).await;
+    let tg = own.tollgate("timeout = \"300ms\"\non_error = \"allow\"\nlease_percent = 0", RULES).await;
 
     let victim = cluster.masters()[0];
     // Addresses whose `down` bucket is on the victim and whose `strict`

@@ -63,7 +63,7 @@ pub struct Listen {
     /// in the TLS handshake; none when `client_ca_file` is not set.
     pub client_auth: Option<ClientAuth>,
     /// `[listen] decision`: the decision API's listener (`POST /v1/check`,
-    /// see [`crate::decision`]); none when not set.
+    /// see [`crate::api::decision`]); none when not set.
     pub decision: Option<SocketAddr>,
     /// `[listen] envoy_rls`: Envoy's rate limit service over gRPC; none
     /// when not set.

@@ -1,6 +1,6 @@
 //! Listeners, connections and shutdown.
 //!
-//! [`Server::bind`] validates everything and binds both listeners before
+//! [`Server::bind`] validates everything and binds every listener before
 //! anything is served, so a bad config or a taken port fails the start, not
 //! the first request. [`Server::run`] serves until the shutdown future
 //! completes, then answers `/readyz` 503 while it still serves for
@@ -21,7 +21,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::config::{Backend, Config, ConfigErrors, load_rules};
+use crate::config::{Backend, Config, ConfigErrors, Listen, load_rules};
 use crate::edge::connection::{ConnectionSetup, Slot, serve_connection};
 use crate::edge::drain::Drain;
 use crate::edge::process::Stop;
@@ -53,16 +53,9 @@ pub struct Server {
     config: Config,
     proxy: Arc<Proxy>,
     reloader: Arc<Reloader>,
-    proxy_listener: TcpListener,
-    admin_listener: TcpListener,
+    listeners: Listeners,
     /// `[[listen.tls]]`: the proxy listener speaks TLS only.
     tls: Option<Tls>,
-    /// `[listen] http_redirect`.
-    redirect_listener: Option<TcpListener>,
-    /// `[listen] decision`.
-    decision_listener: Option<TcpListener>,
-    /// `[listen] envoy_rls`.
-    envoy_rls_listener: Option<TcpListener>,
     /// SIGHUP, caught from `bind` on: reopens the access log and reloads
     /// the rules.
     hangup: Option<crate::edge::process::Caught>,
@@ -70,12 +63,50 @@ pub struct Server {
     reopen: Option<crate::edge::process::Caught>,
 }
 
+/// Every listener tollgate serves on, bound before anything is served.
+struct Listeners {
+    proxy: TcpListener,
+    admin: TcpListener,
+    /// `[listen] http_redirect`.
+    redirect: Option<TcpListener>,
+    /// `[listen] decision`.
+    decision: Option<TcpListener>,
+    /// `[listen] envoy_rls`.
+    envoy_rls: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// Binds every listener `listen` names, in this order; the first that
+    /// cannot be bound fails the start.
+    async fn bind(listen: &Listen) -> Result<Listeners, StartError> {
+        Ok(Listeners {
+            proxy: bind(listen.proxy).await?,
+            admin: bind(listen.admin).await?,
+            redirect: bind_if(listen.http_redirect).await?,
+            decision: bind_if(listen.decision).await?,
+            envoy_rls: bind_if(listen.envoy_rls).await?,
+        })
+    }
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source })
+}
+
+/// [`bind`] for a listener the configuration may leave out.
+async fn bind_if(addr: Option<SocketAddr>) -> Result<Option<TcpListener>, StartError> {
+    match addr {
+        Some(addr) => bind(addr).await.map(Some),
+        None => Ok(None),
+    }
+}
+
 /// How often idle keys are swept from the memory store (and from the Redis
 /// store's local fallback and over-limit cache).
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 impl Server {
-    /// Loads the rules, builds the store and binds both listeners.
+    /// Loads the rules, builds the store and binds every listener.
     pub async fn bind(config: Config, clock: SharedClock) -> Result<Server, StartError> {
         let metrics = Arc::new(Metrics::new());
         let rules = RuleSet::from_loaded(load_rules(&config.rules_path, &config)?, &metrics);
@@ -90,69 +121,41 @@ impl Server {
         };
         let proxy = Arc::new(Proxy::new(&config, rules, store, metrics, top));
         let reloader = Arc::new(Reloader::new(config.clone(), proxy.clone()));
-        let bind = |addr: SocketAddr| async move {
-            TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source })
-        };
         let tls = match config.listen.tls.is_empty() {
             true => None,
             false => {
                 Some(Tls::new(config.listen.tls.clone(), config.listen.client_auth.as_ref()).map_err(StartError::Tls)?)
             }
         };
-        let proxy_listener = bind(config.listen.proxy).await?;
-        let admin_listener = bind(config.listen.admin).await?;
-        let redirect_listener = match config.listen.http_redirect {
-            Some(addr) => Some(bind(addr).await?),
-            None => None,
-        };
-        let decision_listener = match config.listen.decision {
-            Some(addr) => Some(bind(addr).await?),
-            None => None,
-        };
-        let envoy_rls_listener = match config.listen.envoy_rls {
-            Some(addr) => Some(bind(addr).await?),
-            None => None,
-        };
+        let listeners = Listeners::bind(&config.listen).await?;
         let hangup = crate::edge::process::hangup_signal();
         let reopen = crate::edge::process::reopen_signal();
-        Ok(Server {
-            config,
-            proxy,
-            reloader,
-            proxy_listener,
-            admin_listener,
-            tls,
-            redirect_listener,
-            decision_listener,
-            envoy_rls_listener,
-            hangup,
-            reopen,
-        })
+        Ok(Server { config, proxy, reloader, listeners, tls, hangup, reopen })
     }
 
     /// The address clients connect to (useful when the config said port 0).
     pub fn proxy_addr(&self) -> SocketAddr {
-        self.proxy_listener.local_addr().unwrap_or(self.config.listen.proxy)
+        self.listeners.proxy.local_addr().unwrap_or(self.config.listen.proxy)
     }
 
     /// The admin listener's address.
     pub fn admin_addr(&self) -> SocketAddr {
-        self.admin_listener.local_addr().unwrap_or(self.config.listen.admin)
+        self.listeners.admin.local_addr().unwrap_or(self.config.listen.admin)
     }
 
     /// The redirect listener's address, when there is one.
     pub fn redirect_addr(&self) -> Option<SocketAddr> {
-        self.redirect_listener.as_ref().and_then(|l| l.local_addr().ok())
+        self.listeners.redirect.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// The decision API listener's address, when there is one.
     pub fn decision_addr(&self) -> Option<SocketAddr> {
-        self.decision_listener.as_ref().and_then(|l| l.local_addr().ok())
+        self.listeners.decision.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// The Envoy rate limit service's address, when there is one.
     pub fn envoy_rls_addr(&self) -> Option<SocketAddr> {
-        self.envoy_rls_listener.as_ref().and_then(|l| l.local_addr().ok())
+        self.listeners.envoy_rls.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// The request path, for tests that inspect it.
@@ -177,19 +180,7 @@ impl Server {
 
     /// Serves until `stop` completes, then drains the way it says.
     pub async fn run_until(self, stop: impl Future<Output = Stop> + Send) {
-        let Server {
-            config,
-            proxy,
-            reloader,
-            proxy_listener,
-            admin_listener,
-            tls,
-            redirect_listener,
-            decision_listener,
-            envoy_rls_listener,
-            hangup,
-            reopen,
-        } = self;
+        let Server { config, proxy, reloader, listeners, tls, hangup, reopen } = self;
         let watch = tokio::spawn(reloader.clone().watch());
         let hangups = hangup.map(|h| tokio::spawn(h.each(on_hangup(proxy.clone(), reloader.clone()))));
         let reopens = reopen.map(|r| tokio::spawn(r.each(on_reopen(proxy.clone()))));
@@ -197,7 +188,7 @@ impl Server {
         let housekeeping = housekeeping(&proxy);
         let stopping = Arc::new(AtomicBool::new(false));
         let admin = Arc::new(Admin { proxy: proxy.clone(), reloader, stopping: stopping.clone() });
-        let admin_task = tokio::spawn(serve_admin(admin_listener, admin));
+        let admin_task = tokio::spawn(serve_admin(listeners.admin, admin));
 
         let slots = Arc::new(Semaphore::new(config.listen.max_connections));
         if let Some(tls) = &tls {
@@ -210,7 +201,7 @@ impl Server {
             let watcher = CertWatcher::new(tls.resolver.clone(), &proxy.metrics);
             tokio::spawn(Arc::new(watcher).watch())
         });
-        let redirect_task = redirect_listener.map(|l| {
+        let redirect_task = listeners.redirect.map(|l| {
             let port = config.listen.redirect_port;
             tokio::spawn(crate::edge::redirect::serve(
                 l,
@@ -220,14 +211,14 @@ impl Server {
                 proxy.clone(),
             ))
         });
-        let decision_task = decision_listener.map(|l| {
-            tokio::spawn(crate::decision::serve(l, proxy.decider().clone(), config.listen.header_read_timeout))
+        let decision_task = listeners.decision.map(|l| {
+            tokio::spawn(crate::api::decision::serve(l, proxy.decider().clone(), config.listen.header_read_timeout))
         });
         let envoy_rls_task =
-            envoy_rls_listener.map(|l| tokio::spawn(crate::envoy_rls::serve(l, proxy.decider().clone())));
+            listeners.envoy_rls.map(|l| tokio::spawn(crate::api::envoy_rls::serve(l, proxy.decider().clone())));
 
         let shutdown = lame_duck(stop, stopping, config.listen.shutdown_delay);
-        serve_proxy(proxy_listener, proxy.clone(), &config, tls, slots, shutdown).await;
+        serve_proxy(listeners.proxy, proxy.clone(), &config, tls, slots, shutdown).await;
         proxy.store().close().await;
         proxy.flush_access_log(ACCESS_LOG_FLUSH).await;
         let tasks = [hangups, reopens, cert_watch, redirect_task, decision_task, envoy_rls_task];

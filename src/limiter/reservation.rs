@@ -1,5 +1,5 @@
 //! A reservation corrected to its real cost (the arithmetic of settlement;
-//! reading the cost from the response is `crate::settle`'s): a request
+//! reading the cost from the response is `crate::proxy::settle`'s): a request
 //! reserved its estimated cost when it was admitted, and its real cost
 //! arrives with its response (`cost_response_header`).
 //! The difference is given back or charged on top, unconditionally: a

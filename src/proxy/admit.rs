@@ -1,14 +1,14 @@
 //! The `admit` phase of [`Proxy::serve`](super::Proxy): what a request
 //! must be before any rule reads it (one spelling, a route, within the
 //! size limits, a client address, an identity), and the facts the
-//! [`Decider`](crate::decide::Decider) reads of it.
+//! [`Decider`](crate::limit::decide::Decider) reads of it.
 
 use http::{Request, header};
 use hyper::body::Incoming;
 
 use super::{Exchange, Proxy};
 use crate::config::Route;
-use crate::decide::Asked;
+use crate::limit::decide::Asked;
 use crate::limit::rules::{RequestFacts, RuleSet};
 use crate::wire::client;
 use crate::wire::error::ProxyError;

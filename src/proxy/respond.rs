@@ -13,9 +13,9 @@ use hyper::upgrade::OnUpgrade;
 
 use super::{Exchange, Proxy, ProxyBody};
 use crate::config::Route;
-use crate::decide::{Decision, Ruling};
+use crate::limit::decide::{Decision, Ruling};
 use crate::obs::metrics::RouteCounters;
-use crate::settle::{self, Settling};
+use crate::proxy::settle::{self, Settling};
 use crate::store::{Held, Stamp};
 use crate::upstream::forward::{Downstream, RequestBody};
 use crate::upstream::pool::UpstreamBody;

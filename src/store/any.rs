@@ -17,7 +17,7 @@ pub enum Held {
 }
 
 /// A handle on the store that settles reservations after the request path
-/// has returned (from a response body's trailers, see [`crate::settle`]).
+/// has returned (from a response body's trailers, see [`crate::proxy::settle`]).
 pub enum Settler {
     Memory(MemoryStore),
     Redis(redis::Settler),

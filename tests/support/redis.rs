@@ -643,3 +643,36 @@ pub fn tollgate_config(upstream: std::net::SocketAddr, url: &str, store: &str) -
     let store = if store.contains("timeout") { store.to_string() } else { format!("timeout = \"500ms\"\n{store}") };
     format!("{}\n[store]\nbackend = \"redis\"\nurl = \"{url}\"\n{store}\n", super::config(upstream))
 }
+
+/// A Redis Cluster of a test's own, for a test that stops, pauses or kills
+/// its nodes (the clusters shared by a test binary must not see that), and
+/// an upstream for the tollgates it starts on the cluster.
+pub struct OwnCluster {
+    pub cluster: std::sync::Arc<RedisCluster>,
+    pub up: super::Upstream,
+}
+
+impl OwnCluster {
+    /// Starts the cluster (on a blocking thread: it takes seconds) and the
+    /// upstream.
+    pub async fn start() -> OwnCluster {
+        let cluster = tokio::task::spawn_blocking(RedisCluster::start).await.expect("cluster");
+        OwnCluster { cluster: std::sync::Arc::new(cluster), up: super::Upstream::start().await }
+    }
+
+    /// A tollgate on the cluster: `store` adds lines to its `[store]` table
+    /// (see [`tollgate_config`]), `rules` is its rules file.
+    pub async fn tollgate(&self, store: &str, rules: &str) -> super::Tollgate {
+        let config = tollgate_config(self.up.addr, &self.cluster.url(), store);
+        super::Tollgate::with(&config, &[("rules.toml", rules)]).await
+    }
+}
+
+/// A `[[rule]]` named `name` for the path `/name`, keyed on the client
+/// address, `limit` per hour with `algorithm`; `extra` adds lines to its
+/// table (`on_error = "deny"`).
+pub fn hourly_rule(name: &str, algorithm: &str, limit: u64, extra: &str) -> String {
+    format!(
+        "[[rule]]\nname = \"{name}\"\nmatch = {{ path = \"/{name}\" }}\nkey = [\"ip\"]\nalgorithm = \"{algorithm}\"\nlimit = {limit}\nwindow = \"1h\"\n{extra}\n"
+    )
+}

@@ -1,7 +1,7 @@
 //! [`IdleIo`] on in-memory pipes, with tokio's paused clock.
 
 use super::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
 /// `f`, which should end by the timers under test: far longer than any of
 /// them on the paused clock, so a regression that leaves it pending fails
@@ -11,16 +11,23 @@ async fn bounded<F: Future>(f: F) -> F::Output {
     tokio::time::timeout(Duration::from_secs(3600), f).await.expect("ended within an hour of test time")
 }
 
+/// An `IdleIo` over one end of an in-memory pipe: closed after `idle`
+/// seconds with no request in flight, failed by a write blocked for `send`
+/// seconds.
+fn pipe_io(
+    server: DuplexStream,
+    idle: u64,
+    send: u64,
+    inflight: &Inflight,
+    budget: &SendBudget,
+) -> IdleIo<DuplexStream> {
+    IdleIo::new(server, Duration::from_secs(idle), Duration::from_secs(send), inflight.clone(), budget.clone())
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_idle_connection_reads_as_closed_after_the_timeout() {
     let (client, server) = tokio::io::duplex(64);
-    let mut io = IdleIo::new(
-        server,
-        Duration::from_secs(5),
-        Duration::from_secs(60),
-        Inflight::default(),
-        SendBudget::default(),
-    );
+    let mut io = pipe_io(server, 5, 60, &Inflight::default(), &SendBudget::default());
     let started = Instant::now();
     let mut buf = [0u8; 8];
     let n = bounded(io.read(&mut buf)).await.expect("read");
@@ -33,8 +40,7 @@ async fn an_idle_connection_reads_as_closed_after_the_timeout() {
 async fn activity_and_inflight_requests_keep_it_open() {
     let (mut client, server) = tokio::io::duplex(64);
     let inflight = Inflight::default();
-    let mut io =
-        IdleIo::new(server, Duration::from_secs(5), Duration::from_secs(60), inflight.clone(), SendBudget::default());
+    let mut io = pipe_io(server, 5, 60, &inflight, &SendBudget::default());
     let started = Instant::now();
     let writer = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_secs(4)).await;
@@ -63,13 +69,7 @@ async fn activity_and_inflight_requests_keep_it_open() {
 #[tokio::test(start_paused = true)]
 async fn bytes_without_a_request_do_not_keep_it_open() {
     let (mut client, server) = tokio::io::duplex(64);
-    let mut io = IdleIo::new(
-        server,
-        Duration::from_secs(5),
-        Duration::from_secs(60),
-        Inflight::default(),
-        SendBudget::default(),
-    );
+    let mut io = pipe_io(server, 5, 60, &Inflight::default(), &SendBudget::default());
     let started = Instant::now();
     // A PING every second, each answered: bytes both ways, no request.
     let pinger = tokio::spawn(async move {
@@ -95,8 +95,7 @@ async fn bytes_without_a_request_do_not_keep_it_open() {
 async fn the_idle_time_starts_with_the_last_response_bytes() {
     let (client, server) = tokio::io::duplex(64);
     let inflight = Inflight::default();
-    let mut io =
-        IdleIo::new(server, Duration::from_secs(5), Duration::from_secs(60), inflight.clone(), SendBudget::default());
+    let mut io = pipe_io(server, 5, 60, &inflight, &SendBudget::default());
     let started = Instant::now();
     // A request in flight for 3 s, whose response leaves after it ended.
     let guard = inflight.start();
@@ -110,13 +109,12 @@ async fn the_idle_time_starts_with_the_last_response_bytes() {
 }
 
 /// An `IdleIo` with a 60 s idle timeout and a 5 s header timeout.
-fn timed(server: tokio::io::DuplexStream, inflight: &Inflight) -> IdleIo<tokio::io::DuplexStream> {
-    IdleIo::new(server, Duration::from_secs(60), Duration::from_secs(60), inflight.clone(), SendBudget::default())
-        .with_header_timeout(Duration::from_secs(5))
+fn timed(server: DuplexStream, inflight: &Inflight) -> IdleIo<DuplexStream> {
+    pipe_io(server, 60, 60, inflight, &SendBudget::default()).with_header_timeout(Duration::from_secs(5))
 }
 
 /// Reads until end of file; how long it took.
-async fn read_to_close(io: &mut IdleIo<tokio::io::DuplexStream>) -> Duration {
+async fn read_to_close(io: &mut IdleIo<DuplexStream>) -> Duration {
     let started = Instant::now();
     let mut buf = [0u8; 64];
     while bounded(io.read(&mut buf)).await.expect("read") > 0 {}
@@ -173,13 +171,7 @@ async fn http1_times_the_wait_for_each_next_head_and_http2_only_the_first() {
 async fn a_write_blocked_for_the_send_timeout_fails() {
     // The peer never reads: the 64-byte pipe fills up.
     let (_client, server) = tokio::io::duplex(64);
-    let mut io = IdleIo::new(
-        server,
-        Duration::from_secs(60),
-        Duration::from_secs(3),
-        Inflight::default(),
-        SendBudget::default(),
-    );
+    let mut io = pipe_io(server, 60, 3, &Inflight::default(), &SendBudget::default());
     let started = Instant::now();
     let err = bounded(io.write_all(&[b'x'; 1024])).await.expect_err("a write to a peer that never reads fails");
     assert_eq!(err.kind(), io::ErrorKind::TimedOut);
@@ -193,8 +185,7 @@ async fn a_connection_holding_response_data_that_never_leaves_fails_after_the_se
     // is written, and the response's first piece stays held.
     let (_client, server) = tokio::io::duplex(64);
     let budget = SendBudget::default();
-    let mut io =
-        IdleIo::new(server, Duration::from_secs(60), Duration::from_secs(3), Inflight::default(), budget.clone());
+    let mut io = pipe_io(server, 60, 3, &Inflight::default(), &budget);
     let started = Instant::now();
     let piece = bounded(budget.body(Full::new(bytes::Bytes::from_static(b"held"))).frame()).await;
     let mut buf = [0u8; 8];

@@ -8,9 +8,11 @@ use std::path::Path;
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 
 use super::*;
+use crate::config::key::{encode, push_sha256_hex};
 use crate::config::{Config, parse_rules};
 use crate::limit::rules::RuleReport;
-use crate::limiter::{Algorithm, Verdict};
+use crate::limiter::{Algorithm, Limits, NANOS_PER_SEC, Nanos, Verdict};
+use crate::obs::metrics::Metrics;
 use crate::wire::headers;
 
 const SEC: Nanos = NANOS_PER_SEC;

@@ -4,7 +4,7 @@
 //!   `Proxy::serve`, then the log step, once for every request;
 //! - `admit`: one spelling of the request, its route, size limits, client
 //!   address and identity;
-//! - the [`Decider`] ([`crate::decide`]): deny list, rules, one store
+//! - the [`Decider`] ([`crate::limit::decide`]): deny list, rules, one store
 //!   round, verdicts;
 //! - `reject` (429) or `refuse` (anything else tollgate answers itself),
 //!   or `forward` to the upstream and `answered`: tunnel, settle, headers.
@@ -25,14 +25,14 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
 use crate::config::{ClientConfig, Config, Normalization, OnError, PathPattern, Route};
-use crate::decide::{Decider, Decision, Ruling};
-use crate::held::Holding;
+use crate::limit::decide::{Decider, Decision, Ruling};
 use crate::limit::path_index::PathIndex;
 use crate::limit::rules::RuleSet;
 use crate::limit::top::TopKeys;
 use crate::obs::access_log::{AccessLog, Logged, Note};
 use crate::obs::metrics::{Metrics, RouteCounters};
-use crate::settle::OnTrailers;
+use crate::proxy::held::Holding;
+use crate::proxy::settle::OnTrailers;
 use crate::store::{AnyStore, Held};
 use crate::upstream::UpstreamClient;
 use crate::upstream::forward::RequestBody;
@@ -46,14 +46,16 @@ use crate::wire::normalize::Host;
 use crate::wire::request_id;
 
 mod admit;
+pub mod held;
 mod respond;
+pub mod settle;
 
 /// The body of every response tollgate sends: the upstream's, streamed, or
 /// one tollgate wrote.
 pub type ProxyBody = Either<UpstreamBody<RequestBody>, Full<Bytes>>;
 
 /// [`ProxyBody`] as it leaves [`Proxy::handle`]: holding the request's
-/// concurrency slots until it ends (see [`crate::held`]), counted for the
+/// concurrency slots until it ends (see [`crate::proxy::held`]), counted for the
 /// access log when there is one.
 pub type LoggedBody = Logged<Holding<ProxyBody>>;
 

@@ -6,7 +6,7 @@
 //!
 //! The real cost is read from the response head when the upstream sends
 //! it there, or else from the body's trailers, which only come at its end:
-//! [`OnTrailers`] then rides on the response body (see [`crate::held`]).
+//! [`OnTrailers`] then rides on the response body (see [`crate::proxy::held`]).
 //! A cost that never arrives (no such header or trailer, a value that is
 //! not a whole number, an upstream error, a client gone before the
 //! trailers) leaves the reservation as it was counted.

@@ -26,7 +26,7 @@ use std::task::{Context, Poll, ready};
 
 use hyper::body::{Body, Frame, SizeHint};
 
-use crate::settle::OnTrailers;
+use crate::proxy::settle::OnTrailers;
 use crate::store::Held;
 
 /// A response body holding its request's concurrency slots until it ends.
@@ -36,7 +36,7 @@ pub struct Holding<B> {
 }
 
 /// What rides on a response body until it ends: concurrency slots, and
-/// reservations settled by its trailers (see [`crate::settle`]).
+/// reservations settled by its trailers (see [`crate::proxy::settle`]).
 struct Riding {
     /// Kept for its `Drop`, which gives the slots back.
     _held: Option<Held>,

@@ -5,13 +5,13 @@
 //!
 //! Each descriptor of a request is mapped to a rule by the `[[envoy]]`
 //! entries of the rules files ([`crate::config::EnvoyMapping`]) and decided
-//! as the decision API decides a check ([`crate::decision::decide`]): the
+//! as the decision API decides a check ([`crate::api::decision::decide`]): the
 //! same bucket key as the proxy, the same store, metrics and `on_error`.
 //! Descriptors are decided one after the other, each spending its own
 //! counter whatever the others answer (as Envoy's own ratelimit service
 //! does). A descriptor no entry covers is `OK` with no limit. A covered
 //! descriptor's `limit` (Envoy's override) replaces the rule's limits, on a
-//! counter of its own per override ([`crate::decision::Ask::limit`]).
+//! counter of its own per override ([`crate::api::decision::Ask::limit`]).
 //!
 //! The gRPC server is tonic's generated service run on hyper's HTTP/2
 //! server (the one the proxy uses), not tonic's transport: no second HTTP
@@ -27,8 +27,8 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use crate::decide::Decider;
-use crate::decision::Ask;
+use crate::api::decision::Ask;
+use crate::limit::decide::Decider;
 use crate::limit::rules::RuleReport;
 use crate::limit::rules::{Plan, Rule, RuleSet};
 use proto::envoy::config::core::v3::HeaderValue;
@@ -69,14 +69,9 @@ pub async fn serve(listener: TcpListener, decider: Arc<Decider>) {
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .keep_alive_timeout(Duration::from_secs(10));
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
         // Over the bound, the connection is closed: Envoy counts the
         // failure and applies its `failure_mode_deny`.
-        let Ok(permit) = slots.clone().try_acquire_owned() else { continue };
-        let _ = stream.set_nodelay(true);
+        let (stream, permit) = crate::api::accept::next(&listener, &slots).await;
         let svc = TowerToHyperService::new(service.clone());
         let conn = builder.serve_connection(TokioIo::new(stream), svc);
         tokio::spawn(async move {
@@ -195,7 +190,9 @@ impl Rls {
     /// what it adds to `answer`.
     async fn decide<'r>(&self, found: &'r Found<'r>, cost: u64, answer: &mut Answer<'r>) -> DescriptorStatus {
         let (rule, key, tier, limit) = (found.0, &found.1, found.2, found.3.as_ref());
-        if cost > crate::decision::max_cost_under(rule, limit) && !crate::decision::exempts(&self.decider, rule, key) {
+        if cost > crate::api::decision::max_cost_under(rule, limit)
+            && !crate::api::decision::exempts(&self.decider, rule, key)
+        {
             // More than the rule ever admits at once (with an override of 0
             // requests, anything): over the limit, without spending. Not an
             // error, which Envoy's default `failure_mode_deny = false` would
@@ -207,7 +204,7 @@ impl Rls {
                 ..Default::default()
             };
         }
-        let o = match crate::decision::decide(&self.decider, rule, key, Ask { cost, tier, limit }).await {
+        let o = match crate::api::decision::decide(&self.decider, rule, key, Ask { cost, tier, limit }).await {
             Ok(o) => o,
             Err(why) => {
                 // A value the rule cannot key on (empty, an `ip` that is no

@@ -38,7 +38,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::config::{Cost, KeyPart, TierSource};
-use crate::decide::{Decider, Outcome};
+use crate::limit::decide::{Decider, Outcome};
 use crate::limit::rules::{Plan, RequestFacts, Rule};
 use crate::limiter::NANOS_PER_SEC;
 use crate::wire::error::json_response;
@@ -62,14 +62,7 @@ pub async fn serve(listener: TcpListener, decider: Arc<Decider>, header_read_tim
     builder.http2().timer(TokioTimer::new());
     let builder = Arc::new(builder);
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
-        // Over the bound, the connection is closed: the caller's own
-        // timeout and retry policy take it from there.
-        let Ok(permit) = slots.clone().try_acquire_owned() else { continue };
-        let _ = stream.set_nodelay(true);
+        let (stream, permit) = super::accept::next(&listener, &slots).await;
         let (decider, builder) = (decider.clone(), builder.clone());
         tokio::spawn(async move {
             let svc = service_fn(move |req| {
