@@ -90,8 +90,9 @@ pub fn resolve(
     let mut error = |span: Range<usize>, message: String| {
         errors.push(ConfigError::at(file, source, Some(span), message));
     };
+    let lines = super::error::Lines::of(source);
     for e in raw {
-        let line = super::line_col(source, e.span().start).0;
+        let line = lines.line(e.span().start);
         out.extend(mapping(file, line, e.into_inner(), rules, &mut error));
     }
     (out, errors)

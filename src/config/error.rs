@@ -80,6 +80,22 @@ pub fn line_col(source: &str, offset: usize) -> (usize, usize) {
     (line, column)
 }
 
+/// Where a file's lines start, for the line of many positions: each entry
+/// of a file of thousands of rules records its line, and counting from the
+/// file's start for each would cost the file's length every time.
+pub struct Lines(Vec<usize>);
+
+impl Lines {
+    pub fn of(source: &str) -> Lines {
+        Lines(source.bytes().enumerate().filter(|&(_, b)| b == b'\n').map(|(i, _)| i).collect())
+    }
+
+    /// The 1-based line of byte `offset`, as [`line_col`] counts it.
+    pub fn line(&self, offset: usize) -> usize {
+        self.0.partition_point(|&newline| newline < offset) + 1
+    }
+}
+
 fn floor_char_boundary(s: &str, mut i: usize) -> usize {
     while i > 0 && !s.is_char_boundary(i) {
         i -= 1;
@@ -90,6 +106,15 @@ fn floor_char_boundary(s: &str, mut i: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lines_agree_with_line_col_at_every_offset() {
+        let src = "a = 1\n\nb = \"é\"\n[[rule]]\nname = \"x\"";
+        let lines = Lines::of(src);
+        for offset in 0..=src.len() + 2 {
+            assert_eq!(lines.line(offset), line_col(src, offset).0, "offset {offset}");
+        }
+    }
 
     #[test]
     fn positions_are_one_based() {

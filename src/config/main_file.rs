@@ -45,7 +45,7 @@ impl Config {
     /// anchors a relative rules path.
     pub fn parse(path: &Path, source: &str) -> Result<Config, ConfigErrors> {
         let raw: RawConfig = toml::from_str(source).map_err(|e| ConfigError::from_toml(path, source, &e))?;
-        let mut v = Validator { file: path, source, errors: Vec::new() };
+        let mut v = Validator::new(path, source);
         let config = v.config(raw);
         v.finish(config)
     }

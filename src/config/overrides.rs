@@ -41,7 +41,7 @@ impl Validator<'_> {
     pub(super) fn overrides(&mut self, raw: Vec<Spanned<RawOverride>>, base: &Base<'_>) -> Vec<OverrideSpec> {
         let mut out: Vec<OverrideSpec> = Vec::new();
         for o in raw {
-            let line = super::error::line_col(self.source, o.span().start).0;
+            let line = self.lines.line(o.span().start);
             let span = o.span();
             let o = o.into_inner();
             let Some(key) = &o.key else {

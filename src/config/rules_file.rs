@@ -3,12 +3,13 @@
 //! and `[[rule]]`s (one rule's keys in [`super::rule`]), and the checks
 //! across rules: unique names, one JWT claim for tiers, `[[envoy]]`.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use toml::Spanned;
 
 use super::envoy::EnvoyMapping;
-use super::error::{ConfigError, ConfigErrors, line_col};
+use super::error::{ConfigError, ConfigErrors};
 use super::main_file::Config;
 use super::raw::{RawEnvoy, RawRulesFile};
 use super::spec::{DenySpec, RuleSpec, TierSource};
@@ -63,6 +64,8 @@ pub fn rule_files(path: &Path) -> Result<Vec<PathBuf>, ConfigError> {
 pub fn load_rules(path: &Path, config: &Config) -> Result<LoadedRules, ConfigErrors> {
     let files = rule_files(path)?;
     let mut specs: Vec<RuleSpec> = Vec::new();
+    // Rule names to their place in `specs`, across files.
+    let mut named: HashMap<String, usize> = HashMap::new();
     let mut denies: Vec<DenySpec> = Vec::new();
     let mut envoy = Vec::new();
     let mut errors = Vec::new();
@@ -81,7 +84,7 @@ pub fn load_rules(path: &Path, config: &Config) -> Result<LoadedRules, ConfigErr
         for (rule, span) in parsed.rules {
             if let Some(why) = claim_conflict(specs.iter(), &rule) {
                 file_errors.push(ConfigError::at(file, &source, Some(span), why));
-            } else if let Some(first) = specs.iter().find(|s| s.name == rule.name) {
+            } else if let Some(first) = named.get(&rule.name).map(|&i| &specs[i]) {
                 file_errors.push(ConfigError::at(
                     file,
                     &source,
@@ -89,6 +92,7 @@ pub fn load_rules(path: &Path, config: &Config) -> Result<LoadedRules, ConfigErr
                     format!("rule name {:?} is already used at {}:{}", rule.name, first.source.display(), first.line),
                 ));
             } else {
+                named.insert(rule.name.clone(), specs.len());
                 specs.push(rule);
             }
         }
@@ -128,10 +132,10 @@ fn validate_rules_file(file: &Path, source: &str, config: &Config) -> (RulesFile
         Ok(raw) => raw,
         Err(e) => return (RulesFile::default(), vec![ConfigError::from_toml(file, source, &e)]),
     };
-    let mut v = Validator { file, source, errors: Vec::new() };
+    let mut v = Validator::new(file, source);
     let mut denies = Vec::new();
     for d in raw.deny {
-        let line = line_col(source, d.span().start).0;
+        let line = v.lines.line(d.span().start);
         let d = d.into_inner();
         let clients = v.clients(d.ips.as_deref(), d.users, d.api_keys);
         if clients.is_empty() {
@@ -140,12 +144,15 @@ fn validate_rules_file(file: &Path, source: &str, config: &Config) -> (RulesFile
         denies.push(DenySpec { name: d.name.into_inner(), source: file.to_path_buf(), line, clients });
     }
     let mut out: Vec<(RuleSpec, std::ops::Range<usize>)> = Vec::new();
+    // Names seen so far, to their rule in `out`: a file of thousands of
+    // rules is checked in one pass, not one per rule.
+    let mut named: HashMap<String, usize> = HashMap::new();
     for r in raw.rule {
-        let line = line_col(source, r.span().start).0;
+        let line = v.lines.line(r.span().start);
         let r = r.into_inner();
         let name_span = r.name.span();
         // Compared as validated: names are trimmed.
-        if let Some((first, _)) = out.iter().find(|(s, _)| s.name == r.name.get_ref().trim()) {
+        if let Some((first, _)) = named.get(r.name.get_ref().trim()).map(|&i| &out[i]) {
             v.error(name_span.clone(), format!("rule name {:?} is already used at line {}", first.name, first.line));
             continue;
         }
@@ -154,6 +161,7 @@ fn validate_rules_file(file: &Path, source: &str, config: &Config) -> (RulesFile
                 v.error(name_span, why);
                 continue;
             }
+            named.insert(spec.name.clone(), out.len());
             out.push((spec, name_span));
         }
     }

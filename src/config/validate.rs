@@ -10,7 +10,7 @@ use http::HeaderName;
 use ipnet::IpNet;
 use toml::Spanned;
 
-use super::error::{ConfigError, ConfigErrors};
+use super::error::{ConfigError, ConfigErrors, Lines};
 use super::raw::RawSize;
 use crate::wire::normalize::Normalization;
 
@@ -19,6 +19,14 @@ pub(crate) struct Validator<'a> {
     pub file: &'a Path,
     pub source: &'a str,
     pub errors: Vec<ConfigError>,
+    /// The source's line starts: entries record their lines.
+    pub lines: Lines,
+}
+
+impl<'a> Validator<'a> {
+    pub fn new(file: &'a Path, source: &'a str) -> Validator<'a> {
+        Validator { file, source, errors: Vec::new(), lines: Lines::of(source) }
+    }
 }
 
 impl Validator<'_> {
