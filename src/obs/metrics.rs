@@ -15,6 +15,11 @@ pub struct Metrics {
     pub registry: Registry,
     pub requests_total: IntCounterVec,
     pub rule_decisions_total: IntCounterVec,
+    /// Each rule's `limited` and `shadow_limited` handles, for the
+    /// periodic summary: reading them costs two loads a rule, where
+    /// collecting the vector copies every series' labels (tens of
+    /// thousands with thousands of rules).
+    pub rule_series: parking_lot::Mutex<std::collections::BTreeMap<String, (IntCounter, IntCounter)>>,
     /// Responses of a `cost_response_header` rule whose real cost was not
     /// a whole number: their reservation stood.
     pub cost_settle_invalid_total: IntCounterVec,
@@ -94,6 +99,7 @@ impl Metrics {
         let metrics = Metrics {
             requests_total: counter_vec(r, &REQUESTS_TOTAL),
             rule_decisions_total: counter_vec(r, &RULE_DECISIONS_TOTAL),
+            rule_series: Default::default(),
             cost_settle_invalid_total: counter_vec(r, &COST_SETTLE_INVALID_TOTAL),
             request_duration_seconds: histogram(r, &REQUEST_DURATION_SECONDS),
             upstream_errors_total: counter_vec(r, &UPSTREAM_ERRORS_TOTAL),
@@ -150,11 +156,17 @@ impl Metrics {
 
     /// The handles one rule updates.
     pub fn rule_counters(&self, rule: &str) -> RuleCounters {
-        RuleCounters {
+        let counters = RuleCounters {
             allowed: self.rule_decisions_total.with_label_values(&[rule, "allowed"]),
             limited: self.rule_decisions_total.with_label_values(&[rule, "limited"]),
             shadow_limited: self.rule_decisions_total.with_label_values(&[rule, "shadow_limited"]),
+        };
+        let mut series = self.rule_series.lock();
+        if !series.contains_key(rule) {
+            series.insert(rule.to_owned(), (counters.limited.clone(), counters.shadow_limited.clone()));
         }
+        drop(series);
+        counters
     }
 
     /// The handles one route (or "none", for requests no route matched)

@@ -41,19 +41,14 @@ impl Totals {
         sum_by(&metrics.requests_total, "decision", |decision, v| {
             *t.requests.entry(decision.to_string()).or_default() += v;
         });
-        let mut by_rule_decision: Vec<(String, String, u64)> = Vec::new();
-        for family in metrics.rule_decisions_total.collect() {
-            for m in family.get_metric() {
-                let value = m.get_counter().get_value() as u64;
-                by_rule_decision.push((label(m, "rule").to_string(), label(m, "decision").to_string(), value));
+        // A rule that never limited is left out: `since` counts a rule
+        // missing from the earlier reading from zero.
+        for (rule, (limited, shadow_limited)) in metrics.rule_series.lock().iter() {
+            let n = limited.get();
+            if n > 0 {
+                t.limited_by_rule.insert(rule.clone(), n);
             }
-        }
-        for (rule, decision, v) in by_rule_decision {
-            match decision.as_str() {
-                "limited" => *t.limited_by_rule.entry(rule).or_default() += v,
-                "shadow_limited" => t.shadow_limited += v,
-                _ => {}
-            }
+            t.shadow_limited += shadow_limited.get();
         }
         sum_by(&metrics.store_errors_total, "backend", |_, v| t.store_errors += v);
         sum_by(&metrics.upstream_errors_total, "upstream", |_, v| t.upstream_errors += v);
