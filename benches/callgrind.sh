@@ -12,7 +12,7 @@
 #       the requests do not match, before the ones they do
 #
 # Prints one line per scenario:
-#   CALLGRIND scenario=forward requests=2000 instr_per_req=123456 ...
+#   CALLGRIND scenario=forward decoys=0 requests=2000 instr_per_req=123456 ...
 # `forward`: every request admitted by a token-bucket rule keyed on a header
 # (edge-bench's `allow`), forwarded to a local upstream over HTTP/1.1
 # keep-alive; `reject`: the same rule at a limit the load passes at once
