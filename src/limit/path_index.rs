@@ -94,52 +94,54 @@ impl PathIndex {
 
     /// The entries that may match `path` (canonical), ascending.
     pub fn candidates<'a>(&'a self, path: &'a str) -> Candidates<'a> {
-        let mut c = Candidates { lists: [&[]; INLINE], n: 0, spill: None, all: 0..0 };
         if self.len <= SMALL {
-            c.all = 0..self.len;
-            return c;
+            return Candidates::All(0..self.len);
         }
-        c.push(self.exact.get(match_path(path)));
-        c.push(Some(&self.rest));
+        let mut m = Merge { lists: [&[]; INLINE], n: 0 };
+        m.push(self.exact.get(match_path(path)));
+        m.push(Some(&self.rest));
         if self.dirs.lengths == 0 {
-            return c;
+            return Candidates::Merge(m);
         }
-        c.push(self.roots.get(path));
+        m.push(self.roots.get(path));
         let mut spilled = Vec::new();
         for (i, _) in path.bytes().enumerate().filter(|&(_, b)| b == b'/') {
             let Some(list) = self.dirs.get(&path[..=i]) else { continue };
-            if c.n < INLINE {
-                c.push(Some(list));
+            if m.n < INLINE {
+                m.push(Some(list));
             } else {
                 spilled.extend_from_slice(list);
             }
         }
-        if !spilled.is_empty() {
-            // A path with more filed directories than fit inline: rare
-            // enough to pay for one sort.
-            for list in &c.lists[..c.n] {
-                spilled.extend_from_slice(list);
-            }
-            spilled.sort_unstable();
-            c.n = 0;
-            c.spill = Some(spilled.into_iter());
+        if spilled.is_empty() {
+            return Candidates::Merge(m);
         }
-        c
+        // A path with more filed directories than fit inline: rare enough
+        // to pay for one sort.
+        for list in &m.lists[..m.n] {
+            spilled.extend_from_slice(list);
+        }
+        spilled.sort_unstable();
+        Candidates::Spill(spilled.into_iter())
     }
 }
 
-/// [`PathIndex::candidates`]: sorted lists merged into one ascending
-/// sequence (an entry is filed in one list a path can reach, so nothing
-/// comes twice).
-pub struct Candidates<'a> {
-    lists: [&'a [usize]; INLINE],
-    n: usize,
-    spill: Option<std::vec::IntoIter<usize>>,
-    /// A small index's entries, every one.
-    all: std::ops::Range<usize>,
+/// [`PathIndex::candidates`], ascending: every entry of a small index, or
+/// the lists a path reaches merged (an entry is filed in one list a path
+/// can reach, so nothing comes twice).
+pub enum Candidates<'a> {
+    All(std::ops::Range<usize>),
+    Merge(Merge<'a>),
+    Spill(std::vec::IntoIter<usize>),
 }
 
-impl<'a> Candidates<'a> {
+/// Sorted lists, merged.
+pub struct Merge<'a> {
+    lists: [&'a [usize]; INLINE],
+    n: usize,
+}
+
+impl<'a> Merge<'a> {
     /// Adds a list; the caller keeps `n` under [`INLINE`].
     fn push(&mut self, list: Option<&'a [usize]>) {
         if let Some(list) = list.filter(|l| !l.is_empty()) {
@@ -153,17 +155,18 @@ impl Iterator for Candidates<'_> {
     type Item = usize;
 
     fn next(&mut self) -> Option<usize> {
-        if let Some(i) = self.all.next() {
-            return Some(i);
+        match self {
+            Candidates::All(range) => range.next(),
+            Candidates::Spill(spill) => spill.next(),
+            Candidates::Merge(m) => {
+                let lists = &mut m.lists[..m.n];
+                let (at, _) =
+                    lists.iter().enumerate().filter_map(|(k, l)| Some((k, *l.first()?))).min_by_key(|&(_, v)| v)?;
+                let (first, rest) = lists[at].split_first()?;
+                lists[at] = rest;
+                Some(*first)
+            }
         }
-        if let Some(spill) = &mut self.spill {
-            return spill.next();
-        }
-        let lists = &mut self.lists[..self.n];
-        let (at, _) = lists.iter().enumerate().filter_map(|(k, l)| Some((k, *l.first()?))).min_by_key(|&(_, v)| v)?;
-        let (first, rest) = lists[at].split_first()?;
-        lists[at] = rest;
-        Some(*first)
     }
 }
 
