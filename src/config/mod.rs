@@ -39,7 +39,7 @@ pub use crate::wire::normalize::{EncodedSlashes, Normalization};
 pub use admin::{AdminConfig, MAX_TOP_KEYS};
 pub use client::ClientConfig;
 pub use envoy::EnvoyMapping;
-pub use error::{ConfigError, ConfigErrors, line_col};
+pub use error::{ConfigError, ConfigErrors};
 pub use listen::Listen;
 pub use log::{AccessLogTarget, LogConfig};
 pub use main_file::Config;
