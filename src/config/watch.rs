@@ -1,6 +1,6 @@
 //! The one file watcher: notify events, debounced, and a poll of the
-//! files' metadata as a backstop, each look at the files on a blocking
-//! thread. Used for the rules and main file ([`crate::ops::reload`]) and the
+//! files' metadata as a backstop, each look at the files on a background
+//! thread of lower priority. Used for the rules and main file ([`crate::ops::reload`]) and the
 //! listener's certificates ([`crate::edge::tls`]).
 //!
 //! A watch can silently go stale when the watched directory is replaced,
@@ -38,7 +38,7 @@ pub struct Target {
     pub required: bool,
 }
 
-/// Calls `poll` (on a blocking thread) after file events on `targets`
+/// Calls `poll` (on a [`background`] thread) after file events on `targets`
 /// pause for [`DEBOUNCE`], and every [`POLL`], until the task is dropped.
 /// `what` names the files in the log lines ("rules path", "TLS files").
 pub async fn watch<F>(what: &'static str, targets: Vec<Target>, poll: F)
@@ -69,12 +69,52 @@ where
     }
 }
 
-/// `poll` on a blocking thread, never on the runtime that serves requests
-/// (on one CPU it has a single thread).
+/// `poll` on a [`background`] thread, never on the runtime that serves
+/// requests (on one CPU it has a single thread).
 async fn off_runtime<F: Fn() + Send + Sync + 'static>(what: &str, poll: &Arc<F>) {
     let poll = poll.clone();
-    if let Err(e) = tokio::task::spawn_blocking(move || poll()).await {
-        tracing::error!(error = %e, "the poll of the {what} failed");
+    let done = background(move || poll());
+    if done.await.is_err() {
+        tracing::error!("the poll of the {what} failed");
+    }
+}
+
+/// The nice value of [`background`] threads: a reload of 10,000 rules
+/// takes about a tenth of a second of CPU, which on a core shared with the
+/// runtime (a proxy pinned to one CPU) would otherwise delay every request
+/// that arrives meanwhile. At 10 the runtime thread preempts it when a
+/// request arrives and gets about nine tenths of a saturated core.
+pub const BACKGROUND_NICE: i32 = 10;
+
+/// Runs `work` on a new thread of lower priority ([`BACKGROUND_NICE`]):
+/// file reads, parsing and validation of reloads, never the request path.
+/// The receiver completes when `work` returns, and fails if it panicked
+/// or no thread could be started (logged).
+pub fn background<F: FnOnce() + Send + 'static>(work: F) -> tokio::sync::oneshot::Receiver<()> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let spawned = std::thread::Builder::new().name("tollgate-reload".into()).spawn(move || {
+        lower_priority();
+        work();
+        let _ = tx.send(());
+    });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start a thread for a reload");
+    }
+    rx
+}
+
+/// Lowers the calling thread's priority. Linux keeps the nice value per
+/// thread, so `setpriority(PRIO_PROCESS, 0)` changes only this one; other
+/// systems apply it to the whole process, so there it is left alone.
+fn lower_priority() {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    {
+        use rustix::process::{getpriority_process, setpriority_process};
+        // Only ever lower: a process started under `nice 19` stays there.
+        let below = getpriority_process(None).is_ok_and(|now| now < BACKGROUND_NICE);
+        if below && let Err(e) = setpriority_process(None, BACKGROUND_NICE) {
+            tracing::debug!(error = %e, "cannot lower the reload thread's priority");
+        }
     }
 }
 
@@ -164,4 +204,31 @@ fn write_metadata(h: &mut impl std::hash::Hasher, meta: &std::fs::Metadata) {
     h.write_i64(meta.ctime_nsec());
     h.write_u64(meta.ino());
     h.write_u64(meta.dev());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reload's thread yields the core to the runtime's: its nice value
+    /// is [`BACKGROUND_NICE`], and the caller's thread keeps its own.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn background_work_runs_at_a_lower_priority_than_the_runtime() {
+        let before = rustix::process::getpriority_process(None).expect("getpriority");
+        let seen = Arc::new(parking_lot::Mutex::new(None));
+        let into = seen.clone();
+        background(move || *into.lock() = Some(rustix::process::getpriority_process(None)))
+            .await
+            .expect("the work ran");
+        let seen = seen.lock().take().expect("the work ran").expect("getpriority");
+        assert_eq!(seen, BACKGROUND_NICE.max(before));
+        assert_eq!(rustix::process::getpriority_process(None).expect("getpriority"), before);
+    }
+
+    /// A panic in the work reaches the caller as an error, not a hang.
+    #[tokio::test]
+    async fn background_work_that_panics_is_reported() {
+        assert!(background(|| panic!("a broken reload")).await.is_err());
+    }
 }

@@ -285,7 +285,7 @@ fn on_reopen(proxy: Arc<Proxy>) -> impl FnMut() {
 
 /// What a SIGHUP does: the access log's file is reopened (logrotate has
 /// moved it away), and the main file and the rules are reloaded as a change
-/// to their files would, on a blocking thread (file IO).
+/// to their files would, on a background thread (file IO, parsing).
 fn on_hangup(proxy: Arc<Proxy>, reloader: Arc<Reloader>) -> impl FnMut() {
     move || {
         tracing::info!(
@@ -293,13 +293,13 @@ fn on_hangup(proxy: Arc<Proxy>, reloader: Arc<Reloader>) -> impl FnMut() {
         );
         proxy.reopen_access_log();
         let reloader = reloader.clone();
-        tokio::task::spawn_blocking(move || {
+        drop(crate::config::watch::background(move || {
             // Reloads the rules too, against the new routes; a broken main
             // file still leaves the rules to be reloaded.
             if reloader.reload_config().is_err() {
                 let _ = reloader.reload();
             }
-        });
+        }));
     }
 }
 

@@ -218,9 +218,10 @@ impl Proxy {
         self.swap_routing(Routing::replacing(config, &self.metrics, Some(&previous)));
     }
 
-    /// Puts a new rule set in force ([`Decider::swap_rules`]).
-    pub fn swap_rules(&self, rules: RuleSet) {
-        self.decider.swap_rules(rules);
+    /// Puts a new rule set in force ([`Decider::swap_rules`]); returns
+    /// the rules replaced.
+    pub fn swap_rules(&self, rules: RuleSet) -> Arc<RuleSet> {
+        self.decider.swap_rules(rules)
     }
 
     /// The rules, the store and their verdicts: what the decision API and

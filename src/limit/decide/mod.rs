@@ -214,14 +214,16 @@ impl Decider {
 
     /// Puts a new rule set in force. Existing buckets keep their counts: the
     /// store is keyed by rule name and key, not by rule set.
-    pub fn swap_rules(&self, mut rules: RuleSet) {
+    /// Returns the rules replaced, for the caller to free off the runtime
+    /// (thousands of rules take milliseconds to drop).
+    pub fn swap_rules(&self, mut rules: RuleSet) -> Arc<RuleSet> {
         if let Some(t) = &self.top {
             t.attach(&mut rules);
         }
         let extra = self.extra_idle_horizon.lock();
         self.store.set_idle_horizon(rules.idle_horizon.max(*extra));
         self.metrics.rules_active.set(rules.rules.len() as i64);
-        self.rules.store(Arc::new(rules));
+        self.rules.swap(Arc::new(rules))
     }
 
     /// Keeps the store from forgetting keys checked under `limits`, which

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Does a reload of many rules stall requests? One tollgate (pinned to CPU 1,
+# as edge-bench pins it) with N prefix rules that do not match plus the one
+# that does, behind wrk on CPU 0; each round runs wrk twice, once quiet and
+# once while the rules file changes every second, and prints both.
+#
+#   benches/reload_stall.sh --tollgate target/release/tollgate
+#   benches/reload_stall.sh --tollgate PATH --rules 10000 --rounds 3 --conns 4
+#
+# RELOAD_STALL rules=10000 reloads=no  rps=... p50_us=... p99_us=... requests=...
+# RELOAD_STALL rules=10000 reloads=yes rps=... p50_us=... p99_us=... requests=... reloaded=9
+#
+# wrk runs closed loop with few connections, so CPU 1 has idle time, as in
+# a deployment that is not saturated: what a reload takes from requests
+# shows as p99. A timing bench: run it on a quiet machine and compare
+# medians of the rounds. Needs wrk and nginx (the upstream).
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+TOLLGATE=""; RULES=10000; ROUNDS=3; CONNS=4; DURATION=10
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --tollgate) TOLLGATE="$2"; shift 2 ;;
+    --rules) RULES="$2"; shift 2 ;;
+    --rounds) ROUNDS="$2"; shift 2 ;;
+    --conns) CONNS="$2"; shift 2 ;;
+    --duration) DURATION="$2"; shift 2 ;;
+    *) echo "reload_stall: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+[ -x "$TOLLGATE" ] || { echo "reload_stall: give --tollgate PATH (a release build)" >&2; exit 2; }
+PATH="$PATH:/usr/sbin"
+USERS_LUA="$HERE/../../shared/bench/users.lua"
+[ -f "$USERS_LUA" ] || USERS_LUA="$HERE/fixtures/users.lua"
+
+WORK="$(mktemp -d /tmp/reload-stall.XXXXXX)"
+PIDS=()
+cleanup() { for p in "${PIDS[@]:-}"; do kill "$p" 2>/dev/null || true; done; sleep 0.3; rm -rf "$WORK"; }
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 1 100); do (echo > /dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.1; done; echo "reload_stall: nothing on $1" >&2; exit 1; }
+UP=$(free_port); PROXY=$(free_port); ADMIN=$(free_port)
+
+mkdir -p "$WORK/up"
+cat > "$WORK/up/nginx.conf" <<EOF
+worker_processes 1; daemon off; pid $WORK/up/nginx.pid; error_log $WORK/up/error.log;
+events { worker_connections 8192; }
+http { access_log off;
+  server { listen 127.0.0.1:$UP backlog=4096; keepalive_requests 10000000;
+    location / { return 200 "ok\n"; } } }
+EOF
+taskset -c 0 nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" & PIDS+=($!)
+wait_port "$UP"
+
+cat > "$WORK/tollgate.toml" <<EOF
+[listen]
+proxy = "127.0.0.1:$PROXY"
+admin = "127.0.0.1:$ADMIN"
+[rules]
+path = "$WORK/rules.toml"
+[store]
+backend = "memory"
+[[upstream]]
+name = "bench"
+url = "http://127.0.0.1:$UP"
+[[route]]
+path_prefix = "/"
+upstream = "bench"
+EOF
+python3 - "$RULES" > "$WORK/rules.toml" <<'EOF'
+import sys
+for i in range(int(sys.argv[1])):
+    print(f'[[rule]]\nname = "decoy{i}"\nkey = ["ip"]\nlimit = 10\nwindow = "1s"\nmatch = {{ path = "/decoy{i}/*" }}\n')
+print('[[rule]]\nname = "per-user"\nkey = ["header:x-user-id"]\nalgorithm = "token_bucket"\nlimit = 1000000\nwindow = "1s"')
+EOF
+RUST_LOG=warn taskset -c 1 "$TOLLGATE" --config "$WORK/tollgate.toml" > "$WORK/tollgate.log" 2>&1 & PIDS+=($!)
+wait_port "$PROXY"
+
+reloads() { curl -s "http://127.0.0.1:$ADMIN/metrics" | awk '/^tollgate_rules_reloads_total\{result="success"\}/ {print $2}'; }
+load() { # $1 = yes|no
+  local before after line toucher=""
+  before=$(reloads)
+  if [ "$1" = yes ]; then
+    ( for i in $(seq 1 $((DURATION - 1))); do sleep 1; echo "# touched $i" >> "$WORK/rules.toml"; done ) &
+    toucher=$!
+  fi
+  line=$(USERS=10000 taskset -c 0 wrk -t1 -c"$CONNS" -d"${DURATION}s" -s "$USERS_LUA" "http://127.0.0.1:$PROXY" 2>&1 | grep '^RESULT' || true)
+  [ -n "$toucher" ] && wait "$toucher"
+  sleep 1
+  after=$(reloads)
+  echo "RELOAD_STALL rules=$RULES reloads=$1 ${line#RESULT } reloaded=$((${after%.*} - ${before%.*}))"
+}
+USERS=10000 taskset -c 0 wrk -t1 -c"$CONNS" -d1s -s "$USERS_LUA" "http://127.0.0.1:$PROXY" >/dev/null 2>&1 || true
+for _ in $(seq 1 "$ROUNDS"); do
+  load no
+  load yes
+done
