@@ -76,7 +76,8 @@
 //! | [`edge::idle`] | closes connections with no request in flight for `listen.idle_timeout`, and clients that read nothing for `listen.send_timeout` |
 //! | [`edge::send_budget`] | at most 128 KiB of response bodies held per client connection, whatever its HTTP/2 streams |
 //! | [`edge::process`] | what the binaries share: the async runtime, logging, the shutdown signals (SIGTERM: lame duck first; SIGINT: drain at once), SIGHUP (reload) and SIGUSR1 (reopen the access log) |
-//! | [`ops::admin`] | `/metrics`, `/healthz`, `/readyz`, `/rules`, `/config`, `/top` |
+//! | [`ops::admin`] | `/metrics`, `/healthz`, `/readyz`, `/rules`, `/upstreams`, `/config`, `/top` |
+//! | [`ops::dashboard`] | `/`: one self-contained HTML page that reads the admin endpoints every few seconds |
 //! | [`ops::reload`] | watch the rules and the main file, debounce, validate, swap; keep the old rules on error |
 //! | [`proxy`] | the request path in phases over one per-request context: admit (spelling, route, limits, client, identity), decide, reject or forward, settle, and one log step |
 //! | [`proxy::held`] | a request's concurrency slots, held until its response body ends or its client goes away |

@@ -1,5 +1,5 @@
-//! The admin listener: `/metrics`, `/healthz`, `/healthz/store`, `/readyz`,
-//! `/rules`, `/config`, `/top`.
+//! The admin listener: `/` (the dashboard), `/metrics`, `/healthz`,
+//! `/healthz/store`, `/readyz`, `/rules`, `/upstreams`, `/config`, `/top`.
 //!
 //! `/readyz` says whether this instance should get traffic: it answers 503
 //! on a store outage only when `[store] on_error` is `deny` and no node of
@@ -41,9 +41,14 @@ struct Outage {
     /// The nodes that did not answer (none named for the memory store, or
     /// when the whole ping timed out).
     nodes_down: Vec<String>,
+    /// The nodes that did answer.
+    nodes_up: NodesUp,
     /// No node answered.
     whole: bool,
 }
+
+/// The nodes that answered a ping (none named for the memory store).
+type NodesUp = Vec<String>;
 
 /// What the admin endpoints read.
 pub struct Admin {
@@ -74,6 +79,8 @@ impl Admin {
             "/healthz/store" => self.store_health().await,
             "/readyz" => self.ready().await,
             "/rules" => self.rules(),
+            "/upstreams" => self.upstreams(),
+            "/" | "/dashboard" => crate::ops::dashboard::page(),
             "/top" => self.top(req.uri().query()).unwrap_or_else(AdminError::into_response),
             // What `tollgate check --running` compares a new main file with.
             "/config" => {
@@ -86,24 +93,25 @@ impl Admin {
             }
             _ => json_response(
                 StatusCode::NOT_FOUND,
-                &json!({"error": "not_found", "message": "Admin endpoints: /metrics /healthz /healthz/store /readyz /rules /config /top."}),
+                &json!({"error": "not_found", "message": "Admin endpoints: / (the dashboard) /metrics /healthz /healthz/store /readyz /rules /upstreams /config /top."}),
             ),
         }
     }
 
-    /// Pings the store, node by node: `Err` says why (some of) it did not
-    /// answer.
-    async fn ping(&self) -> Result<(), Outage> {
-        let whole = |reason: String| Outage { reason, nodes_down: Vec::new(), whole: true };
+    /// Pings the store, node by node: the nodes that answered, or `Err`
+    /// saying why (some of) it did not answer.
+    async fn ping(&self) -> Result<NodesUp, Outage> {
+        let whole = |reason: String| Outage { reason, nodes_down: Vec::new(), nodes_up: Vec::new(), whole: true };
         let store = self.proxy.store();
         let survey = async {
             match store.survey().await {
-                None => store.ping().await.map_err(|e| whole(e.to_string())),
-                Some((_, down)) if down.is_empty() => Ok(()),
+                None => store.ping().await.map(|()| Vec::new()).map_err(|e| whole(e.to_string())),
+                Some((up, down)) if down.is_empty() => Ok(up),
                 Some((up, down)) => Err(Outage {
                     reason: down.iter().map(|(node, e)| format!("{node}: {e}")).collect::<Vec<_>>().join("; "),
                     nodes_down: down.into_iter().map(|(node, _)| node).collect(),
                     whole: up.is_empty(),
+                    nodes_up: up,
                 }),
             }
         };
@@ -118,10 +126,10 @@ impl Admin {
     async fn store_health(&self) -> Response<Full<Bytes>> {
         let backend = self.proxy.store().backend();
         match self.ping().await {
-            Ok(()) => json_response(StatusCode::OK, &json!({"status": "up", "store": backend})),
+            Ok(up) => json_response(StatusCode::OK, &json!({"status": "up", "store": backend, "nodes_up": up})),
             Err(o) => json_response(
                 StatusCode::SERVICE_UNAVAILABLE,
-                &json!({"status": if o.whole { "down" } else { "partial" }, "store": backend, "reason": o.reason, "nodes_down": o.nodes_down}),
+                &json!({"status": if o.whole { "down" } else { "partial" }, "store": backend, "reason": o.reason, "nodes_down": o.nodes_down, "nodes_up": o.nodes_up}),
             ),
         }
     }
@@ -138,7 +146,7 @@ impl Admin {
         }
         let policy = self.proxy.default_on_error();
         match self.ping().await {
-            Ok(()) => json_response(StatusCode::OK, &json!({"status": "ready", "store": backend})),
+            Ok(_) => json_response(StatusCode::OK, &json!({"status": "ready", "store": backend})),
             Err(o) if o.whole && policy == OnError::Deny => json_response(
                 StatusCode::SERVICE_UNAVAILABLE,
                 &json!({"status": "not_ready", "store": backend, "reason": o.reason}),
@@ -168,6 +176,10 @@ impl Admin {
                     "key": s.key.iter().map(|k| k.describe()).collect::<Vec<_>>(),
                     "mode": format!("{:?}", s.mode).to_lowercase(),
                     "throttle": format!("{:?}", s.throttle),
+                    // Decisions since start (or since the rule was first
+                    // loaded under this name): the dashboard's rates.
+                    "allowed": r.counters.allowed.get(),
+                    "limited": r.counters.limited.get(),
                 });
                 // Only for rules that have them: the common rule stays as it was.
                 if let Some(c) = &s.calendar {
@@ -224,6 +236,18 @@ impl Admin {
 }
 
 impl Admin {
+    /// `/upstreams`: each upstream's servers, in service or not, with what
+    /// they have in flight and their counters.
+    fn upstreams(&self) -> Response<Full<Bytes>> {
+        let upstreams: Vec<_> = self
+            .proxy
+            .upstream_states()
+            .into_iter()
+            .map(|(name, servers)| json!({"name": name, "servers": servers}))
+            .collect();
+        json_response(StatusCode::OK, &json!({ "upstreams": upstreams }))
+    }
+
     /// `/top?rule=NAME&n=20&by=limited`: the `n` heaviest keys of a rule
     /// over the last 30 to 60 seconds; without `rule`, of every rule.
     fn top(&self, query: Option<&str>) -> Result<Response<Full<Bytes>>, AdminError> {

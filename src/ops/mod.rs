@@ -1,6 +1,7 @@
 //! Operating a running proxy: the admin listener (`/metrics`, `/healthz`,
-//! `/readyz`, `/rules`, `/config`, `/top`) and hot reload of the rules and
-//! the main file.
+//! `/readyz`, `/rules`, `/upstreams`, `/config`, `/top`), its dashboard
+//! page, and hot reload of the rules and the main file.
 
 pub mod admin;
+pub mod dashboard;
 pub mod reload;

@@ -421,6 +421,12 @@ impl Proxy {
         self.routing.load().upstreams.iter().find(|u| u.config.name == name).map(UpstreamClient::inflight)
     }
 
+    /// Every upstream's name and its servers' states, in config order.
+    pub fn upstream_states(&self) -> Vec<(String, Vec<crate::upstream::ServerState>)> {
+        let routing = self.routing.load();
+        routing.upstreams.iter().map(|u| (u.config.name.clone(), u.server_states())).collect()
+    }
+
     /// Brings the gauges the request path does not set itself up to date,
     /// before metrics are rendered.
     pub fn refresh_gauges(&self) {

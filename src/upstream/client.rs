@@ -172,10 +172,40 @@ impl UpstreamClient {
         self.servers.iter().map(|s| s.inflight()).sum::<u64>() as usize
     }
 
+    /// Each server's state as the admin listener shows it (`/upstreams`).
+    pub fn server_states(&self) -> Vec<ServerState> {
+        self.servers
+            .iter()
+            .map(|s| ServerState {
+                address: s.address.clone(),
+                up: s.health.is_up(s.health.now_ms()),
+                ejected: s.health.ejected(),
+                inflight: s.inflight(),
+                requests: s.requests.get(),
+                failures: s.failures.get(),
+            })
+            .collect()
+    }
+
     /// Sets each server's in-flight gauge, for a metrics scrape.
     pub fn refresh_gauges(&self) {
         for s in &self.servers {
             s.inflight_gauge.set(s.inflight() as i64);
         }
     }
+}
+
+/// One upstream server at the moment it was looked at.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ServerState {
+    pub address: String,
+    /// In service: not taken out by its health check or passive health
+    /// (a server whose backoff has run out is in service again).
+    pub up: bool,
+    /// Passive health has taken it out at least once since it last
+    /// answered well.
+    pub ejected: bool,
+    pub inflight: u64,
+    pub requests: u64,
+    pub failures: u64,
 }

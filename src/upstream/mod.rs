@@ -29,4 +29,4 @@ pub mod pool;
 mod tries;
 pub mod tunnel;
 
-pub use client::UpstreamClient;
+pub use client::{ServerState, UpstreamClient};
