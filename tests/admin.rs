@@ -159,6 +159,8 @@ async fn rules_shows_what_is_in_force() {
                     "key": ["ip"],
                     "mode": "enforce",
                     "throttle": "Hard",
+                    "allowed": 0,
+                    "limited": 0,
                 },
                 {
                     "name": "trial",
@@ -170,6 +172,8 @@ async fn rules_shows_what_is_in_force() {
                     "key": ["user", "header:x-tier"],
                     "mode": "shadow",
                     "throttle": "Soft { percent: 20 }",
+                    "allowed": 0,
+                    "limited": 0,
                 },
             ],
             "files": [file],
