@@ -23,7 +23,7 @@
 //! | 7 | [`limit`] | the compiled rules: which match, their keys, costs and limits; the heaviest keys; the `Decider`: one store round, verdicts |
 //! | 6 | [`store`] | where counters live: this process's memory, or Redis (Cluster) |
 //! | 5 | [`upstream`] | talking to upstream servers: balancing, health, pools, bodies, tunnels |
-//! | 4 | [`obs`] | what tollgate tells operators: metrics, the access log, the summary line |
+//! | 4 | [`obs`] | what tollgate tells operators: metrics, the access log, the summary line, traces |
 //! | 3 | [`config`] | reading and validating the configuration and rules; PEM certificates and keys; the file watcher |
 //! | 2 | [`wire`] | the HTTP a request arrives as and an answer leaves as |
 //! | 1 | [`limiter`] | the algorithms' arithmetic, calendar windows and time, pure |
@@ -55,7 +55,9 @@
 //! 6. The request's concurrency slots stay [`proxy::held`] until its body ends;
 //!    [`proxy::settle`] corrects its reserved cost from the response
 //!    (`cost_response_header`).
-//! 7. [`obs::access_log`] writes its line; [`obs::metrics`] counts it.
+//! 7. [`obs::access_log`] writes its line (and hands a sampled request's
+//!    span to [`obs::trace`], which also set its `traceparent` on arrival);
+//!    [`obs::metrics`] counts it.
 //!
 //! Around it: [`ops::reload`] swaps in new rules (watching files with
 //! [`config::watch`]), [`ops::admin`] serves `/metrics`, `/rules`, `/top`
@@ -98,6 +100,7 @@
 //! | [`obs::metrics`] | Prometheus metrics on an explicit registry |
 //! | [`obs::access_log`] | one JSON line per request, written off the request path by a thread behind a bounded queue, never a torn line |
 //! | [`obs::summary`] | a periodic `info` log line: requests allowed and limited since the last one |
+//! | [`obs::trace`] | `[tracing]`: W3C trace context in and out, sampling, OpenTelemetry spans batched to an OTLP/HTTP collector off the request path |
 //! | [`config`] | main config and rules, validated with file:line:column errors; the files tollgate reads ([`config::pem`] certificates and keys, [`config::watch`] the one file watcher) |
 //! | [`wire::normalize`] | one spelling per request: canonical path, host, method and header names, or 400 |
 //! | [`wire::client`] | who the client is: trusted proxies, `X-Forwarded-For`, IPv6 prefixes |

@@ -8,6 +8,7 @@ use super::client::ClientConfig;
 use super::error::{ConfigError, ConfigErrors};
 use super::listen::Listen;
 use super::log::LogConfig;
+use super::otel::TracingConfig;
 use super::raw::{RawConfig, RawRules};
 use super::routes::Route;
 use super::store::StoreConfig;
@@ -31,6 +32,8 @@ pub struct Config {
     pub log: LogConfig,
     /// `[admin]`: the heavy-hitter sketches behind `/top`.
     pub admin: AdminConfig,
+    /// `[tracing]`: OpenTelemetry spans; `None` when off.
+    pub tracing: Option<TracingConfig>,
 }
 
 impl Config {
@@ -68,7 +71,19 @@ impl Validator<'_> {
         let (upstreams, routes) = self.upstreams_and_routes(raw.upstream, raw.route, &listen.normalization);
         let log = self.log(raw.log);
         let admin = self.admin(raw.admin);
-        Config { path: self.file.to_path_buf(), listen, rules_path, store, client, upstreams, routes, log, admin }
+        let tracing = self.tracing(raw.tracing);
+        Config {
+            path: self.file.to_path_buf(),
+            listen,
+            rules_path,
+            store,
+            client,
+            upstreams,
+            routes,
+            log,
+            admin,
+            tracing,
+        }
     }
 
     /// `[rules] path`, relative to the config file's directory unless absolute.

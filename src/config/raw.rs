@@ -23,6 +23,17 @@ pub struct RawConfig {
     pub route: Vec<Spanned<RawRoute>>,
     pub log: Option<RawLog>,
     pub admin: Option<RawAdmin>,
+    pub tracing: Option<Spanned<RawTracing>>,
+}
+
+/// `[tracing]`: OpenTelemetry spans over OTLP/HTTP.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawTracing {
+    pub otlp_endpoint: Option<Spanned<String>>,
+    pub sample_ratio: Option<Spanned<f64>>,
+    pub service_name: Option<Spanned<String>>,
+    pub accept_traceparent: Option<Spanned<String>>,
 }
 
 /// `[log]` as serde reads it.

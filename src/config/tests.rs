@@ -267,13 +267,13 @@ fn unknown_key_at_the_top_level() {
     assert_eq!(
         errors("[listen]\nproxy = \"0.0.0.0:8080\"\n\n[limits]\nx = 1\n"),
         [
-            "t.toml:4:2: unknown field `limits`, expected one of `listen`, `rules`, `store`, `client`, `upstream`, `route`, `log`, `admin`"
+            "t.toml:4:2: unknown field `limits`, expected one of `listen`, `rules`, `store`, `client`, `upstream`, `route`, `log`, `admin`, `tracing`"
         ]
     );
     assert_eq!(
         errors("verbose = true\n"),
         [
-            "t.toml:1:1: unknown field `verbose`, expected one of `listen`, `rules`, `store`, `client`, `upstream`, `route`, `log`, `admin`"
+            "t.toml:1:1: unknown field `verbose`, expected one of `listen`, `rules`, `store`, `client`, `upstream`, `route`, `log`, `admin`, `tracing`"
         ]
     );
 }

@@ -50,12 +50,12 @@ pub async fn serve(
         tokio::spawn(async move {
             let svc = service_fn(move |mut req| {
                 let request_id = crate::wire::request_id::assign(req.headers_mut(), peer.trusted);
-                let pending = proxy.access_log().map(|log| {
+                let pending = proxy.access_log().and_then(|log| {
                     // As the proxy resolves it; a forwarding header naming
                     // no client is not worth refusing a redirect for.
                     let trusted = &proxy.client_config().trusted_proxies;
                     let client = crate::wire::client::client_addr(peer.ip, req.headers(), trusted).unwrap_or(peer.ip);
-                    log.begin_request(&req, client, &request_id, None)
+                    log.begin_request(&req, client, &request_id, None, None)
                 });
                 let resp = redirect(&req, https_port, &request_id);
                 if let Some(mut p) = pending {

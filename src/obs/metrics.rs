@@ -63,6 +63,7 @@ pub struct Metrics {
     pub tls_plain_http_total: IntCounter,
     pub tls_certificate_expiry_timestamp_seconds: IntGaugeVec,
     pub access_log_dropped_total: IntCounter,
+    pub tracing_spans_total: IntCounterVec,
 }
 
 /// Per-rule decision counters, resolved once per rule per reload.
@@ -122,6 +123,7 @@ impl Metrics {
             connections_active: gauge(r, &CONNECTIONS_ACTIVE),
             tunnels_active: gauge(r, &TUNNELS_ACTIVE),
             access_log_dropped_total: counter(r, &ACCESS_LOG_DROPPED_TOTAL),
+            tracing_spans_total: counter_vec(r, &TRACING_SPANS_TOTAL),
             connections_refused_total: counter(r, &CONNECTIONS_REFUSED_TOTAL),
             client_gone_total: counter(r, &CLIENT_GONE_TOTAL),
             store_evictions_total: counter(r, &STORE_EVICTIONS_TOTAL),
@@ -347,6 +349,11 @@ const ACCESS_LOG_DROPPED_TOTAL: Spec = Spec {
     name: "tollgate_access_log_dropped_total",
     help: "Access log lines dropped: the writer's queue was full (a slow disk) or the write failed.",
     labels: &[],
+};
+const TRACING_SPANS_TOTAL: Spec = Spec {
+    name: "tollgate_tracing_spans_total",
+    help: "Spans of sampled requests by result: exported (the collector took them), dropped (the export queue was full) or failed (the collector refused them or did not answer).",
+    labels: &["result"],
 };
 const CONNECTIONS_REFUSED_TOTAL: Spec = Spec {
     name: "tollgate_connections_refused_total",

@@ -4,3 +4,4 @@
 pub mod access_log;
 pub mod metrics;
 pub mod summary;
+pub mod trace;

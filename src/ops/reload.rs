@@ -259,6 +259,7 @@ pub fn restart_fingerprints(config: &Config) -> Vec<(&'static str, String)> {
         ("[client]", fnv(format!("{:?}", config.client))),
         ("[log]", fnv(format!("{:?}", config.log))),
         ("[admin]", fnv(format!("{:?}", config.admin))),
+        ("[tracing]", fnv(format!("{:?}", config.tracing))),
         ("[rules] path", fnv(format!("{:?}", config.rules_path))),
     ]
 }

@@ -31,6 +31,7 @@ use crate::limit::rules::RuleSet;
 use crate::limit::top::TopKeys;
 use crate::obs::access_log::{AccessLog, Logged, Note};
 use crate::obs::metrics::{Metrics, RouteCounters};
+use crate::obs::trace::Tracer;
 use crate::proxy::held::Holding;
 use crate::proxy::settle::OnTrailers;
 use crate::store::{AnyStore, Held};
@@ -80,8 +81,11 @@ pub struct Proxy {
     /// keeps the ones it started with to its end.
     routing: ArcSwap<Routing>,
     no_route: RouteCounters,
-    /// `[log] access`; `None` when off.
+    /// `[log] access`, and the spans of sampled requests; `None` when
+    /// neither is on.
     access_log: Option<AccessLog>,
+    /// `[tracing]`; `None` when off.
+    tracer: Option<Arc<Tracer>>,
 }
 
 /// One request on its way through the phases of [`Proxy::serve`]: what
@@ -110,6 +114,26 @@ struct Exchange<'a> {
     held: Option<Held>,
     /// Reservations whose real cost comes with the response's trailers.
     on_trailers: Option<OnTrailers>,
+}
+
+/// What the access log and the request's span keep of its decision: the
+/// rule, the verdict and, for a span (`asked`: when the store was asked),
+/// the store's time and the route.
+fn note_decision(x: &mut Exchange<'_>, d: &Decision<'_>, asked: Option<Instant>) {
+    if let Some(rule) = d.rule_to_note() {
+        x.note.rule(rule);
+    }
+    if let Some(asked) = asked {
+        x.note.store_time(asked.elapsed());
+        if let Some(r) = x.route {
+            x.note.route(&x.routing.routes[r].0.path_prefix);
+        }
+    }
+    x.note.decision(match d.ruling {
+        Ruling::Admitted { .. } => "allowed",
+        Ruling::Limited { .. } => "limited",
+        Ruling::Unavailable => "store_unavailable",
+    });
 }
 
 /// The routes and the upstreams they lead to.
@@ -168,12 +192,14 @@ impl Proxy {
     /// counts their keys for `/top` (`None`: `[admin] top_keys = 0`).
     pub fn new(config: &Config, rules: RuleSet, store: AnyStore, metrics: Arc<Metrics>, top: Option<TopKeys>) -> Proxy {
         let routing = Routing::new(config, &metrics);
-        let access_log =
-            AccessLog::start(&config.log.access, metrics.access_log_dropped_total.clone()).unwrap_or_else(|e| {
+        let tracer = Tracer::start(config.tracing.as_ref(), &metrics);
+        let access_log = AccessLog::start(&config.log.access, metrics.access_log_dropped_total.clone(), tracer.clone())
+            .unwrap_or_else(|e| {
                 tracing::error!(error = %e, "cannot start the access log writer; requests are not logged");
                 None
             });
         Proxy {
+            tracer,
             decider: Arc::new(Decider::new(config, rules, store, metrics.clone(), top)),
             access_log,
             no_route: metrics.route_counters("none"),
@@ -252,7 +278,9 @@ impl Proxy {
     pub async fn handle(&self, mut req: Request<Incoming>, peer: &Peer) -> Response<LoggedBody> {
         let started = Instant::now();
         let request_id = request_id::assign(req.headers_mut(), peer.trusted);
-        let mut entry = self.access_log.as_ref().map(|log| log.begin_request(&req, peer.ip, &request_id, peer.tls));
+        let trace = self.tracer.as_ref().map(|t| t.begin(req.headers_mut(), peer.trusted));
+        let mut entry =
+            self.access_log.as_ref().and_then(|log| log.begin_request(&req, peer.ip, &request_id, peer.tls, trace));
         let mut x = Exchange {
             peer,
             request_id,
@@ -293,7 +321,7 @@ impl Proxy {
         peer: std::net::IpAddr,
         request_id: &http::HeaderValue,
     ) -> Option<crate::obs::access_log::Pending> {
-        Some(self.access_log.as_ref()?.begin_raw(head, client::canonical(peer), request_id))
+        self.access_log.as_ref()?.begin_raw(head, client::canonical(peer), request_id)
     }
 
     /// The access log, unless `[log] access = "off"`: for the listeners
@@ -331,11 +359,11 @@ impl Proxy {
         if let Err(e) = self.decider.prepare(&rules, &self.facts(&req, &rules, x), self.asked(x), &mut d) {
             return self.refuse(x, e);
         }
+        // No clock read unless the request's span is recorded.
+        let asked = x.note.traced().then(Instant::now);
         self.decider.decide(&mut d, &mut x.held).await;
-        if x.note.enabled()
-            && let Some(rule) = d.rule_to_note()
-        {
-            x.note.rule(rule);
+        if x.note.enabled() {
+            note_decision(x, &d, asked);
         }
         let delay = match d.ruling {
             Ruling::Admitted { delay } => delay,

@@ -10,6 +10,8 @@ use http::header::HeaderValue;
 use http::uri::Authority;
 use http::{Method, Uri, Version};
 
+use crate::obs::trace::{SpanRecord, Trace};
+
 /// One request's line, as it is being filled in.
 pub struct Entry {
     pub(super) time: SystemTime,
@@ -38,6 +40,40 @@ pub struct Entry {
     pub(super) upstream_answer: Option<(Option<u16>, Duration)>,
     /// The connection's TLS version (`"TLSv1.3"`); `None` over plain TCP.
     pub(super) tls: Option<&'static str>,
+    /// With `[tracing]`: the request's trace (its id goes into the line).
+    pub(super) trace: Option<Trace>,
+    /// For a sampled request's span: its route's prefix, its decision and
+    /// the time its store round took.
+    pub(super) route: Option<String>,
+    pub(super) decision: Option<&'static str>,
+    pub(super) store: Option<Duration>,
+}
+
+impl Entry {
+    /// Whether this entry's request has a span to export.
+    pub(super) fn sampled(&self) -> bool {
+        self.trace.as_ref().is_some_and(|t| t.context.sampled)
+    }
+
+    /// The span of a sampled request, from what the entry holds.
+    pub(super) fn span(&self) -> Option<SpanRecord> {
+        let t = self.trace.as_ref().filter(|t| t.context.sampled)?;
+        Some(SpanRecord {
+            context: t.context,
+            tracestate: t.tracestate.clone(),
+            start: self.time,
+            duration: self.duration,
+            method: self.method.clone(),
+            path: self.uri.path().to_string(),
+            route: self.route.clone(),
+            status: self.status,
+            client: self.client,
+            upstream: self.upstream.clone(),
+            rule: self.rule.clone(),
+            decision: self.decision,
+            store: self.store,
+        })
+    }
 }
 
 /// What the writer thread receives.

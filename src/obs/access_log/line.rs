@@ -56,6 +56,12 @@ pub(super) fn render(e: &Entry, out: &mut Vec<u8>) {
     json_or_null(e.referer.as_ref().map(HeaderValue::as_bytes), out);
     out.extend_from_slice(b",\"tls\":");
     json_or_null(e.tls.map(str::as_bytes), out);
+    // Only with `[tracing]`: lines stay as they were without it.
+    if let Some(t) = &e.trace {
+        out.extend_from_slice(b",\"trace_id\":\"");
+        out.extend_from_slice(&t.context.trace_hex());
+        out.push(b'"');
+    }
     out.extend_from_slice(b"}\n");
 }
 
@@ -209,6 +215,10 @@ mod tests {
             referer: None,
             upstream_answer: Some((None, Duration::from_micros(2_500))),
             tls: Some("TLSv1.3"),
+            trace: None,
+            route: None,
+            decision: None,
+            store: None,
         };
         let mut out = Vec::new();
         render(&entry, &mut out);

@@ -30,6 +30,7 @@ use hyper::body::{Body, Frame, SizeHint};
 use prometheus::IntCounter;
 
 use crate::config::AccessLogTarget;
+use crate::obs::trace::{Trace, Tracer};
 
 mod entry;
 mod line;
@@ -54,32 +55,60 @@ pub struct AccessLog {
 }
 
 struct Shared {
-    queue: SyncSender<Message>,
+    /// The writer's queue; `None` when only spans are recorded (`[log]
+    /// access = "off"` with `[tracing]`).
+    queue: Option<SyncSender<Message>>,
+    tracer: Option<Arc<Tracer>>,
     /// Set by SIGHUP; the writer reopens its file before its next write.
     reopen: Arc<AtomicBool>,
     dropped: IntCounter,
 }
 
 impl AccessLog {
-    /// Starts the writer thread for `target`; `None` when the log is off.
-    /// The file is opened by the writer, not here: opening a FIFO waits for
-    /// its reader, and start-up must not.
-    pub fn start(target: &AccessLogTarget, dropped: IntCounter) -> std::io::Result<Option<AccessLog>> {
-        if *target == AccessLogTarget::Off {
-            return Ok(None);
-        }
-        let (queue, rx) = sync_channel(QUEUE);
+    /// Starts the writer thread for `target`; `None` when the log is off
+    /// and no span is recorded either. With `tracer`, the entries of
+    /// sampled requests also become spans, whether or not the log is on.
+    pub fn start(
+        target: &AccessLogTarget,
+        dropped: IntCounter,
+        tracer: Option<Arc<Tracer>>,
+    ) -> std::io::Result<Option<AccessLog>> {
         let reopen = Arc::new(AtomicBool::new(false));
-        let writer =
-            Writer { target: target.clone(), reopen: reopen.clone(), dropped: dropped.clone(), out: None, torn: false };
-        std::thread::Builder::new().name("access-log".into()).spawn(move || writer.run(rx))?;
-        Ok(Some(AccessLog { shared: Arc::new(Shared { queue, reopen, dropped }) }))
+        let queue = if *target == AccessLogTarget::Off {
+            if tracer.is_none() {
+                return Ok(None);
+            }
+            None
+        } else {
+            let (queue, rx) = sync_channel(QUEUE);
+            let writer = Writer {
+                target: target.clone(),
+                reopen: reopen.clone(),
+                dropped: dropped.clone(),
+                out: None,
+                torn: false,
+            };
+            std::thread::Builder::new().name("access-log".into()).spawn(move || writer.run(rx))?;
+            Some(queue)
+        };
+        Ok(Some(AccessLog { shared: Arc::new(Shared { queue, tracer, reopen, dropped }) }))
     }
 
-    /// Opens an entry for a request that has just arrived. Until the
-    /// response is known its status says the client went away.
-    pub fn begin(&self, method: &Method, uri: &Uri, client: IpAddr, request_id: &HeaderValue) -> Pending {
-        Pending {
+    /// Opens an entry for a request that has just arrived, when it is
+    /// logged or traced. Until the response is known its status says the
+    /// client went away.
+    pub fn begin(
+        &self,
+        method: &Method,
+        uri: &Uri,
+        client: IpAddr,
+        request_id: &HeaderValue,
+        trace: Option<Trace>,
+    ) -> Option<Pending> {
+        if self.shared.queue.is_none() && !trace.as_ref().is_some_and(|t| t.context.sampled) {
+            return None;
+        }
+        Some(Pending {
             shared: self.shared.clone(),
             entry: Some(Box::new(Entry {
                 time: SystemTime::now(),
@@ -100,8 +129,12 @@ impl AccessLog {
                 referer: None,
                 upstream_answer: None,
                 tls: None,
+                trace,
+                route: None,
+                decision: None,
+                store: None,
             })),
-        }
+        })
     }
 
     /// [`AccessLog::begin`] for a request hyper parsed: its protocol, host
@@ -113,8 +146,9 @@ impl AccessLog {
         client: IpAddr,
         request_id: &HeaderValue,
         tls: Option<&'static str>,
-    ) -> Pending {
-        let mut pending = self.begin(req.method(), req.uri(), client, request_id);
+        trace: Option<Trace>,
+    ) -> Option<Pending> {
+        let mut pending = self.begin(req.method(), req.uri(), client, request_id, trace)?;
         if let Some(e) = &mut pending.entry {
             let h = req.headers();
             e.host = h
@@ -126,15 +160,15 @@ impl AccessLog {
             e.referer = h.get(REFERER).cloned();
             e.tls = tls;
         }
-        pending
+        Some(pending)
     }
 
     /// [`AccessLog::begin`] for a request answered before hyper parsed it,
     /// from the first bytes of its connection (`head`, HTTP/1): its request
     /// line, `Host`, `User-Agent` and `Referer` as far as they arrived.
-    pub fn begin_raw(&self, head: &[u8], client: IpAddr, request_id: &HeaderValue) -> Pending {
+    pub fn begin_raw(&self, head: &[u8], client: IpAddr, request_id: &HeaderValue) -> Option<Pending> {
         let (method, uri) = request_line(head);
-        let mut pending = self.begin(&method, &uri, client, request_id);
+        let mut pending = self.begin(&method, &uri, client, request_id, None)?;
         if let Some(e) = &mut pending.entry {
             let mut lines = head.split(|&b| b == b'\n').map(|l| l.strip_suffix(b"\r").unwrap_or(l));
             e.version = match lines.next().and_then(|l| l.rsplit(|&b| b == b' ').next()) {
@@ -156,7 +190,7 @@ impl AccessLog {
                 field.get_or_insert(value);
             }
         }
-        pending
+        Some(pending)
     }
 
     /// Makes the writer reopen its file before the next line (SIGHUP).
@@ -167,11 +201,12 @@ impl AccessLog {
     /// Waits, up to `within`, until every line queued so far is written:
     /// at shutdown, after the last request.
     pub async fn flush(&self, within: Duration) {
+        let Some(queue) = &self.shared.queue else { return };
         let (tx, rx) = tokio::sync::oneshot::channel();
         let deadline = tokio::time::Instant::now() + within;
         let mut msg = Message::Flush(tx);
         loop {
-            match self.shared.queue.try_send(msg) {
+            match queue.try_send(msg) {
                 Ok(()) => break,
                 Err(TrySendError::Full(m)) if tokio::time::Instant::now() < deadline => {
                     msg = m;
@@ -204,10 +239,13 @@ impl Pending {
         }
     }
 
-    /// The response head is known: its status.
+    /// The response head is known: its status. A request answered with
+    /// no decision noted was refused before the rules were asked (a bad
+    /// request, the deny list, a missing token).
     pub fn respond(&mut self, status: u16) {
         if let Some(e) = &mut self.entry {
             e.status = status;
+            e.decision.get_or_insert("refused");
         }
     }
 }
@@ -216,7 +254,14 @@ impl Drop for Pending {
     fn drop(&mut self) {
         let Some(mut entry) = self.entry.take() else { return };
         entry.duration = entry.started.elapsed();
-        if let Err(TrySendError::Full(_)) = self.shared.queue.try_send(Message::Line(entry)) {
+        if let Some(tracer) = &self.shared.tracer
+            && let Some(span) = entry.span()
+        {
+            tracer.export(span);
+        }
+        if let Some(queue) = &self.shared.queue
+            && let Err(TrySendError::Full(_)) = queue.try_send(Message::Line(entry))
+        {
             self.shared.dropped.inc();
         }
     }
@@ -263,6 +308,34 @@ impl Note<'_> {
     pub fn upstream_answer(&mut self, status: Option<u16>, took: Duration) {
         if let Some(e) = &mut self.0 {
             e.upstream_answer = Some((status, took));
+        }
+    }
+
+    /// Whether the request's span is being recorded (it is sampled): the
+    /// notes only a span needs are taken then only.
+    pub fn traced(&self) -> bool {
+        self.0.as_ref().is_some_and(|e| e.sampled())
+    }
+
+    /// The route the request took (its path prefix), for its span.
+    pub fn route(&mut self, prefix: &str) {
+        if let Some(e) = &mut self.0 {
+            e.route = Some(prefix.to_string());
+        }
+    }
+
+    /// What the rules decided: `allowed`, `limited`, `refused` (before the
+    /// store was asked) or `store_unavailable`.
+    pub fn decision(&mut self, decision: &'static str) {
+        if let Some(e) = &mut self.0 {
+            e.decision = Some(decision);
+        }
+    }
+
+    /// How long the store round took.
+    pub fn store_time(&mut self, took: Duration) {
+        if let Some(e) = &mut self.0 {
+            e.store = Some(took);
         }
     }
 
@@ -353,18 +426,17 @@ mod tests {
         let (tx, _rx) = sync_channel(1);
         let log = AccessLog {
             shared: Arc::new(Shared {
-                queue: tx,
+                queue: Some(tx),
+                tracer: None,
                 reopen: Arc::new(AtomicBool::new(false)),
                 dropped: IntCounter::new("t", "t").expect("counter"),
             }),
         };
         let id = HeaderValue::from_static("id");
         let ip = IpAddr::from([192, 0, 2, 1]);
-        let mut p = log.begin_raw(
-            b"GET /x HTTP/1.0\r\nHOST: a.test\r\nUser-Agent:  ua/1 \r\nX: y\r\n\r\nReferer: body",
-            ip,
-            &id,
-        );
+        let mut p = log
+            .begin_raw(b"GET /x HTTP/1.0\r\nHOST: a.test\r\nUser-Agent:  ua/1 \r\nX: y\r\n\r\nReferer: body", ip, &id)
+            .expect("logged");
         let e = p.entry.take().expect("an entry");
         assert_eq!(
             (e.version, e.host, e.user_agent, e.referer),
@@ -375,7 +447,7 @@ mod tests {
                 None
             )
         );
-        let mut p = log.begin_raw(b"GET / HTTP/1.1\r\nreferer: https://r.test/\r\nho", ip, &id);
+        let mut p = log.begin_raw(b"GET / HTTP/1.1\r\nreferer: https://r.test/\r\nho", ip, &id).expect("logged");
         let e = p.entry.take().expect("an entry");
         assert_eq!(
             (e.version, e.host, e.referer),
