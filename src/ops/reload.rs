@@ -129,13 +129,16 @@ impl Reloader {
             Ok(loaded) => {
                 let set = RuleSet::from_loaded(loaded, m);
                 let n = set.rules.len();
-                retire(self.proxy.swap_rules(set));
+                let old = self.proxy.swap_rules(set);
                 m.rules_reloads_total.with_label_values(&["success"]).inc();
                 let mut s = self.status.lock();
                 s.last_success = Some(SystemTime::now());
                 s.last_error = None;
                 s.reloads += 1;
                 tracing::info!(rules = n, path = %config.rules_path.display(), "rules reloaded");
+                drop(s);
+                // Last: the reload is counted and shown before this waits.
+                retire(old);
                 Ok(())
             }
             Err(e) => {
