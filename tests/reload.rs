@@ -241,13 +241,20 @@ async fn an_unchanged_file_is_not_read_again_and_a_changed_one_is_reloaded() {
 
     write_atomic(&file, &rule("r", 10));
     wait_rules(&tg, "limit 10 in force", |r| active(r) == named(&[("r", 10)])).await;
+    // A reload within RACY of the write (the watcher's periodic poll can
+    // land there) looks once more, as its doc says: let that one happen.
+    tokio::time::sleep(tollgate::config::watch::RACY * 2).await;
+    let extra = poll().await;
     let reads = tg.reloader.content_reads();
     for _ in 0..3 {
         assert!(!poll().await, "nothing changed since the reload");
     }
     assert_eq!(tg.reloader.content_reads(), reads);
     let m = tg.metrics().await;
-    assert_eq!(metric(&m, "tollgate_rules_reloads_total", &[("result", "success")]), Some(1.0));
+    let reloads = metric(&m, "tollgate_rules_reloads_total", &[("result", "success")]).unwrap_or_default();
+    // The edit's reload, and the racy look's when there was one (the test's
+    // or the watcher's own).
+    assert!(reloads == 1.0 || reloads == 2.0, "{reloads} reloads (extra look by the test: {extra})");
 }
 
 #[tokio::test]
