@@ -307,7 +307,7 @@ def point(args, binary, work, cluster, upstream, k, rate, leases):
     secs = [s for s in map(int, counts) if t0 <= s and s + 1 <= t1]
     window = max(len(secs), 1)
     sent = sum(sum(counts[str(s)].values()) for s in secs)
-    ok = sum(counts[str(s)].get(200, 0) for s in secs)
+    ok = sum(counts[str(s)].get("200", 0) for s in secs)
     req = sent / window  # requests per second answered in the window
     el = t1 - t0
     cpu = {p: (delta(r0[p], r1[p], "used_cpu_user") + delta(r0[p], r1[p], "used_cpu_sys")) / el for p in cluster.ports}

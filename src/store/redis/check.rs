@@ -45,6 +45,16 @@ impl Shared {
         } else {
             (vec![None; checks.len()], vec![0; checks.len()])
         };
+        // A probe a lease answered is not asked, so no reply reports it:
+        // clear its entry now, as an admission by Redis would. Units leased
+        // here are counted in Redis for this instance, so the rejection no
+        // longer holds for it; left standing (a renewal granted while the
+        // key ran out), every probe would wait out the store timeout.
+        for &i in &probes {
+            if local[i].is_some() {
+                self.cache.forget(&keys[i]);
+            }
+        }
         if consume && self.leases.enabled() && local.iter().all(Option::is_some) {
             self.metrics.lease_hits_total.inc();
             return (local.into_iter().flatten().map(Ok).collect(), None);
