@@ -207,6 +207,15 @@ def saturation(masters, rate_per_instance, limit, pct, costs, share=0.5):
     return None
 
 
+def masters_for_users(n, rate, costs, share=0.5):
+    """The fewest masters whose share of per-user checks stays under `share`
+    of each (the global key left aside: a limit far above the load)."""
+    for m in range(1, 100_000):
+        if hot_master(n, m, rate, rate * 100, 1, costs)["user_rho"] <= share:
+            return m
+    return None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--measured", help="a run.py --json file: fit the costs to it and compare")
@@ -235,9 +244,10 @@ def main():
     print(f"\ninstances at which the global key alone takes half its master ({per:,.0f} req/s per instance):")
     for limit in map(float, args.limits.split(",")):
         for pct in pcts:
-            rate = per * 1.0
-            print(f"  limit {limit:>12,.0f}/s, lease_percent {pct}: "
-                  f"{saturation(args.masters, rate, limit, pct, costs)}")
+            print(f"  limit {limit:>12,.0f}/s, lease_percent {pct}: {saturation(args.masters, per, limit, pct, costs)}")
+    print("\nmasters for the per-user keys alone, each at most half busy:")
+    for n in ns:
+        print(f"  {n:>5} instances, {args.rate:,.0f} req/s: {masters_for_users(n, args.rate, costs)}")
 
 
 if __name__ == "__main__":

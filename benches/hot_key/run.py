@@ -76,16 +76,23 @@ METRICS = ["tollgate_redis_calls_total", "tollgate_redis_call_checks_total", "to
            "tollgate_store_duration_seconds_count"]
 
 
+_taken = set()
+
+
 def free_port():
-    """A free loopback port below 55535 (a cluster node's bus port is port + 10000)."""
+    """A free loopback port below 55535 (a cluster node's bus port is port +
+    10000), never one this run handed out before."""
     while True:
         p = random.randrange(20000, 55000)
+        if p in _taken:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", p))
                 s.close()
                 with socket.socket() as b:
                     b.bind(("127.0.0.1", p + 10000))
+                _taken.add(p)
                 return p
             except OSError:
                 continue
@@ -96,11 +103,12 @@ def cli(port, *args):
     return out.stdout + out.stderr
 
 
-def wait_for(what, cond, within=30.0):
+def wait_for(what, cond, within=30.0, log=None):
     end = time.time() + within
     while not cond():
         if time.time() > end:
-            sys.exit(f"hot_key: gave up waiting for {what}")
+            tail = open(log).read()[-2000:] if log and os.path.exists(log) else ""
+            raise RuntimeError(f"hot_key: gave up waiting for {what}\n{tail}")
         time.sleep(0.05)
 
 
@@ -212,8 +220,13 @@ class Tollgates:
                                                stderr=log, env=env))
             self.proxy.append(proxy)
             self.admin.append(admin)
-        for a in self.admin:
-            wait_for(f"tollgate admin {a}", lambda a=a: http_get(f"http://127.0.0.1:{a}/healthz/store")[0] == 200)
+        try:
+            for i, a in enumerate(self.admin):
+                up = lambda a=a: http_get(f"http://127.0.0.1:{a}/healthz/store")[0] == 200  # noqa: E731
+                wait_for(f"tollgate admin {a}", up, within=120.0, log=os.path.join(work, f"tollgate-{i}.log"))
+        except RuntimeError:
+            self.stop()
+            raise
 
     def metrics(self):
         """Each metric of METRICS summed over its samples and every instance."""
@@ -335,7 +348,7 @@ def point(args, binary, work, cluster, upstream, k, rate, leases):
     return res
 
 
-HEADER = ("   K  lease rate  sent/s admit/s  vs-exp%  calls/req cmds/req hot_us/req cold_us/req hot_calls/s us/call "
+HEADER = ("K  lease rate  sent/s admit/s  vs-exp%  calls/req cmds/req hot_us/req cold_us/req hot_calls/s us/call "
           "tg_calls/req checks/call lease_hits/req cache_hits/req")
 
 
@@ -371,21 +384,25 @@ def main():
     results = []
     try:
         cluster, upstream = Cluster(work), Upstream(work)
-        print(HEADER, flush=True)
+        print("HOTKEY " + HEADER.strip(), flush=True)
         for rate in map(int, args.rates.split(",")):
             for k in map(int, args.instances.split(",")):
                 for leases in map(int, args.leases.split(",")):
-                    r = point(args, args.tollgate, work, cluster, upstream, k, rate, leases)
+                    try:
+                        r = point(args, args.tollgate, work, cluster, upstream, k, rate, leases)
+                    except RuntimeError as e:  # this point only: the others still run
+                        print(f"HOTKEY {k} instances, lease_percent {leases}, {rate}/s: {e}", flush=True)
+                        continue
                     results.append(r)
                     print("HOTKEY " + line(r), flush=True)
+                    if args.json:  # after every point: a run cut short keeps what it measured
+                        with open(args.json, "w") as f:
+                            json.dump(results, f, indent=1)
     finally:
         for c in (upstream, cluster):
             if c:
                 c.stop()
         shutil.rmtree(work, ignore_errors=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":
