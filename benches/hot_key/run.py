@@ -163,11 +163,14 @@ class Cluster:
         return f"redis-cluster://127.0.0.1:{a[0]}?node=127.0.0.1:{a[1]}&node=127.0.0.1:{a[2]}"
 
     def hot(self):
-        """The master holding the global rule's key (found by its slot)."""
-        for p in self.ports:
-            if cli(p, "--scan", "--pattern", "*{global|*").strip():
-                return p
-        return None
+        """The master holding the global rule's key (looked for until it is written)."""
+        end = time.time() + 30
+        while time.time() < end:
+            for p in self.ports:
+                if cli(p, "--scan", "--pattern", "*{global|*").strip():
+                    return p
+            time.sleep(0.5)
+        raise RuntimeError("hot_key: the global key was not written in 30 s")
 
     def stop(self):
         for c in self.procs:
@@ -309,7 +312,13 @@ def point(args, binary, work, cluster, upstream, k, rate, leases):
                                ",".join(map(str, tg.proxy)), "--rate", str(rate), "--conns", str(conns),
                                "--seconds", str(seconds)], stdout=subprocess.PIPE, text=True)
     time.sleep(args.warmup)
-    hot = cluster.hot()
+    try:
+        hot = cluster.hot()
+    except RuntimeError:
+        client.kill()
+        client.wait()
+        tg.stop()
+        raise
     t0, r0, m0 = snapshot(cluster, tg)
     time.sleep(args.duration)
     t1, r1, m1 = snapshot(cluster, tg)
