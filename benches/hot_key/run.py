@@ -80,10 +80,12 @@ _taken = set()
 
 
 def free_port():
-    """A free loopback port below 55535 (a cluster node's bus port is port +
-    10000), never one this run handed out before."""
+    """A free loopback port below the kernel's ephemeral range (32768 on),
+    where outgoing connections would take it between this check and the
+    listener's bind, with room for a cluster node's bus port (+ 10000);
+    never one this run handed out before."""
     while True:
-        p = random.randrange(20000, 55000)
+        p = random.randrange(20000, 32000)
         if p in _taken:
             continue
         with socket.socket() as s:
