@@ -74,8 +74,10 @@ def batched(h, rtt):
     return h / (1 + h * max(rtt, SPACING)) if h > 0 else 0.0
 
 
-def hot_master(n, m, rate, limit, pct, costs):
-    """The steady state of the global key's master (A1-A6)."""
+def hot_master(n, m, rate, limit, pct, costs, users=True):
+    """The steady state of the global key's master (A1-A6); without
+    `users`, a master that holds the global key alone (its slot moved to
+    a master of its own)."""
     call_us, check_us, rtt0, lease_checks, gap = costs
     r = rate / n
     rtt, out = rtt0, {}
@@ -91,13 +93,14 @@ def hot_master(n, m, rate, limit, pct, costs):
             g = max(limit / n, min(r, 1 / (gap + 1 / r + rtt)))  # A4
             u = g + (g - limit / n)  # a rejected probe's per-user check is refunded
             admitted = limit
-        h = g + u / m  # the hot master's checks from one instance: the key and its share of users
+        share = u / m if users else 0.0
+        h = g + share  # the hot master's checks from one instance: the key and its share of users
         if rate < limit:
             glob_calls, calls = batched(g, rtt), batched(h, rtt)
         else:  # one probe out at a time per instance: each is a call of its own (A5)
-            glob_calls, calls = g, g + batched(u / m, rtt)
+            glob_calls, calls = g, g + batched(share, rtt)
         glob_cpu = n * (glob_calls * call_us + g * check_us) * 1e-6
-        user_cpu = n * (batched(u / m, rtt) * call_us + u / m * check_us) * 1e-6
+        user_cpu = n * (batched(share, rtt) * call_us + share * check_us) * 1e-6
         calls *= n
         rho = (calls * call_us + n * h * check_us) * 1e-6
         out = {"glob_checks": n * g, "hot_checks": n * h, "hot_calls": calls, "rho": rho, "glob_rho": glob_cpu,
@@ -199,9 +202,10 @@ def curve(masters, rate, limit, pcts, costs, instances):
 
 
 def saturation(masters, rate_per_instance, limit, pct, costs, share=0.5):
-    """The fewest instances at which the global key alone takes `share` of its master."""
+    """The fewest instances at which the global key takes `share` of a
+    master that holds it alone."""
     for n in range(1, 100_000):
-        o = hot_master(n, masters, rate_per_instance * n, limit, pct, costs)
+        o = hot_master(n, masters, rate_per_instance * n, limit, pct, costs, users=False)
         if o["saturated"] or o["glob_rho"] >= share:
             return n
     return None
@@ -216,6 +220,26 @@ def masters_for_users(n, rate, costs, share=0.5):
     return None
 
 
+def markdown(masters, rate, limits, costs, instances):
+    """The docs' table: per N, the global key's checks and CPU (in cores of
+    a master holding it alone) over and under its limit, and the masters
+    the per-user keys need."""
+    over, under = limits
+    print(f"| instances | over the limit ({over:,.0f}/s): global checks/s | cores of its master | "
+          f"under it ({under:,.0f}/s), no leases: CPU | leases 1%: global checks/s | CPU | "
+          f"masters for the per-user keys |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+
+    def cores(o):
+        return f"{o['glob_rho']:.2f}" + (" (saturated)" if o["saturated"] else "")  # the key alone
+    for n in instances:
+        o = hot_master(n, masters, rate, over, 1, costs, users=False)
+        u0 = hot_master(n, masters, rate, under, 0, costs, users=False)
+        u1 = hot_master(n, masters, rate, under, 1, costs, users=False)
+        print(f"| {n} | {o['glob_checks']:,.0f} | {cores(o)} | {cores(u0)} | {u1['glob_checks']:,.0f} | "
+              f"{cores(u1)} | {masters_for_users(n, rate, costs)} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--measured", help="a run.py --json file: fit the costs to it and compare")
@@ -225,6 +249,7 @@ def main():
     ap.add_argument("--leases", default="0,1", help="lease_percent values, one column each")
     ap.add_argument("--instances", default="1,2,5,10,20,50,100,200,500,1000")
     ap.add_argument("--call-us", type=float, help="override CALL_US")
+    ap.add_argument("--markdown", action="store_true", help="only the table in docs/redis.md")
     ap.add_argument("--check-us", type=float, help="override CHECK_US")
     args = ap.parse_args()
     costs = (CALL_US, CHECK_US, RTT0, LEASE_CHECKS, GAP)
@@ -232,11 +257,14 @@ def main():
         with open(args.measured) as f:
             points = json.load(f)
         costs = fit(points)
-        print(f"fitted: {costs[0]:.1f} µs per call + {costs[1]:.1f} µs per check, RTT0 {costs[2] * 1e3:.2f} ms, "
-              f"GAP {costs[4] * 1e3:.2f} ms, LEASE_CHECKS {costs[3]:.1f}\n")
-        against_measured(points, costs)
+        print(f"{'<!-- ' if args.markdown else ''}fitted: {costs[0]:.1f} µs per call + {costs[1]:.1f} µs per check, RTT0 {costs[2] * 1e3:.2f} ms, "
+              f"GAP {costs[4] * 1e3:.2f} ms, LEASE_CHECKS {costs[3]:.1f}{' -->' if args.markdown else ''}\n")
+        if not args.markdown:
+            against_measured(points, costs)
     costs = (args.call_us or costs[0], args.check_us or costs[1], *costs[2:])
     ns = [int(x) for x in args.instances.split(",")]
+    if args.markdown:
+        return markdown(args.masters, args.rate, [float(x) for x in args.limits.split(",")][:2], costs, ns)
     pcts = [int(x) for x in args.leases.split(",")]
     for limit in map(float, args.limits.split(",")):
         curve(args.masters, args.rate, limit, pcts, costs, ns)
