@@ -3,8 +3,10 @@
 what benches/hot_key/run.py measured, extrapolated past one machine.
 
     benches/hot_key/model.py                        # the curves, with the constants below
-    benches/hot_key/model.py --measured out.json    # fit the costs to a run, compare, then the curves
-    benches/hot_key/model.py --masters 30 --rate 5e6 --limits 1000,1e7 --call-us 25 --check-us 5
+    benches/hot_key/model.py --measured benches/hot_key/measured.json   # fit the costs to a run, compare, curves
+    benches/hot_key/model.py --measured benches/hot_key/measured.json --markdown \
+        --instances 1,2,5,10,20,50,100,200,500      # the table in docs/redis.md
+    benches/hot_key/model.py --masters 30 --rate 5e6 --limits 1000,1e7 --call-us 10   # an idler server
 
 It is arithmetic, not a simulation of tollgate's code: one steady state per
 point, the round trip iterated with the hot master's load until it
@@ -28,11 +30,11 @@ A4 Over the limit (R >= L) no lease is granted (the bucket is near empty).
    the probe, and the requests arriving during its round trip are rejected
    locally: g = 1 / (GAP + 1 / r + rtt) global checks per second and
    instance, at most r and at least L / N (each admission is a check). GAP,
-   the wait for a unit, is fitted to the run (0.2 ms at L = 1,000: under
+   the wait for a unit, is fitted to the run (0.11 ms at L = 1,000: under
    1 / L, since a probe that finds units left clears the entry and the
-   requests behind it ask too); the model keeps it for every L, which
-   overstates the checks of a larger L's instances very little (rtt and
-   1 / r dominate). A probe Redis rejects also refunds its per-user check.
+   requests behind it ask too); the model keeps it for every L (rtt and
+   1 / r dominate it). A probe Redis rejects also refunds its per-user
+   check.
 A5 Each instance batches the checks bound for one node: calls = h / (1 +
    h T) for h checks per second, T = max(rtt, 1 ms) (batch.rs: a call
    waits for the one before and leaves at least SPACING, 1 ms, after it).
@@ -42,9 +44,9 @@ A6 A master is one thread. Its CPU is CALL_US per call plus CHECK_US per
    check (network, parsing and the script's entry per call; the script's
    work per check; see `fit`), independent of load: a busy server reads
    several calls per wake-up and spends less per call, so this overstates
-   the cost near saturation. Utilisation
-   rho = CPU seconds per second. The round trip is RTT0 plus the M/M/1
-   wait, the mean call's CPU x rho / (1 - rho). At rho >= 1 the master
+   the cost near saturation. Utilisation rho = CPU seconds per second.
+   The round trip is RTT0 plus the M/M/1 wait, the mean call's CPU x rho
+   / (1 - rho). At rho >= 1 the master
    cannot keep up: calls wait past `[store] timeout` (20 ms), and the model
    says SATURATED instead of a steady state.
 A7 Past saturation (documented behaviour, not modelled in numbers): checks
@@ -58,14 +60,14 @@ import argparse
 import json
 import math
 
-# From the run in docs/redis.md (2 busy cores); --measured takes them
-# from another run. CHECK_US is edge-bench's (batch.rs).
+# Fitted to benches/hot_key/measured.json (2 busy cores); --measured
+# fits them to another run. CHECK_US is edge-bench's (batch.rs).
 LIMIT = 1000  # the bench's global limit
-CALL_US = 28.0  # master CPU per script call, µs
+CALL_US = 24.9  # master CPU per script call, µs
 CHECK_US = 5.0  # master CPU per check in it, µs
-RTT0 = 0.45e-3  # a check's round trip when the masters are idle, s
-LEASE_CHECKS = 1.0  # hot-master checks per lease's worth of leased requests
-GAP = 0.2e-3  # A4's wait for a unit after a rejection, s
+RTT0 = 0.28e-3  # a check's round trip when the masters are idle, s
+LEASE_CHECKS = 2.9  # hot-master checks per lease's worth of leased requests
+GAP = 0.11e-3  # A4's wait for a unit after a rejection, s
 SPACING = 1e-3  # batch.rs SPACING
 
 

@@ -3,8 +3,9 @@
 Redis master that holds it, as instances are added.
 
     cargo build --release --bin tollgate
-    benches/hot_key/run.py                        # K = 1 2 5 10 20, leases on and off, two loads
+    benches/hot_key/run.py                        # K = 1 2 5 10 20, lease_percent 1 and 0, 800 and 3,000 req/s
     benches/hot_key/run.py --instances 1,20 --rates 3000 --duration 8
+    benches/hot_key/run.py --rates 800 --leases 10,25   # where the leases run out (floor(100/pct) - 2 holders)
     benches/hot_key/run.py --json out.json        # the points, for benches/hot_key/model.py
 
 Starts a 3-master Redis Cluster (no replicas: the machine has 2 cores) from
@@ -23,12 +24,19 @@ the default `[store]` (`lease_percent` 1); leases off is `lease_percent = 0`;
 
 Per point, over the measurement window (after --warmup):
   calls/req      script calls (FCALL/EVALSHA/EVAL) on all masters per request sent
-  cmds/req       every command the masters processed per request
+  cmds/req       every command the masters processed per request (those a
+                 script runs inside count too: TIME, GET, SET)
   hot_us/req     CPU (user + sys) of the master holding the global key, per request
   cold_us/req    the same, mean of the two other masters (their per-user share only)
   hot_calls/s    script calls per second on the hot master
   us/call        hot master CPU per script call
-  admitted/s     200s per second, and against min(offered, 1,000) in percent
+  admitted/s     200s per second, and against min(sent, 1,000) in percent
+  lease_hits/req requests every rule of which a lease answered (the per-user
+                 rule is not leased: near 0 even where the global key is)
+  cache_hits/req requests the over-limit cache answered (no call at all)
+The JSON has more: the hot and cold masters' calls and CPU per second, the
+mean store round (store_ms), store errors. docs/redis.md derives the global
+key's share as the hot master's figure less the cold masters' mean.
   tg_calls/req   tollgate_redis_calls_total per request (every instance)
   checks/call    tollgate_redis_call_checks_total / tollgate_redis_calls_total
 
