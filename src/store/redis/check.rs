@@ -45,6 +45,7 @@ impl Shared {
         } else {
             (vec![None; checks.len()], vec![0; checks.len()])
         };
+        self.forget_probes_leased(&probes, &local, keys);
         if consume && self.leases.enabled() && local.iter().all(Option::is_some) {
             self.metrics.lease_hits_total.inc();
             return (local.into_iter().flatten().map(Ok).collect(), None);
@@ -94,6 +95,19 @@ impl Shared {
         }
         let slots = if consume { self.hold(checks, &keys, ids, &asked, &results, local_slots, now) } else { None };
         (answers, slots)
+    }
+
+    /// A probe a lease answered is not asked, so no reply reports it: its
+    /// entry is cleared now, as an admission by Redis would clear it. Units
+    /// leased here are counted in Redis for this instance, so the rejection
+    /// no longer holds for it; left standing (a renewal granted while the
+    /// key ran out), every probe would wait out the store timeout.
+    fn forget_probes_leased(&self, probes: &[usize], local: &[Option<Verdict>], keys: &[String]) {
+        for &i in probes {
+            if local[i].is_some() {
+                self.cache.forget(&keys[i]);
+            }
+        }
     }
 
     /// Takes what leases held here can answer of `checks` (`None` for the
