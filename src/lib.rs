@@ -47,7 +47,8 @@
 //!    [`limit::top`] counts the heaviest keys. `/v1/check` and Envoy
 //!    ([`api::decision`], [`api::envoy_rls`]) ask the same Decider.
 //! 4. A rejection is answered (`proxy/respond.rs`) by [`wire::error`] with
-//!    the headers of [`wire::headers`] (429 with `Retry-After`, 503, 403).
+//!    the headers of [`wire::headers`] (429 with `Retry-After`, 503, 403);
+//!    a gRPC request gets it in gRPC's form ([`wire::grpc`]).
 //! 5. An admitted request is forwarded by [`upstream`]: a server chosen by
 //!    [`upstream::balance`] among those [`upstream::health`] keeps in
 //!    service, headers and body by [`upstream::forward`], a connection from
@@ -103,6 +104,7 @@
 //! | [`wire::identity`] | verified user identity from a JWT (`[client] jwt`) |
 //! | [`wire::headers`] | `X-RateLimit-*`, `RateLimit-Policy`, `RateLimit`, `Retry-After` |
 //! | [`wire::error`] | every status tollgate answers itself, with its JSON body |
+//! | [`wire::grpc`] | the same answers to gRPC clients: trailers-only, `grpc-status` by one table, `RetryInfo` |
 //! | [`wire::request_id`] | `X-Request-Id`: kept from a trusted proxy or generated, sent upstream and in every answer |
 //! | [`wire::via`] | the `Via` hop tollgate adds to forwarded requests and responses |
 //! | [`limiter`] | the six algorithms' arithmetic, pure, time injected, and a reservation corrected to its real cost |
