@@ -55,7 +55,8 @@
 //!    [`upstream::pool`]; a 101 becomes an [`upstream::tunnel`].
 //! 6. The request's concurrency slots stay [`proxy::held`] until its body ends;
 //!    [`proxy::settle`] corrects its reserved cost from the response
-//!    (`cost_response_header`).
+//!    (`cost_response_header`), or gives it back when the response's status
+//!    is not one its rule counts (`count_status`).
 //! 7. [`obs::access_log`] writes its line; [`obs::metrics`] counts it.
 //!
 //! Around it: [`ops::reload`] swaps in new rules (watching files with
@@ -81,7 +82,7 @@
 //! | [`ops::reload`] | watch the rules and the main file, debounce, validate, swap; keep the old rules on error |
 //! | [`proxy`] | the request path in phases over one per-request context: admit (spelling, route, limits, client, identity), decide, reject or forward, settle, and one log step |
 //! | [`proxy::held`] | a request's concurrency slots, held until its response body ends or its client goes away |
-//! | [`proxy::settle`] | `cost_response_header`: the reserved cost corrected to the real one from the response's header or trailers, with the store (the arithmetic is in [`limiter`]) |
+//! | [`proxy::settle`] | `cost_response_header`: the reserved cost corrected to the real one from the response's header or trailers, with the store (the arithmetic is in [`limiter`]); `count_status`: given back when the status is not counted |
 //! | [`api::decision`] | `[listen] decision`: `POST /v1/check`, the proxy's decision for services not behind it (key parts parsed into a rule's key, then [`limit::decide::Decider::decide_one`], shared with `envoy_rls`) |
 //! | [`api::envoy_rls`] | `[listen] envoy_rls`: Envoy's `ShouldRateLimit` over gRPC, descriptors mapped to rules by `[[envoy]]` ([`config::EnvoyMapping`]); tonic's generated service on hyper's HTTP/2 server |
 //! | [`limit::rules`] | the compiled rule set: which rules match, the bucket key and limits (overrides, tiers) of each, what each reports to the client |

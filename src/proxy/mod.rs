@@ -343,7 +343,9 @@ impl Proxy {
                 return self.refuse(&req, x, ProxyError::StoreUnavailable { retry_after_seconds: 1 });
             }
         };
+        let settling = d.stamp.map_or_else(Vec::new, |at| self.settling(&d, at));
         let Some(route) = x.route else {
+            settle::own_answer(settling, ProxyError::NoRoute.status(), self.decider.store());
             let mut resp = self.refuse(&req, x, ProxyError::NoRoute);
             headers::write(resp.headers_mut(), &d.reports, headers::most_restrictive(&d.reports));
             return resp;
@@ -353,7 +355,6 @@ impl Proxy {
             // Leaky bucket shaping: wait for this request's turn.
             tokio::time::sleep(Duration::from_nanos(delay)).await;
         }
-        let settling = d.stamp.map_or_else(Vec::new, |at| self.settling(&d, at));
 
         // Forward.
         let upstream = &x.routing.upstreams[x.routing.routes[route].0.upstream];
@@ -391,7 +392,10 @@ impl Proxy {
                 self.answered(&mut resp, x, version, client_upgrade, settling);
                 resp.map(Either::Left)
             }
-            Err(e) => respond::own_answer(e, &x.request_id, grpc),
+            Err(e) => {
+                settle::own_answer(settling, e.status(), self.decider.store());
+                respond::own_answer(e, &x.request_id, grpc)
+            }
         };
         headers::write(resp.headers_mut(), &d.reports, headers::most_restrictive(&d.reports));
         resp

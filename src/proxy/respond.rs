@@ -146,7 +146,9 @@ impl Proxy {
         }
         if !settling.is_empty() {
             let ended = hyper::body::Body::is_end_stream(resp.body());
-            x.on_trailers = settle::at_head(settling, resp.headers(), ended, self.decider.store(), &self.metrics);
+            let status = resp.status();
+            x.on_trailers =
+                settle::at_head(settling, status, resp.headers(), ended, self.decider.store(), &self.metrics);
         }
     }
 
@@ -160,18 +162,18 @@ impl Proxy {
                 Ok(v) if v.allowed => Some((p, v.fallback)),
                 _ => None,
             })
-            .filter_map(|(p, fallback)| {
-                Some(Settling {
-                    header: p.rule.spec.cost_response_header.clone()?,
-                    rule: p.rule.name().to_string(),
-                    key: p.key.clone(),
-                    limits: p.check_limits,
-                    reserved: p.cost,
-                    enforced: p.rule.enforced(),
-                    on_error: self.decider.on_error_of(p.rule),
-                    at,
-                    fallback,
-                })
+            .filter(|(p, _)| p.rule.spec.settles_from_response())
+            .map(|(p, fallback)| Settling {
+                header: p.rule.spec.cost_response_header.clone(),
+                count_status: p.rule.spec.count_status,
+                rule: p.rule.name().to_string(),
+                key: p.key.clone(),
+                limits: p.check_limits,
+                reserved: p.cost,
+                enforced: p.rule.enforced(),
+                on_error: self.decider.on_error_of(p.rule),
+                at,
+                fallback,
             })
             .collect()
     }
