@@ -47,14 +47,16 @@
 //!    [`limit::top`] counts the heaviest keys. `/v1/check` and Envoy
 //!    ([`api::decision`], [`api::envoy_rls`]) ask the same Decider.
 //! 4. A rejection is answered (`proxy/respond.rs`) by [`wire::error`] with
-//!    the headers of [`wire::headers`] (429 with `Retry-After`, 503, 403).
+//!    the headers of [`wire::headers`] (429 with `Retry-After`, 503, 403);
+//!    a gRPC request gets it in gRPC's form ([`wire::grpc`]).
 //! 5. An admitted request is forwarded by [`upstream`]: a server chosen by
 //!    [`upstream::balance`] among those [`upstream::health`] keeps in
 //!    service, headers and body by [`upstream::forward`], a connection from
 //!    [`upstream::pool`]; a 101 becomes an [`upstream::tunnel`].
 //! 6. The request's concurrency slots stay [`proxy::held`] until its body ends;
 //!    [`proxy::settle`] corrects its reserved cost from the response
-//!    (`cost_response_header`).
+//!    (`cost_response_header`), or gives it back when the response's status
+//!    is not one its rule counts (`count_status`).
 //! 7. [`obs::access_log`] writes its line (and hands a sampled request's
 //!    span to [`obs::trace`], which also set its `traceparent` on arrival);
 //!    [`obs::metrics`] counts it.
@@ -83,7 +85,7 @@
 //! | [`ops::reload`] | watch the rules and the main file, debounce, validate, swap; keep the old rules on error |
 //! | [`proxy`] | the request path in phases over one per-request context: admit (spelling, route, limits, client, identity), decide, reject or forward, settle, and one log step |
 //! | [`proxy::held`] | a request's concurrency slots, held until its response body ends or its client goes away |
-//! | [`proxy::settle`] | `cost_response_header`: the reserved cost corrected to the real one from the response's header or trailers, with the store (the arithmetic is in [`limiter`]) |
+//! | [`proxy::settle`] | `cost_response_header`: the reserved cost corrected to the real one from the response's header or trailers, with the store (the arithmetic is in [`limiter`]); `count_status`: given back when the status is not counted |
 //! | [`api::decision`] | `[listen] decision`: `POST /v1/check`, the proxy's decision for services not behind it (key parts parsed into a rule's key, then [`limit::decide::Decider::decide_one`], shared with `envoy_rls`) |
 //! | [`api::envoy_rls`] | `[listen] envoy_rls`: Envoy's `ShouldRateLimit` over gRPC, descriptors mapped to rules by `[[envoy]]` ([`config::EnvoyMapping`]); tonic's generated service on hyper's HTTP/2 server |
 //! | [`limit::rules`] | the compiled rule set: which rules match, the bucket key and limits (overrides, tiers) of each, what each reports to the client |
@@ -107,6 +109,7 @@
 //! | [`wire::identity`] | verified user identity from a JWT (`[client] jwt`) |
 //! | [`wire::headers`] | `X-RateLimit-*`, `RateLimit-Policy`, `RateLimit`, `Retry-After` |
 //! | [`wire::error`] | every status tollgate answers itself, with its JSON body |
+//! | [`wire::grpc`] | the same answers to gRPC clients: trailers-only, `grpc-status` by one table, `RetryInfo` |
 //! | [`wire::request_id`] | `X-Request-Id`: kept from a trusted proxy or generated, sent upstream and in every answer |
 //! | [`wire::via`] | the `Via` hop tollgate adds to forwarded requests and responses |
 //! | [`limiter`] | the six algorithms' arithmetic, pure, time injected, and a reservation corrected to its real cost |

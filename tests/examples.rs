@@ -392,6 +392,8 @@ fn explain_shows_route_rules_and_keys() {
     assert!(report.contains("route:   login"), "{report}");
     assert!(report.contains("bucket login-by-ip|ip=2001:db8:1:2::"), "{report}");
     assert!(report.contains("login-by-ip-daily"), "{report}");
+    assert!(report.contains("login-failures-by-ip"), "{report}");
+    assert!(report.contains("counts only responses 401: a request reserves its cost"), "{report}");
 
     // An export: a rate and a concurrency limit.
     let out = tollgate(&[

@@ -324,6 +324,13 @@ fn write_spec(out: &mut String, s: &crate::config::RuleSpec) {
             "    cost settled from response header {h} (or trailer): reserves {reserved} until the response says"
         );
     }
+    if let Some(counted) = &s.count_status {
+        let _ = writeln!(
+            out,
+            "    counts only responses {}: a request reserves its cost, given back when its response has another status",
+            counted.written().join(", ")
+        );
+    }
     if let Some(u) = &s.quota_unit {
         let _ = writeln!(out, "    quota unit: {u}");
     }

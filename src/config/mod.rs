@@ -11,6 +11,7 @@
 
 mod admin;
 mod client;
+mod count_status;
 pub(crate) mod der;
 mod envoy;
 mod error;
@@ -28,6 +29,7 @@ mod rule;
 mod rule_match;
 mod rules_file;
 mod spec;
+mod status_set;
 mod store;
 mod tls;
 mod upstream;
@@ -55,6 +57,7 @@ pub use spec::{
     CalendarSpec, ClientSet, Cost, DenySpec, InvalidToken, KeyPart, MatchSpec, OnError, OverrideSpec, PathPattern,
     RuleMode, RuleSpec, Throttle, TierSource, TiersSpec,
 };
+pub use status_set::StatusSet;
 pub use store::{StoreConfig, TlsClientFiles};
 pub use upstream::{Balance, HashKey, HealthCheck, MIN_RETRY_CONCURRENCY, POOL_IDLE_TIMEOUT, Server, Upstream};
 pub use upstream_tls::{Protocol, UpstreamTls};

@@ -267,6 +267,8 @@ pub struct RawRule {
     pub max_cost: Option<Spanned<i64>>,
     /// The response header (or trailer) carrying the real cost.
     pub cost_response_header: Option<Spanned<String>>,
+    /// The response statuses the rule counts; the others are given back.
+    pub count_status: Option<Spanned<Vec<Spanned<toml::Value>>>>,
     /// What the quota counts, for `RateLimit-Policy`'s `qu`.
     pub quota_unit: Option<Spanned<String>>,
     pub on_error: Option<OnError>,

@@ -73,6 +73,7 @@ impl Validator<'_> {
         });
         let (cost, max_cost) = self.cost(&r, capacity);
         let cost_response_header = self.cost_response_header(&r, algorithm);
+        let count_status = self.count_status(r.count_status.as_ref(), algorithm);
         let quota_unit = self.quota_unit(&r);
         let (mut overrides, mut tiers) = (Vec::new(), None);
         if let (Some(limit), Some(burst)) = (limit, burst) {
@@ -108,6 +109,7 @@ impl Validator<'_> {
             cost,
             max_cost,
             cost_response_header,
+            count_status,
             quota_unit,
             on_error: r.on_error,
             exempt,

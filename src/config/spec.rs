@@ -204,6 +204,10 @@ pub struct RuleSpec {
     /// value corrects the reserved cost to the real one (token bucket,
     /// fixed window and sliding window counter only).
     pub cost_response_header: Option<HeaderName>,
+    /// `count_status`: only responses with these statuses count; the
+    /// others give their reservation back (fixed and sliding window
+    /// counter only).
+    pub count_status: Option<super::status_set::StatusSet>,
     /// `quota_unit`: what the quota counts ("tokens"), reported as
     /// `RateLimit-Policy`'s `qu`.
     pub quota_unit: Option<String>,
@@ -215,6 +219,15 @@ pub struct RuleSpec {
     pub overrides: Vec<OverrideSpec>,
     /// `tier` and `tiers`: limits chosen by the request's tier.
     pub tiers: Option<TiersSpec>,
+}
+
+impl RuleSpec {
+    /// Whether the rule's reservation waits for its request's response
+    /// (`cost_response_header`, `count_status`): only such a rule makes the
+    /// request path stamp, and settle after, a request.
+    pub fn settles_from_response(&self) -> bool {
+        self.cost_response_header.is_some() || self.count_status.is_some()
+    }
 }
 
 /// One key's own limits (`[[rule.override]]`).

@@ -618,6 +618,62 @@ fn max_cost_goes_with_cost_header_and_fits_the_bucket() {
 }
 
 #[test]
+fn count_status_takes_statuses_and_classes_on_the_windows_that_give_back_whole_requests() {
+    let base = "[[rule]]\nname = \"r\"\nlimit = 10\nwindow = \"1s\"\n";
+    for algorithm in ["fixed_window", "sliding_window_counter"] {
+        let r = rule(&format!("{base}algorithm = \"{algorithm}\"\ncount_status = [401, 403, \"5xx\"]\n"));
+        let counted = r.count_status.expect("count_status");
+        assert_eq!(counted.written(), ["401", "403", "5xx"], "{algorithm}");
+        assert!(r.settles_from_response());
+    }
+    let windowed = |list: &str| rule_errors(&format!("{base}algorithm = \"fixed_window\"\ncount_status = {list}\n"));
+    assert_eq!(
+        windowed("[99, 401, 600]"),
+        [
+            "r.toml:6:17: count_status 99 is not an HTTP status (100 to 599)",
+            "r.toml:6:26: count_status 600 is not an HTTP status (100 to 599)"
+        ]
+    );
+    assert_eq!(
+        windowed("[\"4xx\", \"6xx\"]"),
+        ["r.toml:6:24: count_status \"6xx\" is not a class of statuses: \"1xx\" to \"5xx\", or a number such as 401"]
+    );
+    assert_eq!(
+        windowed("[true, 4.01]"),
+        [
+            "r.toml:6:17: count_status takes statuses such as 401 and classes such as \"4xx\", not true",
+            "r.toml:6:23: count_status takes statuses such as 401 and classes such as \"4xx\", not 4.01"
+        ]
+    );
+    assert_eq!(
+        windowed("[]"),
+        ["r.toml:6:16: count_status needs at least one status or class, such as [401] or [\"5xx\"]"]
+    );
+    assert_eq!(
+        rule_errors(&format!("{base}count_status = [401]\n")),
+        [
+            "r.toml:5:16: count_status counts fixed_window and sliding_window_counter rules only, not token_bucket: a token bucket gives back only what has not drained since it was counted, less than a whole request by the time any response comes"
+        ]
+    );
+    for algorithm in ["leaky_bucket", "sliding_window_log"] {
+        assert_eq!(
+            rule_errors(&format!("{base}algorithm = \"{algorithm}\"\ncount_status = [401]\n")),
+            [format!(
+                "r.toml:6:16: count_status counts fixed_window and sliding_window_counter rules only, not {algorithm}: it cannot give a request back once counted"
+            )]
+        );
+    }
+    let concurrency = "[[rule]]\nname = \"r\"\nlimit = 10\nalgorithm = \"concurrency\"\ncount_status = [\"5xx\"]\n";
+    assert_eq!(
+        rule_errors(concurrency),
+        [
+            "r.toml:5:16: count_status counts fixed_window and sliding_window_counter rules only, not concurrency: it cannot give a request back once counted"
+        ]
+    );
+    assert!(rule(&format!("{base}algorithm = \"fixed_window\"\n")).count_status.is_none());
+}
+
+#[test]
 fn cost_response_header_settles_the_counting_algorithms_only() {
     let base = "[[rule]]\nname = \"r\"\nlimit = 10\nwindow = \"1s\"\n";
     for algorithm in ["token_bucket", "fixed_window", "sliding_window_counter"] {
@@ -1132,7 +1188,7 @@ fn unknown_keys_in_a_rule_and_in_match() {
     assert_eq!(
         rule_errors(&with("  burts = 10\n")),
         [
-            "r.toml:5:3: unknown field `burts`, expected one of `name`, `match`, `key`, `algorithm`, `limit`, `window`, `burst`, `slot_ttl`, `calendar`, `timezone`, `mode`, `throttle`, `soft_percent`, `elastic_percent`, `elastic_when_inflight_below`, `cost`, `cost_header`, `max_cost`, `cost_response_header`, `quota_unit`, `on_error`, `exempt`, `on_invalid_token`, `override`, `tier`, `tiers`"
+            "r.toml:5:3: unknown field `burts`, expected one of `name`, `match`, `key`, `algorithm`, `limit`, `window`, `burst`, `slot_ttl`, `calendar`, `timezone`, `mode`, `throttle`, `soft_percent`, `elastic_percent`, `elastic_when_inflight_below`, `cost`, `cost_header`, `max_cost`, `cost_response_header`, `count_status`, `quota_unit`, `on_error`, `exempt`, `on_invalid_token`, `override`, `tier`, `tiers`"
         ]
     );
     assert_eq!(

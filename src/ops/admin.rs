@@ -194,6 +194,14 @@ impl Admin {
                         .map(|o| json!({"key": o.key, "limit": o.limit, "burst": o.burst, "line": o.line}))
                         .collect();
                 }
+                if let Some(counted) = &s.count_status {
+                    // As written: numbers, and whole classes as "4xx".
+                    rule["count_status"] = counted
+                        .written()
+                        .into_iter()
+                        .map(|w| w.parse::<u16>().map_or_else(|_| json!(w), |n| json!(n)))
+                        .collect();
+                }
                 if let Some(h) = &s.cost_response_header {
                     // What a request reserves until its response says.
                     rule["cost_response_header"] = h.as_str().into();

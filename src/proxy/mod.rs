@@ -353,11 +353,11 @@ impl Proxy {
     async fn serve(&self, mut req: Request<Incoming>, x: &mut Exchange<'_>) -> Response<ProxyBody> {
         let rules = self.decider.rules().load();
         if let Err(e) = self.admit(&mut req, &rules, x) {
-            return self.refuse(x, e);
+            return self.refuse(&req, x, e);
         }
         let mut d = Decision::new();
         if let Err(e) = self.decider.prepare(&rules, &self.facts(&req, &rules, x), self.asked(x), &mut d) {
-            return self.refuse(x, e);
+            return self.refuse(&req, x, e);
         }
         // No clock read unless the request's span is recorded.
         let asked = x.note.traced().then(Instant::now);
@@ -368,10 +368,14 @@ impl Proxy {
         let delay = match d.ruling {
             Ruling::Admitted { delay } => delay,
             Ruling::Limited { .. } => return self.reject(&req, x, &d),
-            Ruling::Unavailable => return self.refuse(x, ProxyError::StoreUnavailable { retry_after_seconds: 1 }),
+            Ruling::Unavailable => {
+                return self.refuse(&req, x, ProxyError::StoreUnavailable { retry_after_seconds: 1 });
+            }
         };
+        let settling = d.stamp.map_or_else(Vec::new, |at| self.settling(&d, at));
         let Some(route) = x.route else {
-            let mut resp = self.refuse(x, ProxyError::NoRoute);
+            settle::own_answer(settling, ProxyError::NoRoute.status(), self.decider.store());
+            let mut resp = self.refuse(&req, x, ProxyError::NoRoute);
             headers::write(resp.headers_mut(), &d.reports, headers::most_restrictive(&d.reports));
             return resp;
         };
@@ -380,11 +384,12 @@ impl Proxy {
             // Leaky bucket shaping: wait for this request's turn.
             tokio::time::sleep(Duration::from_nanos(delay)).await;
         }
-        let settling = d.stamp.map_or_else(Vec::new, |at| self.settling(&d, at));
 
         // Forward.
         let upstream = &x.routing.upstreams[x.routing.routes[route].0.upstream];
         let version = req.version();
+        // For an answer of tollgate's own once the request has gone.
+        let grpc = crate::wire::grpc::content_type(req.headers()).cloned();
         // Taken before the request moves on: hyper completes the client's
         // side once the 101 has been written.
         let upgrade = tunnel::requested(&req).map(|protocol| (protocol, hyper::upgrade::on(&mut req)));
@@ -416,7 +421,10 @@ impl Proxy {
                 self.answered(&mut resp, x, version, client_upgrade, settling);
                 resp.map(Either::Left)
             }
-            Err(e) => e.into_response(&x.request_id).map(Either::Right),
+            Err(e) => {
+                settle::own_answer(settling, e.status(), self.decider.store());
+                respond::own_answer(e, &x.request_id, grpc)
+            }
         };
         headers::write(resp.headers_mut(), &d.reports, headers::most_restrictive(&d.reports));
         resp

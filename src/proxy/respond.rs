@@ -21,7 +21,7 @@ use crate::upstream::forward::{Downstream, RequestBody};
 use crate::upstream::pool::UpstreamBody;
 use crate::upstream::tunnel;
 use crate::wire::error::{self, ProxyError};
-use crate::wire::headers;
+use crate::wire::{grpc, headers};
 
 impl Proxy {
     /// The request's route's counters (`none`'s before it has one).
@@ -42,17 +42,18 @@ impl Proxy {
         .inc();
     }
 
-    /// Answers a request tollgate refuses itself.
-    pub(super) fn refuse(&self, x: &Exchange<'_>, e: ProxyError) -> Response<ProxyBody> {
+    /// Answers a request tollgate refuses itself (in gRPC's form to a gRPC
+    /// request).
+    pub(super) fn refuse(&self, req: &Request<Incoming>, x: &Exchange<'_>, e: ProxyError) -> Response<ProxyBody> {
         self.count(x, &e);
-        e.into_response(&x.request_id).map(Either::Right)
+        own_answer(e, &x.request_id, grpc::content_type(req.headers()).cloned())
     }
 
     /// Answers a request a rule rejects: 429, or problem+json when the
     /// client asks for it, with the rate-limit headers.
     pub(super) fn reject(&self, req: &Request<Incoming>, x: &Exchange<'_>, d: &Decision<'_>) -> Response<ProxyBody> {
         let Ruling::Limited { rule: at, report, retry_after_secs } = d.ruling else {
-            return self.refuse(x, ProxyError::StoreUnavailable { retry_after_seconds: 1 });
+            return self.refuse(req, x, ProxyError::StoreUnavailable { retry_after_seconds: 1 });
         };
         let (rule, limit) = (d.pending[at].rule, d.pending[at].plan.nominal.limit);
         tracing::debug!(rule = rule.name(), key = %d.pending[at].key, client = %x.client_ip, "rate limited");
@@ -67,6 +68,11 @@ impl Proxy {
             }
         };
         self.count(x, &err);
+        if let Some(content_type) = grpc::content_type(req.headers()) {
+            let mut resp = err.into_grpc_response(&x.request_id, content_type.clone()).map(Either::Right);
+            headers::write(resp.headers_mut(), &d.reports, report);
+            return resp;
+        }
         let problem = error::accepts_problem(req.headers());
         if let [only] = d.reports.as_slice()
             && let Some(head) = &only.plan.reject_head
@@ -140,7 +146,9 @@ impl Proxy {
         }
         if !settling.is_empty() {
             let ended = hyper::body::Body::is_end_stream(resp.body());
-            x.on_trailers = settle::at_head(settling, resp.headers(), ended, self.decider.store(), &self.metrics);
+            let status = resp.status();
+            x.on_trailers =
+                settle::at_head(settling, status, resp.headers(), ended, self.decider.store(), &self.metrics);
         }
     }
 
@@ -154,21 +162,31 @@ impl Proxy {
                 Ok(v) if v.allowed => Some((p, v.fallback)),
                 _ => None,
             })
-            .filter_map(|(p, fallback)| {
-                Some(Settling {
-                    header: p.rule.spec.cost_response_header.clone()?,
-                    rule: p.rule.name().to_string(),
-                    key: p.key.clone(),
-                    limits: p.check_limits,
-                    reserved: p.cost,
-                    enforced: p.rule.enforced(),
-                    on_error: self.decider.on_error_of(p.rule),
-                    at,
-                    fallback,
-                })
+            .filter(|(p, _)| p.rule.spec.settles_from_response())
+            .map(|(p, fallback)| Settling {
+                header: p.rule.spec.cost_response_header.clone(),
+                count_status: p.rule.spec.count_status,
+                rule: p.rule.name().to_string(),
+                key: p.key.clone(),
+                limits: p.check_limits,
+                reserved: p.cost,
+                enforced: p.rule.enforced(),
+                on_error: self.decider.on_error_of(p.rule),
+                at,
+                fallback,
             })
             .collect()
     }
+}
+
+/// tollgate's own answer to `e`, in gRPC's form when `grpc` (the
+/// request's gRPC content type) says so.
+pub(super) fn own_answer(e: ProxyError, request_id: &HeaderValue, grpc: Option<HeaderValue>) -> Response<ProxyBody> {
+    match grpc {
+        Some(content_type) => e.into_grpc_response(request_id, content_type),
+        None => e.into_response(request_id),
+    }
+    .map(Either::Right)
 }
 
 /// Hands a 101's two sides to the tunnel ([`crate::upstream::tunnel`]), which is the

@@ -11,14 +11,22 @@
 //! not a whole number, an upstream error, a client gone before the
 //! trailers) leaves the reservation as it was counted.
 //!
+//! `count_status` rides the same path: a request answered with a status
+//! its rule does not count gives its whole reservation back, at the
+//! response head (or at tollgate's own answer after admission: no route, an
+//! upstream failure); one with a counted status keeps it, corrected by
+//! `cost_response_header` when the rule has that too. Each reservation is
+//! corrected once at most: given back, or settled from a header or
+//! trailer, never both.
+//!
 //! Nothing here runs for a rule set without such a rule: the request path
 //! looks only when [`crate::limit::rules::RuleSet::any_settles`] is set.
 
 use std::sync::Arc;
 
-use http::{HeaderMap, HeaderName};
+use http::{HeaderMap, HeaderName, StatusCode};
 
-use crate::config::OnError;
+use crate::config::{OnError, StatusSet};
 use crate::limiter::Limits;
 use crate::obs::metrics::Metrics;
 use crate::store::{AnyStore, Check, Settler, Stamp};
@@ -26,7 +34,9 @@ use crate::store::{AnyStore, Check, Settler, Stamp};
 /// An admitted rule whose reservation waits for its request's real cost.
 pub struct Settling {
     /// Where the real cost comes: the rule's `cost_response_header`.
-    pub header: HeaderName,
+    pub header: Option<HeaderName>,
+    /// The rule's `count_status`: the statuses that keep the reservation.
+    pub count_status: Option<StatusSet>,
     pub rule: String,
     pub key: String,
     pub limits: Limits,
@@ -49,7 +59,7 @@ impl Settling {
     /// (the response head or its trailers). `false` when the map does not
     /// carry it.
     fn apply(&self, found: &HeaderMap, store: Target<'_>, metrics: &Metrics) -> bool {
-        let Some(value) = found.get(&self.header) else { return false };
+        let Some(value) = self.header.as_ref().and_then(|h| found.get(h)) else { return false };
         let Some(real) = value.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()) else {
             // Rare: the label lookup's lock is paid only here.
             metrics.cost_settle_invalid_total.with_label_values(&[&self.rule]).inc();
@@ -58,6 +68,23 @@ impl Settling {
         // At most one bucket of debt, whatever the upstream says.
         let real = real.min(self.limits.capacity());
         let delta = i64::try_from(real).unwrap_or(i64::MAX) - i64::try_from(self.reserved).unwrap_or(i64::MAX);
+        self.correct(delta, store);
+        true
+    }
+
+    /// Whether a response with `status` gives the whole reservation back:
+    /// the rule has `count_status`, and it does not list the status.
+    fn uncounted(&self, status: StatusCode) -> bool {
+        self.count_status.is_some_and(|counted| !counted.contains(status.as_u16()))
+    }
+
+    /// Gives the whole reservation back.
+    fn give_back(&self, store: Target<'_>) {
+        self.correct(-i64::try_from(self.reserved).unwrap_or(i64::MAX), store);
+    }
+
+    /// Corrects the reservation by `delta` units in the store.
+    fn correct(&self, delta: i64, store: Target<'_>) {
         let check = Check {
             key: &self.key,
             limits: self.limits,
@@ -70,7 +97,6 @@ impl Settling {
             Target::Store(s) => s.settle(&check, delta, self.at, self.fallback),
             Target::Settler(s) => s.settle(&check, delta, self.at, self.fallback),
         }
-        true
     }
 }
 
@@ -79,18 +105,38 @@ enum Target<'a> {
     Settler(&'a Settler),
 }
 
-/// Settles what the response head carries. Answers what is left for its
-/// trailers (`None` when nothing is, which is always the case once the
-/// body has ended).
+/// Settles what the response head carries: its status (`count_status`)
+/// and its headers. Answers what is left for its trailers (`None` when
+/// nothing is, which is always the case once the body has ended).
 pub fn at_head(
     settling: Vec<Settling>,
+    status: StatusCode,
     head: &HeaderMap,
     body_ended: bool,
     store: &AnyStore,
     metrics: &Arc<Metrics>,
 ) -> Option<OnTrailers> {
-    let left: Vec<Settling> = settling.into_iter().filter(|s| !s.apply(head, Target::Store(store), metrics)).collect();
+    let left: Vec<Settling> = settling
+        .into_iter()
+        .filter(|s| {
+            if s.uncounted(status) {
+                s.give_back(Target::Store(store));
+                return false;
+            }
+            s.header.is_some() && !s.apply(head, Target::Store(store), metrics)
+        })
+        .collect();
     (!left.is_empty() && !body_ended).then(|| OnTrailers { left, store: store.settler(), metrics: metrics.clone() })
+}
+
+/// Settles for an answer tollgate gave itself, with `status`, to a request
+/// it had admitted (no route, an upstream failure): a `count_status`
+/// reservation the status does not count is given back; a real cost
+/// never came, so every other reservation stands.
+pub fn own_answer(settling: Vec<Settling>, status: StatusCode, store: &AnyStore) {
+    for s in settling.iter().filter(|s| s.uncounted(status)) {
+        s.give_back(Target::Store(store));
+    }
 }
 
 /// Reservations waiting for the response body's trailers.

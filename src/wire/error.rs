@@ -156,7 +156,7 @@ impl ProxyError {
 
     /// `Retry-After` of this answer, in seconds; `None` for answers that
     /// have none.
-    fn retry_after(&self) -> Option<u64> {
+    pub fn retry_after(&self) -> Option<u64> {
         match self {
             ProxyError::Limited { retry_after_seconds, .. } | ProxyError::StoreUnavailable { retry_after_seconds } => {
                 Some(*retry_after_seconds)

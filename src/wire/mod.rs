@@ -5,6 +5,7 @@
 
 pub mod client;
 pub mod error;
+pub mod grpc;
 pub mod headers;
 pub mod identity;
 pub mod normalize;

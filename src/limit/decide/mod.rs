@@ -264,7 +264,7 @@ impl Decider {
         // misses (gives nothing back) rather than reaching a window that
         // never counted it. (No clock read for a request none of whose
         // rules settle.)
-        let settles = rules.any_settles && d.pending.iter().any(|p| p.rule.spec.cost_response_header.is_some());
+        let settles = rules.any_settles && d.pending.iter().any(|p| p.rule.spec.settles_from_response());
         d.stamp = settles.then(|| self.store.stamp());
         Ok(())
     }

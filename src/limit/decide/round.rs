@@ -33,7 +33,7 @@ impl Decider {
             cost: p.cost,
             enforced: p.rule.enforced(),
             on_error: self.on_error_of(p.rule),
-            settles: p.rule.spec.cost_response_header.is_some(),
+            settles: p.rule.spec.settles_from_response(),
         }
     }
 

@@ -27,7 +27,8 @@ pub struct RuleSet {
     /// since the upstream may read another of its values than tollgate.
     pub read_headers: Vec<http::HeaderName>,
     /// Whether any rule settles its cost from the response
-    /// (`cost_response_header`): only then does the request path look.
+    /// (`cost_response_header`, `count_status`): only then does the
+    /// request path look.
     pub any_settles: bool,
     /// Whether any rule reads the method (`match.methods` or a `method`
     /// key part), and so its method-override headers (see
@@ -92,7 +93,7 @@ impl RuleSet {
             }
         }
         let any_needs_user = rules.iter().any(Rule::needs_user);
-        let any_settles = rules.iter().any(|r| r.spec.cost_response_header.is_some());
+        let any_settles = rules.iter().any(|r| r.spec.settles_from_response());
         let any_reads_api_key =
             rules.iter().any(|r| r.spec.key.contains(&KeyPart::ApiKey) || !r.spec.exempt.api_keys.is_empty());
         let reads_method =
