@@ -61,6 +61,13 @@ impl Browser {
         Browser { _child: child, stdin, lines }
     }
 
+    /// Closes the browser (the driver kills Chromium's whole process group)
+    /// and waits for the driver to exit.
+    async fn close(mut self) {
+        self.stdin.write_all(b"quit\n").await.expect("driver stdin");
+        let _ = tokio::time::timeout(Duration::from_secs(20), self._child.wait()).await;
+    }
+
     /// The page once its text contains `text` (or after the driver's 20 s).
     async fn wait_for(&mut self, text: &str) -> Value {
         self.stdin.write_all(format!("wait {text}\n").as_bytes()).await.expect("driver stdin");
@@ -106,6 +113,7 @@ async fn the_dashboard_shows_rules_and_limited_keys_and_follows_new_traffic_with
     assert!(second["refreshes"].as_u64() > first["refreshes"].as_u64(), "{second}");
     assert_eq!(second["probe"], "still here", "the page did not reload: {second}");
     assert_eq!(second["navigations"], 1, "{second}");
+    browser.close().await;
     t.stop().await;
 }
 

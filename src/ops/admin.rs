@@ -161,73 +161,7 @@ impl Admin {
     fn rules(&self) -> Response<Full<Bytes>> {
         let set = self.proxy.rules().load();
         let status = self.reloader.status.lock().clone();
-        let rules: Vec<_> = set
-            .rules
-            .iter()
-            .map(|r| {
-                let s = &r.spec;
-                let mut rule = json!({
-                    "name": s.name,
-                    "source": format!("{}:{}", s.source.display(), s.line),
-                    "algorithm": s.algorithm.as_str(),
-                    "limit": s.limit,
-                    "window_seconds": s.window.as_secs_f64(),
-                    "burst": s.burst,
-                    "key": s.key.iter().map(|k| k.describe()).collect::<Vec<_>>(),
-                    "mode": format!("{:?}", s.mode).to_lowercase(),
-                    "throttle": format!("{:?}", s.throttle),
-                    // Decisions since start (or since the rule was first
-                    // loaded under this name): the dashboard's rates.
-                    "allowed": r.counters.allowed.get(),
-                    "limited": r.counters.limited.get(),
-                });
-                // Only for rules that have them: the common rule stays as it was.
-                if let Some(c) = &s.calendar {
-                    rule["calendar"] = c.period.as_str().into();
-                    rule["timezone"] = c.timezone.clone().into();
-                    rule["window_seconds"] = r.window_secs_now().into();
-                }
-                if !s.overrides.is_empty() {
-                    rule["overrides"] = s
-                        .overrides
-                        .iter()
-                        .map(|o| json!({"key": o.key, "limit": o.limit, "burst": o.burst, "line": o.line}))
-                        .collect();
-                }
-                if let Some(counted) = &s.count_status {
-                    // As written: numbers, and whole classes as "4xx".
-                    rule["count_status"] = counted
-                        .written()
-                        .into_iter()
-                        .map(|w| w.parse::<u16>().map_or_else(|_| json!(w), |n| json!(n)))
-                        .collect();
-                }
-                if let Some(h) = &s.cost_response_header {
-                    // What a request reserves until its response says.
-                    rule["cost_response_header"] = h.as_str().into();
-                    match &s.cost {
-                        Cost::Fixed(n) => rule["cost"] = (*n).into(),
-                        Cost::Header(h) => {
-                            rule["cost_header"] = h.as_str().into();
-                            rule["max_cost"] = s.max_cost.into();
-                        }
-                    }
-                }
-                if let Some(u) = &s.quota_unit {
-                    rule["quota_unit"] = u.as_str().into();
-                }
-                if let Some(t) = &s.tiers {
-                    let mut tiers = serde_json::Map::new();
-                    for (name, limit, burst) in &t.tiers {
-                        tiers.insert(name.clone(), json!({"limit": limit, "burst": burst}));
-                    }
-                    tiers.insert("default".into(), json!({"limit": t.default.0, "burst": t.default.1}));
-                    rule["tier"] = t.source.describe().into();
-                    rule["tiers"] = tiers.into();
-                }
-                rule
-            })
-            .collect();
+        let rules: Vec<_> = set.rules.iter().map(rule_json).collect();
         json_response(
             StatusCode::OK,
             &json!({
@@ -302,6 +236,73 @@ impl Admin {
             }),
         };
         Ok(json_response(StatusCode::OK, &body))
+    }
+}
+
+/// One rule as `/rules` shows it.
+fn rule_json(r: &crate::limit::rules::Rule) -> serde_json::Value {
+    let s = &r.spec;
+    let mut rule = json!({
+        "name": s.name,
+        "source": format!("{}:{}", s.source.display(), s.line),
+        "algorithm": s.algorithm.as_str(),
+        "limit": s.limit,
+        "window_seconds": s.window.as_secs_f64(),
+        "burst": s.burst,
+        "key": s.key.iter().map(|k| k.describe()).collect::<Vec<_>>(),
+        "mode": format!("{:?}", s.mode).to_lowercase(),
+        "throttle": format!("{:?}", s.throttle),
+        // Decisions since start (or since the rule was first
+        // loaded under this name): the dashboard's rates.
+        "allowed": r.counters.allowed.get(),
+        "limited": r.counters.limited.get(),
+    });
+    rule_extras(r, &mut rule);
+    rule
+}
+
+/// What only some rules have: the common rule's answer stays as it was.
+fn rule_extras(r: &crate::limit::rules::Rule, rule: &mut serde_json::Value) {
+    let s = &r.spec;
+    if let Some(c) = &s.calendar {
+        rule["calendar"] = c.period.as_str().into();
+        rule["timezone"] = c.timezone.clone().into();
+        rule["window_seconds"] = r.window_secs_now().into();
+    }
+    if !s.overrides.is_empty() {
+        rule["overrides"] = s
+            .overrides
+            .iter()
+            .map(|o| json!({"key": o.key, "limit": o.limit, "burst": o.burst, "line": o.line}))
+            .collect();
+    }
+    if let Some(counted) = &s.count_status {
+        // As written: numbers, and whole classes as "4xx".
+        rule["count_status"] =
+            counted.written().into_iter().map(|w| w.parse::<u16>().map_or_else(|_| json!(w), |n| json!(n))).collect();
+    }
+    if let Some(h) = &s.cost_response_header {
+        // What a request reserves until its response says.
+        rule["cost_response_header"] = h.as_str().into();
+        match &s.cost {
+            Cost::Fixed(n) => rule["cost"] = (*n).into(),
+            Cost::Header(h) => {
+                rule["cost_header"] = h.as_str().into();
+                rule["max_cost"] = s.max_cost.into();
+            }
+        }
+    }
+    if let Some(u) = &s.quota_unit {
+        rule["quota_unit"] = u.as_str().into();
+    }
+    if let Some(t) = &s.tiers {
+        let mut tiers = serde_json::Map::new();
+        for (name, limit, burst) in &t.tiers {
+            tiers.insert(name.clone(), json!({"limit": limit, "burst": burst}));
+        }
+        tiers.insert("default".into(), json!({"limit": t.default.0, "burst": t.default.1}));
+        rule["tier"] = t.source.describe().into();
+        rule["tiers"] = tiers.into();
     }
 }
 

@@ -15,9 +15,11 @@ page's navigations (performance entries).
 """
 
 import asyncio
+import ctypes
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +27,23 @@ import tempfile
 import urllib.request
 
 import websockets
+
+
+def die_with_parent():
+    """In the child before exec: Chromium gets SIGKILL when this driver
+    dies, even by SIGKILL (the test's kill_on_drop), and is the leader of
+    its own process group, which the driver kills whole at the end."""
+    os.setsid()
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def stop(browser):
+    """Chromium and every process it started (zygote, renderers)."""
+    try:
+        os.killpg(browser.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    browser.wait()
 
 
 def free_port():
@@ -63,7 +82,7 @@ async def main(chromium, url):
         [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
          "--disable-dev-shm-usage", f"--user-data-dir={profile}",
          f"--remote-debugging-port={port}", "--remote-debugging-address=127.0.0.1", "about:blank"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent)
     try:
         targets = None
         for _ in range(300):
@@ -85,6 +104,7 @@ async def main(chromium, url):
             for line in sys.stdin:
                 cmd, _, arg = line.strip().partition(" ")
                 if cmd == "quit":
+                    print(json.dumps({"quit": True}), flush=True)
                     break
                 text = ""
                 for _ in range(200):
@@ -103,11 +123,7 @@ async def main(chromium, url):
                     "navigations": await page.eval("performance.getEntriesByType('navigation').length"),
                 }), flush=True)
     finally:
-        browser.terminate()
-        try:
-            browser.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            browser.kill()
+        stop(browser)
         shutil.rmtree(profile, ignore_errors=True)
 
 
