@@ -45,7 +45,7 @@ impl Shared {
         } else {
             (vec![None; checks.len()], vec![0; checks.len()])
         };
-        self.forget_probes_leased(&probes, &local, keys);
+        self.forget_probes_leased(&probes, &local, &keys);
         if consume && self.leases.enabled() && local.iter().all(Option::is_some) {
             self.metrics.lease_hits_total.inc();
             return (local.into_iter().flatten().map(Ok).collect(), None);
