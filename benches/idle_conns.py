@@ -5,14 +5,23 @@
                           [--targets tollgate,nginx] [--keep-sources]
 
 For each target and protocol, a fresh proxy is started in front of one
-upstream (nginx answering `200 ok`), then N client connections are opened
+upstream (nginx answering `200 ok`), then client connections are opened
 one after another; each sends one request through the proxy, reads its
-whole answer, and stays open, idle. The proxy's resident memory (VmRSS of
-tollgate, of nginx's one worker) is read before the first connection and
-after the last (once the proxy has settled), and the difference is
-divided by N. One line per run:
+whole answer, and stays open, idle: first N/2, then N more. The proxy's
+resident memory (VmRSS of tollgate, of nginx's one worker) is read before
+the first connection, after the first N/2 and after the last (each time
+2.5 s after the last request, once the proxy has settled). One line per
+run:
 
-    IDLE target=tollgate proto=h1 conns=10000 rss_before_kib=... rss_after_kib=... kib_per_conn=...
+    IDLE target=tollgate proto=h1 conns=10000 rss_before_kib=... rss_half_kib=...
+         rss_after_kib=... kib_per_conn=... kib_per_conn_from_start=...
+
+`kib_per_conn` is what the last N connections added, divided by N: what one
+more idle connection costs. The first N/2 leave in the allocator what the
+requests of connections not yet idle took (hyper's buffers, each request's
+state; tollgate gives an HTTP/1.1 connection's back after a second of
+idling), which the next ones reuse. `kib_per_conn_from_start` divides
+everything since the start by all 1.5 N connections, that burst included.
 
 `h1`: HTTP/1.1 keep-alive. `h2`: HTTP/2 with prior knowledge (h2c, what
 tollgate's listener takes beside HTTP/1.1 on one port; nginx's `listen ...
@@ -24,7 +33,7 @@ long enough that nothing closes during the run.
 Connections come from 127.0.0.2, .3, ... (loopback addresses on which
 nothing listens; 25,000 connections each): the ephemeral ports of
 127.0.0.1, which every other process on the machine binds from, stay free.
-The script raises its file descriptor limit to N + 1,000, which the
+The script raises its file descriptor limit to 1.5 N + 1,000, which the
 proxies inherit (beyond the hard limit it needs CAP_SYS_RESOURCE).
 Needs nginx (`apt-get install nginx-light`) and python3; no packages.
 """
@@ -149,18 +158,22 @@ def nginx_worker(master):
     raise RuntimeError("nginx started no worker")
 
 
-def start_nginx(procs, work, up, conns, proto, locations=1, zone_mb=64):
-    """nginx as edge-bench configures it, keep-alive to the upstream.
-    `locations`: prefix locations `/decoyN/` the requests do not match, before
-    the one they do (the rules curve of benches/scale)."""
+def nginx_config(work, up, conns, proto, locations=1, zone_mb=64, single=False):
+    """nginx as edge-bench configures it, keep-alive to the upstream:
+    (config file, port, prefix directory). `locations`: prefix locations
+    `/decoyN/` the requests do not match, before the one they do (the rules
+    curve of benches/scale.py). `single`: one process, no master (for
+    valgrind)."""
     port = free_port()
     d = os.path.join(work, f"ng-{proto}-{port}")
     os.makedirs(d, exist_ok=True)
     listen = f"127.0.0.1:{port} backlog=4096" + (" http2" if proto == "h2" else "")
     proxy = "proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection \"\";"
-    decoys = "".join(f"    location /decoy{i}/ {{ {proxy} }}\n" for i in range(locations - 1))
-    with open(os.path.join(d, "nginx.conf"), "w") as f:
-        f.write(f"""worker_processes 1; daemon off; pid {d}/nginx.pid; error_log {d}/error.log;
+    decoys = "".join(f"    location /decoy{i}/ {{ {proxy} }}\n" for i in range(1, locations))
+    master = " master_process off;" if single else ""
+    conf = os.path.join(d, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(f"""worker_processes 1; daemon off;{master} pid {d}/nginx.pid; error_log {d}/error.log;
 worker_rlimit_nofile {conns * 2 + 1000};
 events {{ worker_connections {conns + 1000}; }}
 http {{ access_log off;
@@ -171,7 +184,13 @@ http {{ access_log off;
     client_header_timeout 3600s;
 {decoys}    location / {{ limit_req zone=users burst=1000000 nodelay; {proxy} }} }} }}
 """)
-    p = procs.start("nginx", [nginx_bin(), "-p", d, "-c", os.path.join(d, "nginx.conf")])
+    return conf, port, d
+
+
+def start_nginx(procs, work, up, conns, proto):
+    """nginx in front of `up`: (port, its worker's pid, the master process)."""
+    conf, port, d = nginx_config(work, up, conns, proto)
+    p = procs.start("nginx", [nginx_bin(), "-p", d, "-c", conf])
     wait_port(port, p)
     return port, nginx_worker(p.pid), p
 
@@ -303,9 +322,10 @@ def read_h2_response(s):
             return
 
 
-def open_idle(port, n, proto, sources=True):
+def open_idle(port, n, proto, sources=True, first=0):
     """Opens `n` connections to `port`, one request each, answered before the
-    next opens; returns the open sockets."""
+    next opens; returns the open sockets. `first`: connections already open
+    (for the choice of source address)."""
     socks = []
     request, read = (REQUEST_H1, read_h1_response) if proto == "h1" else (REQUEST_H2, read_h2_response)
     for i in range(n):
@@ -314,7 +334,7 @@ def open_idle(port, n, proto, sources=True):
             # IP_BIND_ADDRESS_NO_PORT (24): the port is chosen at connect, per
             # destination, so each source address gives the whole ephemeral range.
             s.setsockopt(socket.IPPROTO_IP, 24, 1)
-            s.bind((f"127.0.0.{2 + i // CONNS_PER_SOURCE}", 0))
+            s.bind((f"127.0.0.{2 + (first + i) // CONNS_PER_SOURCE}", 0))
         s.connect(("127.0.0.1", port))
         s.sendall(request)
         read(s)
@@ -336,43 +356,56 @@ def settle_rss(pid, seconds=2.0):
 
 
 def measure(pid, port, conns, proto):
+    """RSS before any connection, after `conns // 2` idle ones, and after
+    `conns` more: (before, middle, after)."""
     # A few connections first, opened and closed: the first request's
     # one-off allocations (the upstream pool, the rule's key) are not counted.
     for s in open_idle(port, 20, proto):
         s.close()
     time.sleep(0.3)
     before = settle_rss(pid)
-    socks = open_idle(port, conns, proto)
+    # tollgate parks an HTTP/1.1 connection after a second of idling
+    # (checked at most a second later): each figure is taken once the
+    # connections opened are idle.
+    first = open_idle(port, conns // 2, proto)
+    time.sleep(2.5)
+    middle = settle_rss(pid)
+    second = open_idle(port, conns, proto, first=conns // 2)
+    time.sleep(2.5)
     after = settle_rss(pid)
-    for s in socks:
+    for s in first + second:
         s.close()
-    return before, after
+    return before, middle, after
 
 
-def report(target, proto, conns, before, after, extra=""):
-    per = (after - before) / conns
+def report(target, proto, conns, before, middle, after, extra=""):
+    """Prints the run's line; returns the marginal KiB per connection."""
+    total = (after - before) / (conns + conns // 2)
+    marginal = (after - middle) / conns
     print(
-        f"IDLE target={target} proto={proto} conns={conns} rss_before_kib={before} "
-        f"rss_after_kib={after} kib_per_conn={per:.2f}{extra}",
+        f"IDLE target={target} proto={proto} conns={conns} rss_before_kib={before} rss_half_kib={middle} "
+        f"rss_after_kib={after} kib_per_conn={marginal:.2f} kib_per_conn_from_start={total:.2f}{extra}",
         flush=True,
     )
-    return per
+    return marginal
 
 
 def run(binary, conns, protocols, targets, work, procs):
     # The client and each proxy hold one descriptor per connection.
-    raise_nofile(conns + 1000)
+    raise_nofile(conns + conns // 2 + 1000)
     up = start_upstream(procs, work)
     results = {}
     for proto in protocols:
         for target in targets:
+            # Room for both batches of measure().
+            room = conns + conns // 2
             if target == "tollgate":
-                port, pid, p = start_tollgate(procs, work, binary, up, conns)
+                port, pid, p = start_tollgate(procs, work, binary, up, room)
             else:
-                port, pid, p = start_nginx(procs, work, up, conns, proto)
-            before, after = measure(pid, port, conns, proto)
+                port, pid, p = start_nginx(procs, work, up, room, proto)
+            before, middle, after = measure(pid, port, conns, proto)
             procs.stop(p)
-            results[(target, proto)] = report(target, proto, conns, before, after)
+            results[(target, proto)] = report(target, proto, conns, before, middle, after)
     return results
 
 
