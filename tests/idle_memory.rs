@@ -22,15 +22,16 @@ const CONNECTIONS: usize = 2_000;
 
 /// The most one more idle connection may cost, in KiB. A parked HTTP/1.1
 /// connection keeps its socket, its [`IdleIo`] state and its task: about
-/// 3 KiB in a release build (docs/benchmarks.md), a few more in a debug
-/// one. Before HTTP/1.1 connections were parked, a debug build took 35 KiB.
+/// 3 KiB in a release build (docs/benchmarks.md). A debug build measured 0
+/// to 12 KiB here (what the allocator keeps from the connections not yet
+/// parked moves the figure); before HTTP/1.1 connections were parked, 35.
 ///
 /// HTTP/2 connections keep h2's codec for their whole life (a 16 KiB write
 /// buffer, an 8 KiB read buffer, 4 KiB for HPACK, the stream store): 47
 /// KiB in a debug build, the bound a guard against growth only.
 ///
 /// [`IdleIo`]: tollgate::edge::idle::IdleIo
-const H1_BOUND_KIB: usize = 12;
+const H1_BOUND_KIB: usize = 20;
 const H2_BOUND_KIB: usize = 64;
 
 /// A tollgate process; killed on drop.
@@ -217,12 +218,12 @@ fn read_h2(s: &mut TcpStream) {
 }
 
 /// KiB of tollgate's RSS per idle connection of `protocol`: what
-/// [`CONNECTIONS`] more idle connections add to a tollgate already holding
+/// `connections` more idle connections add to a tollgate already holding
 /// as many. The first ones leave in the allocator what the requests of
 /// connections not yet parked took (hyper's buffers, each request's
 /// state), reused by the next: the figure is what one more idle connection
 /// costs, not what the allocator keeps from the burst that opened them.
-async fn kib_per_idle_connection(protocol: Protocol) -> f64 {
+async fn kib_per_idle_connection(protocol: Protocol, connections: usize) -> f64 {
     let upstream = Upstream::start().await;
     let tg = Process::start(upstream.addr);
     let proxy = tg.proxy;
@@ -230,10 +231,10 @@ async fn kib_per_idle_connection(protocol: Protocol) -> f64 {
         // An HTTP/1.1 connection gives back hyper's buffers after a second
         // of idling (`PARK_AFTER`), checked at most a second later.
         let settle = Duration::from_millis(2_500);
-        let first: Vec<TcpStream> = (0..CONNECTIONS).map(|_| one_request(proxy, protocol)).collect();
+        let first: Vec<TcpStream> = (0..connections).map(|_| one_request(proxy, protocol)).collect();
         std::thread::sleep(settle);
         let before = tg.settled_rss_kib();
-        let idle: Vec<TcpStream> = (0..CONNECTIONS).map(|_| one_request(proxy, protocol)).collect();
+        let idle: Vec<TcpStream> = (0..connections).map(|_| one_request(proxy, protocol)).collect();
         std::thread::sleep(settle);
         let after = tg.settled_rss_kib();
         drop((first, idle));
@@ -241,20 +242,21 @@ async fn kib_per_idle_connection(protocol: Protocol) -> f64 {
     })
     .await
     .expect("clients");
-    let per = after.saturating_sub(before) as f64 / CONNECTIONS as f64;
-    println!("{CONNECTIONS} more idle connections: RSS {before} -> {after} KiB, {per:.2} KiB each");
+    let per = after.saturating_sub(before) as f64 / connections as f64;
+    println!("{connections} more idle connections: RSS {before} -> {after} KiB, {per:.2} KiB each");
     per
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_http1_connection_costs_little() {
-    let per = kib_per_idle_connection(Protocol::Http1).await;
+    let per = kib_per_idle_connection(Protocol::Http1, CONNECTIONS).await;
     assert!(per < H1_BOUND_KIB as f64, "{per:.2} KiB per idle HTTP/1.1 connection");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_http2_connection_costs_little() {
-    let per = kib_per_idle_connection(Protocol::Http2).await;
+    // Fewer: a guard against growth needs less precision.
+    let per = kib_per_idle_connection(Protocol::Http2, CONNECTIONS / 2).await;
     assert!(per < H2_BOUND_KIB as f64, "{per:.2} KiB per idle HTTP/2 connection");
 }
 
