@@ -21,8 +21,9 @@ use support::Upstream;
 const CONNECTIONS: usize = 2_000;
 
 /// The most one more idle connection may cost, in KiB. A parked HTTP/1.1
-/// connection keeps its socket, its [`IdleIo`] state and its task: about
-/// 3 KiB in a release build (docs/benchmarks.md). A debug build measured 0
+/// connection keeps its socket, its [`IdleIo`] state and its task: 3 to
+/// 9 KiB in a release build, most of it what the allocator keeps
+/// (docs/benchmarks.md). A debug build measured 0
 /// to 12 KiB here (what the allocator keeps from the connections not yet
 /// parked moves the figure); before HTTP/1.1 connections were parked, 35.
 ///
