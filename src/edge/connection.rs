@@ -5,19 +5,26 @@
 //! at shutdown.
 
 use std::convert::Infallible;
+use std::future::{Future, poll_fn};
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http_body_util::Either;
-use hyper::service::service_fn;
+use hyper::body::Incoming;
+use hyper::server::conn::{http1, http2};
+use hyper::service::{Service, service_fn};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use prometheus::IntGauge;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::config::Config;
-use crate::edge::drain::{Retire, Watcher};
+use crate::edge::drain::{Retire, Signal, Watcher};
 use crate::edge::idle::{IdleIo, Inflight, InflightBody};
 use crate::edge::send_budget::{BudgetedBody, SendBudget};
 use crate::proxy::{LoggedBody, Proxy};
@@ -38,6 +45,15 @@ const H2_SEND_BUFFER: usize = 64 * 1024;
 /// and no shared budget (tests/h2_slow_readers.rs).
 const H2_MAX_STREAMS: u32 = 100;
 
+/// How long an HTTP/1.1 connection waits for its next request with
+/// hyper's buffers and state before it gives them back (see
+/// [`crate::edge::idle::park`]): long enough that a busy connection keeps
+/// them, request after request.
+const PARK_AFTER: Duration = Duration::from_secs(1);
+
+/// The server setup of both protocols (`tollgate-floor`'s, whose
+/// connections are not parked); tollgate's own connections take the same
+/// settings from [`http1_builder`] and [`http2_builder`].
 pub(crate) fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -66,6 +82,28 @@ pub(crate) fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor
     builder
 }
 
+/// HTTP/1.1's server settings: those of [`connection_builder`].
+fn http1_builder(config: &Config) -> http1::Builder {
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(None::<Duration>)
+        .max_buf_size((config.listen.max_header_bytes + config.listen.max_uri_bytes + 1024).max(8192))
+        .keep_alive(true);
+    builder
+}
+
+/// HTTP/2's server settings: those of [`connection_builder`].
+fn http2_builder(config: &Config) -> http2::Builder<TokioExecutor> {
+    let mut builder = http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(H2_MAX_STREAMS)
+        .max_send_buf_size(H2_SEND_BUFFER)
+        .max_header_list_size(h2_header_list_size(config));
+    builder
+}
+
 /// HTTP/2's bound on a request's header list, above which h2 answers a
 /// bare 431 itself. HTTP/2 counts a field as name + value + 32 bytes (RFC
 /// 9113 §6.5.2), `max_header_bytes` as name + value + 4: the smallest field
@@ -81,7 +119,8 @@ fn h2_header_list_size(config: &Config) -> u32 {
 
 /// What every client connection is served with.
 pub(crate) struct ConnectionSetup {
-    builder: auto::Builder<TokioExecutor>,
+    h1: http1::Builder,
+    h2: http2::Builder<TokioExecutor>,
     idle_timeout: Duration,
     header_read_timeout: Duration,
     send_timeout: Duration,
@@ -95,7 +134,8 @@ pub(crate) struct ConnectionSetup {
 impl ConnectionSetup {
     pub(crate) fn new(config: &Config, tunnels: Tunnels) -> ConnectionSetup {
         ConnectionSetup {
-            builder: connection_builder(config),
+            h1: http1_builder(config),
+            h2: http2_builder(config),
             idle_timeout: config.listen.idle_timeout,
             header_read_timeout: config.listen.header_read_timeout,
             send_timeout: config.listen.send_timeout,
@@ -155,7 +195,7 @@ pub(crate) async fn serve_connection<IO>(
 {
     let inflight = Inflight::counting_gone(proxy.metrics.client_gone_total.clone());
     let budget = SendBudget::default();
-    let io = IdleIo::new(stream, setup.idle_timeout, setup.send_timeout, inflight.clone(), budget.clone())
+    let mut io = IdleIo::new(stream, setup.idle_timeout, setup.send_timeout, inflight.clone(), budget.clone())
         .with_header_timeout(setup.header_read_timeout);
     let retire = Retire::default();
     // What a request of this connection needs: one shared value, so a
@@ -165,7 +205,7 @@ pub(crate) async fn serve_connection<IO>(
         peer: client,
         tunnels: setup.tunnels.clone(),
         slot,
-        inflight,
+        inflight: inflight.clone(),
         budget,
         retire: retire.clone(),
         max_requests: setup.max_requests,
@@ -183,11 +223,112 @@ pub(crate) async fn serve_connection<IO>(
     // it, builds the request's future in place: a larger one was called
     // out of line and its future (several KiB) copied on every request.
     let svc = service_fn(move |req| serve_request(conn.clone(), req));
-    let conn = setup.builder.serve_connection_with_upgrades(TokioIo::new(io), svc).into_owned();
-    if let Err(e) = watcher.watch_retiring(conn, retire).await {
+    let served = match first_bytes(&mut io).await {
+        Some(true) => watcher.watch_retiring(setup.h2.serve_connection(TokioIo::new(io), svc), retire).await,
+        Some(false) => serve_h1(io, svc, &setup.h1, &inflight, watcher.signal(Some(retire))).await,
+        // Closed, or timed out, before saying anything: how its shutdown
+        // goes is of no interest.
+        None => {
+            let _ = io.shutdown().await;
+            Ok(())
+        }
+    };
+    if let Err(e) = served {
         tracing::debug!(error = %e, %peer, "connection ended with an error");
     }
     drop(aging);
+}
+
+/// Reads until the connection's first bytes tell its protocol, and puts
+/// them back: whether it speaks HTTP/2, `None` if it closed (or timed out)
+/// first.
+async fn first_bytes<T: AsyncRead + Unpin>(io: &mut IdleIo<T>) -> Option<bool> {
+    // The HTTP/2 preface's length: any other protocol differs before.
+    let mut first = [0u8; 24];
+    let mut read = 0;
+    while io.speaks_h2().is_none() {
+        match io.read(&mut first[read..]).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => read += n,
+        }
+    }
+    io.unread(Bytes::copy_from_slice(&first[..read]));
+    io.speaks_h2()
+}
+
+/// An HTTP/1.1 connection, parked whenever it idles (see
+/// [`crate::edge::idle::park`]): hyper's connection, with its buffers, is
+/// built when a request's first bytes come and dropped once it has idled
+/// for [`PARK_AFTER`], the socket kept.
+async fn serve_h1<T, S>(
+    mut io: IdleIo<T>,
+    mut svc: S,
+    builder: &http1::Builder,
+    inflight: &Inflight,
+    mut signal: Signal,
+) -> Result<(), hyper::Error>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: Service<hyper::Request<Incoming>, Response = hyper::Response<ConnBody>, Error = Infallible> + Unpin,
+    S::Future: Send + 'static,
+{
+    io.park_when_idle(PARK_AFTER);
+    loop {
+        // Boxed: while the connection is parked, its task holds a pointer's
+        // worth of it.
+        let mut conn = Box::new(builder.serve_connection(TokioIo::new(io), svc).with_upgrades());
+        let parked = poll_fn(|cx| {
+            if signal.poll_told(cx) {
+                Pin::new(&mut *conn).graceful_shutdown();
+            }
+            match Pin::new(&mut *conn).poll(cx) {
+                Poll::Ready(done) => Poll::Ready(Some(done)),
+                Poll::Pending if !signal.told() && inflight.take_park() => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await;
+        if let Some(done) = parked {
+            return done;
+        }
+        // Idle, flushed, nothing in flight: hyper hands back the socket,
+        // what it had read of the next request, and the service.
+        let Some(parts) = conn.into_parts() else { return Ok(()) };
+        (io, svc) = (parts.io.into_inner(), parts.service);
+        io.unread(parts.read_buf);
+        if io.has_unread() {
+            continue;
+        }
+        match next_request(&mut io, &mut signal).await {
+            Some(bytes) => io.unread(bytes),
+            // Closed by the client, timed out, or told to close.
+            None => {
+                let _ = io.shutdown().await;
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// A parked connection's wait: the next request's first bytes, or `None`
+/// when the connection closes, times out or is told to close.
+async fn next_request<T: AsyncRead + Unpin>(io: &mut IdleIo<T>, signal: &mut Signal) -> Option<Bytes> {
+    poll_fn(|cx| {
+        if signal.poll_told(cx) {
+            return Poll::Ready(None);
+        }
+        // On the stack of this poll, not in the connection's task.
+        let mut buf = [0u8; 1024];
+        let mut read = ReadBuf::new(&mut buf);
+        match Pin::new(&mut *io).poll_read(cx, &mut read) {
+            Poll::Ready(Ok(())) if !read.filled().is_empty() => {
+                Poll::Ready(Some(Bytes::copy_from_slice(read.filled())))
+            }
+            Poll::Ready(_) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await
 }
 
 /// A response body as hyper sends it: HTTP/2's within the connection's

@@ -68,7 +68,7 @@ pub trait Graceful: Future {
     fn graceful_shutdown(self: Pin<&mut Self>);
 }
 
-impl<I, S, E, B> Graceful for hyper_util::server::conn::auto::UpgradeableConnection<'static, I, S, E>
+impl<I, S, E, B> Graceful for hyper::server::conn::http2::Connection<I, S, E>
 where
     Self: Future,
     S: hyper::service::HttpService<hyper::body::Incoming, ResBody = B>,
@@ -76,10 +76,10 @@ where
     I: hyper::rt::Read + hyper::rt::Write + Unpin,
     B: hyper::body::Body + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    E: hyper_util::server::conn::auto::HttpServerConnExec<S::Future, B>,
+    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, B>,
 {
     fn graceful_shutdown(self: Pin<&mut Self>) {
-        hyper_util::server::conn::auto::UpgradeableConnection::graceful_shutdown(self);
+        hyper::server::conn::http2::Connection::graceful_shutdown(self);
     }
 }
 
@@ -110,23 +110,35 @@ impl Default for Drain {
 impl Watcher {
     /// `conn`, shut down gracefully once the drain is signalled.
     pub fn watch<C: Graceful>(self, conn: C) -> Watched<C> {
-        let mut rx = self.rx.clone();
-        let signal: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(async move {
-            let _ = rx.changed().await;
-        });
-        Watched { conn: Box::pin(conn), signal: Some(signal), registered: false, probe: self.rx, retire: None }
+        Watched { conn: Box::pin(conn), watch: self.signal(None) }
     }
 
     /// `conn`, shut down gracefully once the drain is signalled or `retire`
     /// is asked, whichever comes first.
     pub fn watch_retiring<C: Graceful>(self, conn: C, retire: Retire) -> Watched<C> {
-        Watched { retire: Some((retire, false)), ..self.watch(conn) }
+        Watched { conn: Box::pin(conn), watch: self.signal(Some(retire)) }
+    }
+
+    /// The drain's signal and `retire`, for a connection driven by hand
+    /// (one whose hyper connection is rebuilt, see `edge::connection`).
+    pub fn signal(self, retire: Option<Retire>) -> Signal {
+        let mut rx = self.rx.clone();
+        let signal: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(async move {
+            let _ = rx.changed().await;
+        });
+        Signal {
+            signal: Some(signal),
+            registered: false,
+            probe: self.rx,
+            retire: retire.map(|r| (r, false)),
+            told: false,
+        }
     }
 }
 
-/// A connection under a [`Drain`]; completes with the connection.
-pub struct Watched<C> {
-    conn: Pin<Box<C>>,
+/// When a connection is to finish what it is doing and close: the drain
+/// was signalled, or its [`Retire`] asked.
+pub struct Signal {
     /// Completes when the drain is signalled (or dropped); `None` once it
     /// has (the connection was told).
     signal: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
@@ -141,6 +153,54 @@ pub struct Watched<C> {
     /// registered with it; `None` once the connection was told (or when
     /// there is none).
     retire: Option<(Retire, bool)>,
+    /// Whether [`Signal::poll_told`] has said so.
+    told: bool,
+}
+
+impl Signal {
+    /// Whether the connection is to shut down gracefully now: true once,
+    /// the first time either the drain or its retirement is seen. Registers
+    /// the task's waker with both until then.
+    pub fn poll_told(&mut self, cx: &mut Context<'_>) -> bool {
+        let told = self.poll_signals(cx);
+        self.told |= told;
+        told
+    }
+
+    fn poll_signals(&mut self, cx: &mut Context<'_>) -> bool {
+        if let Some(signal) = &mut self.signal
+            && (!self.registered || self.probe.has_changed().unwrap_or(true))
+        {
+            self.registered = true;
+            if signal.as_mut().poll(cx).is_ready() {
+                self.signal = None;
+                self.retire = None;
+                return true;
+            }
+        }
+        if let Some((retire, registered)) = &mut self.retire {
+            if !*registered {
+                retire.0.waker.register(cx.waker());
+                *registered = true;
+            }
+            if retire.asked() {
+                self.retire = None;
+                return self.signal.is_some();
+            }
+        }
+        false
+    }
+
+    /// Whether [`Signal::poll_told`] has said so.
+    pub fn told(&self) -> bool {
+        self.told
+    }
+}
+
+/// A connection under a [`Drain`]; completes with the connection.
+pub struct Watched<C> {
+    conn: Pin<Box<C>>,
+    watch: Signal,
 }
 
 impl<C: Graceful> Future for Watched<C> {
@@ -148,27 +208,8 @@ impl<C: Graceful> Future for Watched<C> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<C::Output> {
         let this = &mut *self;
-        if let Some(signal) = &mut this.signal
-            && (!this.registered || this.probe.has_changed().unwrap_or(true))
-        {
-            this.registered = true;
-            if signal.as_mut().poll(cx).is_ready() {
-                this.signal = None;
-                this.retire = None;
-                this.conn.as_mut().graceful_shutdown();
-            }
-        }
-        if let Some((retire, registered)) = &mut this.retire {
-            if !*registered {
-                retire.0.waker.register(cx.waker());
-                *registered = true;
-            }
-            if retire.asked() {
-                this.retire = None;
-                if this.signal.is_some() {
-                    this.conn.as_mut().graceful_shutdown();
-                }
-            }
+        if this.watch.poll_told(cx) {
+            this.conn.as_mut().graceful_shutdown();
         }
         this.conn.as_mut().poll(cx)
     }

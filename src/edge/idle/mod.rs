@@ -29,6 +29,12 @@
 //! write fails with `TimedOut` and hyper closes the connection (and drops
 //! the upstream response it was relaying).
 //!
+//! An idle HTTP/1.1 connection can also be parked ([`park`]): once it
+//! has moved no byte for a moment, with nothing in flight and everything
+//! written flushed, its driver is told to take the socket back from hyper,
+//! whose buffers and state are then freed until the next request's bytes
+//! arrive (read here, and read again by a new hyper connection).
+//!
 //! An HTTP/2 client can also stall without blocking a write: it grants no
 //! flow-control credit, so h2 writes nothing and waits. The connection's
 //! [`SendBudget`] knows since when it has held response data with none of
@@ -38,148 +44,16 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
-use hyper::body::{Body, Frame, SizeHint};
-use prometheus::IntCounter;
+use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
 use crate::edge::send_budget::SendBudget;
 
-/// Requests in flight on one connection.
-#[derive(Debug, Clone, Default)]
-pub struct Inflight(Arc<InflightState>);
-
-/// Two counters rather than one count in flight: the requests started also
-/// tell [`IdleIo`] that a request head has been read, at the same cost (one
-/// atomic addition when a request starts, one when it ends).
-#[derive(Debug, Default)]
-struct InflightState {
-    started: AtomicUsize,
-    ended: AtomicUsize,
-    /// Where requests whose client went away are counted.
-    gone: Option<IntCounter>,
-}
-
-impl Inflight {
-    /// Requests in flight, those whose client goes away counted in `gone`.
-    pub fn counting_gone(gone: IntCounter) -> Inflight {
-        Inflight(Arc::new(InflightState { gone: Some(gone), ..InflightState::default() }))
-    }
-
-    /// Marks a request in flight until the guard is dropped. A guard
-    /// dropped before [`InflightGuard::answered`] is a client that went
-    /// away (hyper drops a request's future and body when its client does).
-    pub fn start(&self) -> InflightGuard {
-        self.0.started.fetch_add(1, Ordering::Relaxed);
-        InflightGuard { state: self.0.clone(), answered: false }
-    }
-
-    /// Requests started on the connection so far.
-    pub fn started(&self) -> usize {
-        self.0.started.load(Ordering::Relaxed)
-    }
-
-    /// Requests ended on the connection so far.
-    fn ended(&self) -> usize {
-        self.0.ended.load(Ordering::Relaxed)
-    }
-
-    fn busy(&self) -> bool {
-        // `ended` never passes `started`: read it first.
-        let ended = self.0.ended.load(Ordering::Relaxed);
-        self.0.started.load(Ordering::Relaxed) != ended
-    }
-}
-
-/// See [`Inflight::start`].
-pub struct InflightGuard {
-    state: Arc<InflightState>,
-    answered: bool,
-}
-
-impl InflightGuard {
-    /// The client got its whole answer (or the connection became a
-    /// tunnel): dropping the guard is no longer a client going away.
-    pub fn answered(&mut self) {
-        self.answered = true;
-    }
-}
-
-impl Drop for InflightGuard {
-    fn drop(&mut self) {
-        self.state.ended.fetch_add(1, Ordering::Relaxed);
-        if !self.answered
-            && let Some(gone) = &self.state.gone
-        {
-            gone.inc();
-        }
-    }
-}
-
-/// A response body that keeps its request in flight until it ends: a
-/// streaming response (server-sent events, a long poll) whose upstream is
-/// silent for a while is not an idle connection. How long the upstream may
-/// stay silent is its own `timeout` (see [`crate::upstream::pool::Pool::limit_silence`]);
-/// a client that stops reading meets the send timeout. A body dropped
-/// before its end is a client that went away, and is counted as such.
-pub struct InflightBody<B: Body> {
-    body: B,
-    /// Until the body ends or fails.
-    guard: Option<InflightGuard>,
-}
-
-impl<B: Body> InflightBody<B> {
-    pub fn new(body: B, guard: InflightGuard) -> InflightBody<B> {
-        InflightBody { body, guard: Some(guard) }
-    }
-
-    /// A body whose request is tracked elsewhere (a tunnel's 101).
-    pub fn untracked(body: B) -> InflightBody<B> {
-        InflightBody { body, guard: None }
-    }
-}
-
-impl<B: Body + Unpin> Body for InflightBody<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        let frame = ready!(Pin::new(&mut self.body).poll_frame(cx));
-        // Ended, or failed on the upstream's side: neither is the client's
-        // doing.
-        if (!matches!(frame, Some(Ok(_))) || self.body.is_end_stream())
-            && let Some(mut guard) = self.guard.take()
-        {
-            guard.answered();
-        }
-        Poll::Ready(frame)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
-}
-
-impl<B: Body> Drop for InflightBody<B> {
-    fn drop(&mut self) {
-        // A body with nothing to send (HEAD, 204, 304) may be dropped
-        // unpolled; any other dropped before its end lost its client.
-        if let Some(guard) = &mut self.guard
-            && self.body.is_end_stream()
-        {
-            guard.answered();
-        }
-    }
-}
+pub use inflight::{Inflight, InflightBody, InflightGuard};
 
 /// What a connection speaks, as far as its first bytes tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,6 +96,16 @@ pub struct IdleIo<T> {
     budget: SendBudget,
     /// Armed while the connection holds response data none of which leaves.
     stall_timer: Option<Pin<Box<Sleep>>>,
+    /// Bytes read and handed back ([`IdleIo::unread`]): read again first.
+    unread: Option<Bytes>,
+    /// No write since the last flush that completed: whoever writes
+    /// through this holds nothing unwritten.
+    flushed: bool,
+    /// [`IdleIo::park_when_idle`]'s delay; `None`: never parked.
+    park_after: Option<Duration>,
+    /// Whether the connection was told it may be parked since it last
+    /// moved bytes.
+    park_told: bool,
 }
 
 impl<T> IdleIo<T> {
@@ -247,6 +131,10 @@ impl<T> IdleIo<T> {
             send_timer: None,
             budget,
             stall_timer: None,
+            unread: None,
+            flushed: true,
+            park_after: None,
+            park_told: false,
         }
     }
 
@@ -258,6 +146,15 @@ impl<T> IdleIo<T> {
         let first = self.timer.deadline().min(now + timeout);
         self.timer.as_mut().reset(first);
         self
+    }
+
+    /// Whether the connection speaks HTTP/2 (with prior knowledge), as far
+    /// as the bytes read so far tell: `None` until they do.
+    pub fn speaks_h2(&self) -> Option<bool> {
+        match self.protocol {
+            Protocol::Undecided(_) => None,
+            p => Some(p == Protocol::Http2),
+        }
     }
 
     /// Notes what the first bytes of the connection say about its protocol.
@@ -340,6 +237,9 @@ impl<T> IdleIo<T> {
         // fires, so busy connections do not reset a timer on every read.
         let now = Instant::now();
         self.last_activity = now;
+        if self.park_told {
+            self.unparked(now);
+        }
         // `ended` first: it never passes `started`.
         let ended = self.inflight.ended();
         if ended != self.ended_seen || self.inflight.started() != ended {
@@ -374,16 +274,23 @@ impl<T> IdleIo<T> {
             self.timer.as_mut().reset(head);
         }
         // Armed no later than a head wait beginning now would end, so that
-        // the next wait (after this request, say) need not move it earlier.
+        // the next wait (after this request, say) need not move it earlier;
+        // the same for a parking connection's next idle moment.
         let heads_later = self.header_timeout.filter(|_| head.is_none() && self.heads_may_be_timed());
+        let park_later = self.park_after.filter(|_| !self.park_told);
         loop {
             if self.timer.as_mut().poll(cx).is_pending() {
                 return false;
             }
             let now = Instant::now();
+            self.maybe_park(now);
+            let park_later = park_later.filter(|_| !self.park_told);
             let idle = self.last_request + self.timeout;
             let deadline = head.map_or(idle, |h| h.min(idle));
-            let soonest = |d: Instant| heads_later.map_or(d, |h| d.min(now + h));
+            let soonest = |d: Instant| {
+                let d = heads_later.map_or(d, |h| d.min(now + h));
+                park_later.map_or(d, |p| d.min(now + p))
+            };
             if deadline > now {
                 self.timer.as_mut().reset(soonest(deadline));
                 continue;
@@ -404,6 +311,10 @@ impl<T> IdleIo<T> {
 
 impl<T: AsyncRead + Unpin> AsyncRead for IdleIo<T> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if self.unread.is_some() {
+            self.read_unread(buf);
+            return Poll::Ready(Ok(()));
+        }
         // Checked before reading: a client that keeps sending (pings, say)
         // while taking none of its responses is stalled all the same.
         if self.send_stalled(cx) {
@@ -437,6 +348,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for IdleIo<T> {
 
 impl<T: AsyncWrite + Unpin> AsyncWrite for IdleIo<T> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        self.flushed = false;
         let polled = Pin::new(&mut self.inner).poll_write(cx, data);
         let n = ready!(self.check_send(cx, polled))?;
         if n > 0 {
@@ -450,6 +362,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for IdleIo<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        self.flushed = false;
         let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
         let n = ready!(self.check_send(cx, polled))?;
         if n > 0 {
@@ -464,7 +377,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for IdleIo<T> {
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let polled = Pin::new(&mut self.inner).poll_flush(cx);
-        self.check_send(cx, polled)
+        let flushed = ready!(self.check_send(cx, polled));
+        self.flushed = flushed.is_ok();
+        Poll::Ready(flushed)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -472,5 +387,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for IdleIo<T> {
     }
 }
 
+mod inflight;
+pub mod park;
 #[cfg(test)]
 mod tests;

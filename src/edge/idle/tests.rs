@@ -194,3 +194,44 @@ async fn a_connection_holding_response_data_that_never_leaves_fails_after_the_se
     assert_eq!(started.elapsed(), Duration::from_secs(3));
     drop(piece);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_connection_may_be_parked_after_the_delay_and_not_while_busy() {
+    let (mut client, server) = tokio::io::duplex(1024);
+    let inflight = Inflight::default();
+    let mut io = pipe_io(server, 60, 60, &inflight, &SendBudget::default());
+    io.park_when_idle(Duration::from_secs(1));
+    client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.expect("write");
+    let mut buf = [0u8; 64];
+    assert!(bounded(io.read(&mut buf)).await.expect("read") > 0);
+    // A request in flight for 3 s: not parked, however long the silence.
+    let guard = inflight.start();
+    assert!(tokio::time::timeout(Duration::from_secs(3), io.read(&mut buf)).await.is_err());
+    assert!(!inflight.take_park(), "parked while busy");
+    io.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.expect("answer");
+    io.flush().await.expect("flush");
+    drop(guard);
+    // Idle: parked once, within two delays.
+    assert!(tokio::time::timeout(Duration::from_secs(2), io.read(&mut buf)).await.is_err());
+    assert!(inflight.take_park(), "not parked after idling");
+    assert!(!inflight.take_park(), "said twice");
+    // The next request's bytes, and a second idle moment: parked again.
+    client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.expect("write");
+    assert!(bounded(io.read(&mut buf)).await.expect("read") > 0);
+    assert!(tokio::time::timeout(Duration::from_secs(2), io.read(&mut buf)).await.is_err());
+    assert!(inflight.take_park(), "not parked after idling again");
+}
+
+#[tokio::test]
+async fn bytes_put_back_are_read_first() {
+    let (mut client, server) = tokio::io::duplex(64);
+    let mut io = pipe_io(server, 60, 60, &Inflight::default(), &SendBudget::default());
+    client.write_all(b"world").await.expect("write");
+    io.unread(bytes::Bytes::from_static(b"lo "));
+    io.unread(bytes::Bytes::from_static(b"hel"));
+    assert!(io.has_unread());
+    let mut buf = [0u8; 11];
+    bounded(io.read_exact(&mut buf)).await.expect("read");
+    assert_eq!(&buf, b"hello world");
+    assert!(!io.has_unread());
+}

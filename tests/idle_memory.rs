@@ -1,0 +1,293 @@
+//! What an idle keep-alive client connection costs tollgate in memory: each
+//! connection sends one request, reads its answer and stays open. The
+//! process's resident memory, before and after, bounds the cost per
+//! connection (benches/idle_conns.py measures the release build beside
+//! nginx, docs/benchmarks.md has its figures).
+//!
+//! tollgate is the real binary (debug build, its own allocator), so that
+//! the clients' memory is not counted; its RSS is read from /proc (Linux).
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use support::Upstream;
+
+/// Connections each test opens: enough that the growth stands well above
+/// the noise of a process of this size, few enough to take a second or two.
+const CONNECTIONS: usize = 2_000;
+
+/// The most one more idle connection may cost, in KiB. A parked HTTP/1.1
+/// connection keeps its socket, its [`IdleIo`] state and its task: 3 to
+/// 9 KiB in a release build, most of it what the allocator keeps
+/// (docs/benchmarks.md). A debug build measured 0
+/// to 12 KiB here (what the allocator keeps from the connections not yet
+/// parked moves the figure); before HTTP/1.1 connections were parked, 35.
+///
+/// HTTP/2 connections keep h2's codec for their whole life (a 16 KiB write
+/// buffer, an 8 KiB read buffer, 4 KiB for HPACK, the stream store): 47
+/// KiB in a debug build, the bound a guard against growth only.
+///
+/// [`IdleIo`]: tollgate::edge::idle::IdleIo
+const H1_BOUND_KIB: usize = 20;
+const H2_BOUND_KIB: usize = 64;
+
+/// A tollgate process; killed on drop.
+struct Process {
+    child: Child,
+    proxy: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Process {
+    /// The binary in front of `upstream`, with timeouts long enough that no
+    /// idle connection is closed during the test.
+    fn start(upstream: SocketAddr) -> Process {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
+        let cfg = format!(
+            "[listen]\nproxy = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\nidle_timeout = \"600s\"\n\
+             header_read_timeout = \"600s\"\nmax_connections = {}\n\n[rules]\npath = \"rules\"\n\n\
+             [[upstream]]\nname = \"svc\"\nurl = \"http://{upstream}\"\n\n\
+             [[route]]\npath_prefix = \"/\"\nupstream = \"svc\"\n",
+            CONNECTIONS * 2
+        );
+        std::fs::write(dir.path().join("tollgate.toml"), cfg).expect("config");
+        std::fs::write(
+            dir.path().join("rules").join("rules.toml"),
+            "[[rule]]\nname = \"per-user\"\nkey = [\"header:x-user-id\"]\nlimit = 1000000000\nwindow = \"1s\"\n",
+        )
+        .expect("rules");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .arg("--config")
+            .arg(dir.path().join("tollgate.toml"))
+            .args(["--log-format", "json"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("tollgate starts");
+        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+        let proxy = loop {
+            let line = lines.next().expect("tollgate exited before listening").expect("log line");
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+            if v["fields"]["message"] == "tollgate listening" {
+                break v["fields"]["proxy"].as_str().and_then(|s| s.parse().ok()).expect("address in log");
+            }
+        };
+        // Keep draining the log so the process never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
+        Process { child, proxy, _dir: dir }
+    }
+
+    /// The process's resident memory in KiB, from /proc (Linux).
+    fn rss_kib(&self) -> usize {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("/proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS in /proc/<pid>/status")
+    }
+
+    /// RSS once it stops moving for a moment (memory is returned lazily).
+    fn settled_rss_kib(&self) -> usize {
+        let mut last = self.rss_kib();
+        for _ in 0..8 {
+            std::thread::sleep(Duration::from_millis(150));
+            let now = self.rss_kib();
+            if now == last {
+                break;
+            }
+            last = now;
+        }
+        last
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Protocol {
+    Http1,
+    /// HTTP/2 with prior knowledge.
+    Http2,
+}
+
+/// A connection that has sent one request and read its whole answer.
+fn one_request(proxy: SocketAddr, protocol: Protocol) -> TcpStream {
+    let mut s = TcpStream::connect(proxy).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    match protocol {
+        Protocol::Http1 => {
+            s.write_all(b"GET /idle HTTP/1.1\r\nHost: t\r\nX-User-Id: u1\r\n\r\n").expect("request");
+            read_h1(&mut s);
+        }
+        Protocol::Http2 => {
+            s.write_all(&h2_request()).expect("request");
+            read_h2(&mut s);
+        }
+    }
+    s
+}
+
+/// Reads one HTTP/1.1 response with a `Content-Length` body, and checks it
+/// is a 200.
+fn read_h1(s: &mut TcpStream) {
+    let mut data = Vec::new();
+    read_h1_from(s, &mut data);
+    assert!(data.is_empty(), "bytes after the response");
+}
+
+/// [`read_h1`] with `data` read already; leaves in it what follows the
+/// response.
+fn read_h1_from(s: &mut TcpStream, data: &mut Vec<u8>) {
+    let mut buf = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = s.read(&mut buf).expect("read");
+        assert!(n > 0, "closed before the response head");
+        data.extend_from_slice(&buf[..n]);
+    };
+    let head = String::from_utf8_lossy(&data[..head_end]).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("content-length");
+    while data.len() < head_end + length {
+        let n = s.read(&mut buf).expect("read");
+        assert!(n > 0, "closed in the response body");
+        data.extend_from_slice(&buf[..n]);
+    }
+    data.drain(..head_end + length);
+}
+
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).expect("small frame").to_be_bytes();
+    let mut f = vec![len[1], len[2], len[3], kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// The preface, an empty SETTINGS and one GET on stream 1, its header
+/// block in HPACK literals (no encoder state).
+fn h2_request() -> Vec<u8> {
+    let mut block = vec![0x82, 0x86]; // :method GET, :scheme http
+    block.extend_from_slice(b"\x04\x05/idle"); // :path, literal value
+    block.extend_from_slice(b"\x01\x01t"); // :authority
+    block.extend_from_slice(b"\x00\x09x-user-id\x02u1");
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(frame(4, 0, 0, &[]));
+    out.extend(frame(1, 0x5, 1, &block));
+    out
+}
+
+/// Reads frames until stream 1 ends, acknowledging the server's SETTINGS.
+fn read_h2(s: &mut TcpStream) {
+    loop {
+        let mut head = [0u8; 9];
+        s.read_exact(&mut head).expect("frame head");
+        let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+        let (kind, flags) = (head[3], head[4]);
+        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        let mut payload = vec![0u8; len];
+        s.read_exact(&mut payload).expect("frame payload");
+        match kind {
+            4 if flags & 1 == 0 => s.write_all(&frame(4, 1, 0, &[])).expect("settings ack"),
+            7 => panic!("GOAWAY"),
+            // `:status: 200` is HPACK's static entry 8.
+            1 if stream == 1 => assert_eq!(payload.first(), Some(&0x88), "not a 200"),
+            _ => {}
+        }
+        if stream == 1 && (kind == 0 || kind == 1) && flags & 1 != 0 {
+            return;
+        }
+    }
+}
+
+/// KiB of tollgate's RSS per idle connection of `protocol`: what
+/// `connections` more idle connections add to a tollgate already holding
+/// as many. The first ones leave in the allocator what the requests of
+/// connections not yet parked took (hyper's buffers, each request's
+/// state), reused by the next: the figure is what one more idle connection
+/// costs, not what the allocator keeps from the burst that opened them.
+async fn kib_per_idle_connection(protocol: Protocol, connections: usize) -> f64 {
+    let upstream = Upstream::start().await;
+    let tg = Process::start(upstream.addr);
+    let proxy = tg.proxy;
+    let (before, after) = tokio::task::spawn_blocking(move || {
+        // An HTTP/1.1 connection gives back hyper's buffers after a second
+        // of idling (`PARK_AFTER`), checked at most a second later.
+        let settle = Duration::from_millis(2_500);
+        let first: Vec<TcpStream> = (0..connections).map(|_| one_request(proxy, protocol)).collect();
+        std::thread::sleep(settle);
+        let before = tg.settled_rss_kib();
+        let idle: Vec<TcpStream> = (0..connections).map(|_| one_request(proxy, protocol)).collect();
+        std::thread::sleep(settle);
+        let after = tg.settled_rss_kib();
+        drop((first, idle));
+        (before, after)
+    })
+    .await
+    .expect("clients");
+    let per = after.saturating_sub(before) as f64 / connections as f64;
+    println!("{connections} more idle connections: RSS {before} -> {after} KiB, {per:.2} KiB each");
+    per
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_http1_connection_costs_little() {
+    let per = kib_per_idle_connection(Protocol::Http1, CONNECTIONS).await;
+    assert!(per < H1_BOUND_KIB as f64, "{per:.2} KiB per idle HTTP/1.1 connection");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_http2_connection_costs_little() {
+    // Fewer: a guard against growth needs less precision.
+    let per = kib_per_idle_connection(Protocol::Http2, CONNECTIONS / 2).await;
+    assert!(per < H2_BOUND_KIB as f64, "{per:.2} KiB per idle HTTP/2 connection");
+}
+
+/// A parked HTTP/1.1 connection serves its next request as any other, and
+/// so does one whose next request came in part before it was parked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_connection_serves_its_next_request() {
+    let upstream = Upstream::start().await;
+    let tg = Process::start(upstream.addr);
+    let proxy = tg.proxy;
+    tokio::task::spawn_blocking(move || {
+        let mut s = one_request(proxy, Protocol::Http1);
+        // Parked after a second of idling, checked at most a second later.
+        std::thread::sleep(Duration::from_millis(2_500));
+        s.write_all(b"GET /after-park HTTP/1.1\r\nHost: t\r\nX-User-Id: u1\r\n\r\n").expect("request");
+        read_h1(&mut s);
+        // Half a head, a park, the rest: what hyper had read comes back.
+        s.write_all(b"GET /split HTTP/1.1\r\nHost: t\r\n").expect("half a request");
+        std::thread::sleep(Duration::from_millis(2_500));
+        s.write_all(b"X-User-Id: u1\r\n\r\n").expect("the rest");
+        read_h1(&mut s);
+        // Two requests in one write, after a park: both answered.
+        std::thread::sleep(Duration::from_millis(2_500));
+        s.write_all(b"GET /a HTTP/1.1\r\nHost: t\r\n\r\nGET /b HTTP/1.1\r\nHost: t\r\n\r\n").expect("pipelined");
+        let mut data = Vec::new();
+        read_h1_from(&mut s, &mut data);
+        read_h1_from(&mut s, &mut data);
+        assert!(data.is_empty(), "bytes after the responses");
+        drop(tg);
+    })
+    .await
+    .expect("client");
+}
