@@ -392,6 +392,10 @@ fn explain_shows_route_rules_and_keys() {
     assert!(report.contains("route:   login"), "{report}");
     assert!(report.contains("bucket login-by-ip|ip=2001:db8:1:2::"), "{report}");
     assert!(report.contains("login-by-ip-daily"), "{report}");
+    assert!(
+        report.contains("penalty: a key refused 3 times within one window is refused for 900s"),
+        "explain shows login-by-ip's penalty: {report}"
+    );
 
     // An export: a rate and a concurrency limit.
     let out = tollgate(&[

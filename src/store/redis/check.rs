@@ -12,7 +12,7 @@ use super::scripts::{self, LeaseArgs, Reply, ScriptMode, redis_key};
 use super::shared::Shared;
 use super::slots::Slots;
 use crate::config::OnError;
-use crate::limiter::Verdict;
+use crate::limiter::{Boxed, Verdict};
 use crate::store::{Answer, Check, Mode, StoreError};
 
 impl Shared {
@@ -72,6 +72,13 @@ impl Shared {
         }
         if results.iter().any(Result::is_err) {
             self.metrics.store_errors_total.with_label_values(&["redis"]).inc();
+        }
+        for (&i, result) in asked.iter().zip(&results) {
+            if let (Ok(reply), Some(p)) = (result, checks[i].penalty)
+                && reply.verdict.boxed == Boxed::Entered
+            {
+                self.register_penalty(checks[i].key, p.duration);
+            }
         }
 
         let mut answers = answers(&local, &asked, &results);
@@ -160,7 +167,7 @@ impl Shared {
         // policy answers at once (see `health`).
         let calls = asked.iter().zip(&wants).map(|(&i, &lease)| {
             let c = &checks[i];
-            let args = scripts::args(script_mode, &c.limits, c.cost, &ids[i], lease);
+            let args = scripts::args_with_penalty(script_mode, &c.limits, c.cost, &ids[i], lease, c.penalty);
             let answer = self.submit(c.limits.algorithm, keys[i].clone(), args, deadline);
             async move { answer.await.map(|reply| reply.complete(&c.limits, c.cost)) }
         });
@@ -379,7 +386,7 @@ impl Shared {
                     reset_after: blocker.retry_after,
                     retry_after: 0,
                     delay: 0,
-                    fallback: false,
+                    fallback: false, boxed: Boxed::No,
                 })
             })
             .collect())

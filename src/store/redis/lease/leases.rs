@@ -9,7 +9,7 @@ use super::ahead::{self, Ahead};
 use super::entry::{Lease, Unused};
 use super::size::Sizing;
 use crate::limiter::shards::Shards;
-use crate::limiter::{Algorithm, Limits, Verdict};
+use crate::limiter::{Algorithm, Boxed, Limits, Verdict};
 use crate::store::redis::scripts::{LeaseArgs, Reply, Settle, nanos};
 
 const SHARDS: usize = 64;
@@ -85,7 +85,7 @@ impl Leases {
             reset_after: nanos(lease.reset_at.saturating_duration_since(now)),
             retry_after: 0,
             delay: 0,
-            fallback: false,
+            fallback: false, boxed: Boxed::No,
         };
         let token = lease.token;
         // No renewal after the drain.
@@ -408,7 +408,7 @@ mod tests {
                 reset_after: 500_000_000,
                 retry_after: 0,
                 delay: 0,
-                fallback: false,
+                fallback: false, boxed: Boxed::No,
             },
             token,
             granted,
