@@ -40,7 +40,11 @@ fn secs(r: &Reply, header: &str) -> u64 {
 }
 
 async fn post_block(t: &Tollgate, body: Value) -> Reply {
-    Call::new("POST", t.admin_addr, "/blocks").header("content-type", "application/json").body(body.to_string()).send().await
+    Call::new("POST", t.admin_addr, "/blocks")
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
 }
 
 async fn delete_block(t: &Tollgate, query: &str) -> Reply {
@@ -95,7 +99,9 @@ async fn a_penalty_refuses_a_key_past_its_window_until_it_ends() {
 #[tokio::test]
 async fn penalty_after_waits_for_that_many_refusals_in_one_window() {
     let up = Upstream::start().await;
-    let rules = LOGIN.replace("limit = 2\n", "limit = 1\n").replace("window = \"1s\"\n", "window = \"10s\"\n")
+    let rules = LOGIN
+        .replace("limit = 2\n", "limit = 1\n")
+        .replace("window = \"1s\"\n", "window = \"10s\"\n")
         .replace("penalty = \"10s\"\n", "penalty = \"1m\"\npenalty_after = 3\n");
     let t = Tollgate::start(&up, &rules).await;
     assert_eq!(from(&t, "203.0.113.7").await.status, 200);
@@ -114,7 +120,8 @@ async fn a_block_through_the_api_refuses_until_lifted() {
     let up = Upstream::start().await;
     // `api` has no penalty: a block holds on it all the same.
     let t = Tollgate::start(&up, LOGIN).await;
-    let reply = post_block(&t, json!({"rule": "api", "key": "api|ip=203.0.113.7", "for": "1h", "reason": "INC-1"})).await;
+    let reply =
+        post_block(&t, json!({"rule": "api", "key": "api|ip=203.0.113.7", "for": "1h", "reason": "INC-1"})).await;
     assert_eq!(reply.status, 200, "{}", reply.text());
     assert_eq!(reply.json()["expires_in_seconds"], 3600);
     let refused = from(&t, "203.0.113.7").await;

@@ -237,7 +237,10 @@ impl Validator<'_> {
     fn penalty(&mut self, r: &RawRule, algorithm: Algorithm) -> Option<crate::limiter::Penalty> {
         let Some(raw) = &r.penalty else {
             if let Some(a) = &r.penalty_after {
-                self.error(a.span(), "penalty_after counts refusals before a penalty: set penalty too (such as \"15m\")");
+                self.error(
+                    a.span(),
+                    "penalty_after counts refusals before a penalty: set penalty too (such as \"15m\")",
+                );
             }
             return None;
         };
@@ -249,7 +252,10 @@ impl Validator<'_> {
             self.error(raw.span(), "a concurrency rule has no penalty: its slots come back as requests end");
         }
         if r.mode == Some(super::RuleMode::Shadow) {
-            self.error(raw.span(), "a shadow rule has no penalty: it never refuses, so its penalty box would refuse nothing");
+            self.error(
+                raw.span(),
+                "a shadow rule has no penalty: it never refuses, so its penalty box would refuse nothing",
+            );
         }
         let after = match &r.penalty_after {
             None => 1,

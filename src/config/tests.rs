@@ -626,10 +626,18 @@ fn penalty_is_a_duration_and_penalty_after_needs_it() {
     assert_eq!(rule(base).penalty, None);
     assert_eq!(
         rule_errors(&format!("{base}penalty = \"soon\"\n")),
-        ["r.toml:5:11: penalty \"soon\" is not a duration (expected number at 0); write e.g. \"250ms\", \"1s\", \"5m\", \"1h\", \"1d\""]
+        [
+            "r.toml:5:11: penalty \"soon\" is not a duration (expected number at 0); write e.g. \"250ms\", \"1s\", \"5m\", \"1h\", \"1d\""
+        ]
     );
-    assert_eq!(rule_errors(&format!("{base}penalty = \"500ms\"\n")), ["r.toml:5:11: penalty must be between 1s and 366d"]);
-    assert_eq!(rule_errors(&format!("{base}penalty = \"400d\"\n")), ["r.toml:5:11: penalty must be between 1s and 366d"]);
+    assert_eq!(
+        rule_errors(&format!("{base}penalty = \"500ms\"\n")),
+        ["r.toml:5:11: penalty must be between 1s and 366d"]
+    );
+    assert_eq!(
+        rule_errors(&format!("{base}penalty = \"400d\"\n")),
+        ["r.toml:5:11: penalty must be between 1s and 366d"]
+    );
     assert_eq!(
         rule_errors(&format!("{base}penalty = \"1m\"\npenalty_after = 0\n")),
         ["r.toml:6:17: penalty_after must be at least 1, not 0"]

@@ -70,7 +70,8 @@ fn bucket(cell: Cell, now: Nanos, limits: &Limits, cost: u64, shaping: bool) -> 
             reset_after: drain(new_level),
             retry_after: 0,
             delay: if shaping { drain(level) } else { 0 },
-            fallback: false, boxed: Boxed::No,
+            fallback: false,
+            boxed: Boxed::No,
         };
         let new_cell = Cell { t, v: new_level.to_bits() };
         (verdict, new_cell)
@@ -81,7 +82,8 @@ fn bucket(cell: Cell, now: Nanos, limits: &Limits, cost: u64, shaping: bool) -> 
             reset_after: drain(level),
             retry_after: drain(level + cost_f - capacity).max(1),
             delay: 0,
-            fallback: false, boxed: Boxed::No,
+            fallback: false,
+            boxed: Boxed::No,
         };
         (verdict, cell)
     }
@@ -105,7 +107,8 @@ fn fixed_window(cell: Cell, now: Nanos, limits: &Limits, cost: u64) -> (Verdict,
             reset_after,
             retry_after: 0,
             delay: 0,
-            fallback: false, boxed: Boxed::No,
+            fallback: false,
+            boxed: Boxed::No,
         };
         (verdict, Cell { t: start, v: count })
     } else {
@@ -115,7 +118,8 @@ fn fixed_window(cell: Cell, now: Nanos, limits: &Limits, cost: u64) -> (Verdict,
             reset_after,
             retry_after: reset_after.max(1),
             delay: 0,
-            fallback: false, boxed: Boxed::No,
+            fallback: false,
+            boxed: Boxed::No,
         };
         (verdict, cell)
     }
@@ -171,7 +175,8 @@ fn sliding_counter(cell: Cell, now: Nanos, limits: &Limits, cost: u64) -> (Verdi
             reset_after: start + 2 * w - now,
             retry_after: 0,
             delay: 0,
-            fallback: false, boxed: Boxed::No,
+            fallback: false,
+            boxed: Boxed::No,
         };
         let v = (prev << 32) | curr.min(u32::MAX as u64);
         (verdict, Cell { t: start, v })
@@ -194,7 +199,15 @@ fn sliding_counter(cell: Cell, now: Nanos, limits: &Limits, cost: u64) -> (Verdi
         // `now` is before `start` if the clock stepped back (see above).
         let retry_after = ns_ceil(at - (now as i128 - start as i128) as f64).max(1);
         let reset_after = if curr > 0 { start + 2 * w - now } else { start + w - now };
-        let verdict = Verdict { allowed: false, remaining: 0, reset_after, retry_after, delay: 0, fallback: false , boxed: Boxed::No};
+        let verdict = Verdict {
+            allowed: false,
+            remaining: 0,
+            reset_after,
+            retry_after,
+            delay: 0,
+            fallback: false,
+            boxed: Boxed::No,
+        };
         (verdict, cell)
     }
 }
@@ -217,7 +230,15 @@ fn concurrency(cell: Cell, limits: &Limits, cost: u64) -> (Verdict, Cell) {
     if held.saturating_add(cost) <= limits.limit {
         let remaining = limits.limit - held - cost;
         let reset_after = if remaining == 0 { CONCURRENCY_RETRY } else { 0 };
-        let verdict = Verdict { allowed: true, remaining, reset_after, retry_after: 0, delay: 0, fallback: false , boxed: Boxed::No};
+        let verdict = Verdict {
+            allowed: true,
+            remaining,
+            reset_after,
+            retry_after: 0,
+            delay: 0,
+            fallback: false,
+            boxed: Boxed::No,
+        };
         (verdict, Cell { t: HELD, v: held + cost })
     } else {
         let verdict = Verdict {
@@ -226,7 +247,8 @@ fn concurrency(cell: Cell, limits: &Limits, cost: u64) -> (Verdict, Cell) {
             reset_after: CONCURRENCY_RETRY,
             retry_after: CONCURRENCY_RETRY,
             delay: 0,
-            fallback: false, boxed: Boxed::No,
+            fallback: false,
+            boxed: Boxed::No,
         };
         (verdict, cell)
     }

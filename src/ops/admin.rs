@@ -285,7 +285,9 @@ impl Admin {
             json!({"rule": r.name(), "by": by.as_str(), "window_seconds": report.window.as_secs(), "total": report.total, "capacity": max, "keys": keys})
         };
         let rules: Vec<&crate::limit::rules::Rule> = match &rule {
-            Some(name) => vec![set.rules.iter().find(|r| r.name() == name).ok_or(AdminError::UnknownRule(name.clone()))?],
+            Some(name) => {
+                vec![set.rules.iter().find(|r| r.name() == name).ok_or(AdminError::UnknownRule(name.clone()))?]
+            }
             None => set.rules.iter().collect(),
         };
         let mut reports: Vec<serde_json::Value> = rules.iter().map(|r| report(r)).collect();

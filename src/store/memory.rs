@@ -772,7 +772,10 @@ mod tests {
         let both = [login.clone(), wide.clone()];
         assert!(s.check_now(&both, Mode::Consume).iter().all(|v| v.allowed));
         let v = s.check_now(&both, Mode::Consume);
-        assert_eq!((v[0].allowed, v[0].retry_after, v[0].boxed), (false, 30 * NANOS_PER_SEC, crate::limiter::Boxed::Entered));
+        assert_eq!(
+            (v[0].allowed, v[0].retry_after, v[0].boxed),
+            (false, 30 * NANOS_PER_SEC, crate::limiter::Boxed::Entered)
+        );
         // A new window: the box still refuses, and the other rule counts
         // none of the refused requests.
         clock.advance(Duration::from_secs(5));

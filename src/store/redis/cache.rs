@@ -81,8 +81,7 @@ impl OverLimitCache {
     /// Remembers that Redis rejected `key` with `verdict` at `now`.
     pub fn remember(&self, key: &str, limits: Limits, cost: u64, verdict: &Verdict, now: Instant) {
         let told_at = now + Duration::from_nanos(verdict.retry_after);
-        let retry_at =
-            if verdict.boxed == Boxed::No { told_at } else { told_at.min(now + BOX_RECHECK) };
+        let retry_at = if verdict.boxed == Boxed::No { told_at } else { told_at.min(now + BOX_RECHECK) };
         let entry = Entry {
             retry_at,
             told_at,
@@ -124,7 +123,8 @@ impl OverLimitCache {
                 reset_after: nanos(entry.reset_at.saturating_duration_since(now)),
                 retry_after: nanos(entry.told_at - now).max(1),
                 delay: 0,
-                fallback: false, boxed: Boxed::No,
+                fallback: false,
+                boxed: Boxed::No,
             });
         }
         match entry.probing_until {
@@ -136,7 +136,8 @@ impl OverLimitCache {
                 // (unless the key was in the penalty box for longer).
                 retry_after: nanos(entry.told_at.saturating_duration_since(now)).max(1),
                 delay: 0,
-                fallback: false, boxed: Boxed::No,
+                fallback: false,
+                boxed: Boxed::No,
             }),
             _ => {
                 entry.probing_until = Some(now + probe_for);
@@ -216,8 +217,15 @@ mod tests {
         cache.forget("k");
         assert_eq!(lookup(&cache, "k", &LIMITS, 1, t1 + PROBE), Lookup::Unknown);
         // Admitted with nothing left: the next request probes, the rest wait.
-        let last =
-            Verdict { allowed: true, remaining: 0, reset_after: 1_000_000, retry_after: 0, delay: 0, fallback: false , boxed: Boxed::No};
+        let last = Verdict {
+            allowed: true,
+            remaining: 0,
+            reset_after: 1_000_000,
+            retry_after: 0,
+            delay: 0,
+            fallback: false,
+            boxed: Boxed::No,
+        };
         cache.exhausted("k", LIMITS, 1, &last, t1);
         assert_eq!(lookup(&cache, "k", &LIMITS, 1, t1), Lookup::Probe);
         assert!(matches!(lookup(&cache, "k", &LIMITS, 1, t1), Lookup::Rejected(_)));

@@ -386,7 +386,8 @@ impl Shared {
                     reset_after: blocker.retry_after,
                     retry_after: 0,
                     delay: 0,
-                    fallback: false, boxed: Boxed::No,
+                    fallback: false,
+                    boxed: Boxed::No,
                 })
             })
             .collect())

@@ -555,7 +555,15 @@ mod tests {
         let Outcome::Decided(r) = &outcomes[0] else { panic!("{outcomes:?}") };
         assert_eq!(
             r.verdict,
-            Verdict { allowed: true, remaining: 4, reset_after: 2_000, retry_after: 0, delay: 7, fallback: false , boxed: crate::limiter::Boxed::No}
+            Verdict {
+                allowed: true,
+                remaining: 4,
+                reset_after: 2_000,
+                retry_after: 0,
+                delay: 7,
+                fallback: false,
+                boxed: crate::limiter::Boxed::No
+            }
         );
         assert_eq!((r.token, r.granted, r.lease_ttl), (99, 0, 0));
         let Outcome::Decided(r) = &outcomes[1] else { panic!("{outcomes:?}") };
@@ -570,7 +578,8 @@ mod tests {
                     reset_after: 3_000,
                     retry_after: 1_000,
                     delay: 0,
-                    fallback: false, boxed: crate::limiter::Boxed::No
+                    fallback: false,
+                    boxed: crate::limiter::Boxed::No
                 },
                 0,
                 0,
@@ -615,7 +624,8 @@ mod tests {
                 reset_after: 30_000_000,
                 retry_after: 0,
                 delay: 0,
-                fallback: false, boxed: crate::limiter::Boxed::No
+                fallback: false,
+                boxed: crate::limiter::Boxed::No
             }
         );
         let Outcome::Decided(r) = &outcomes[1] else { panic!("{outcomes:?}") };

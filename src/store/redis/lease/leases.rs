@@ -85,7 +85,8 @@ impl Leases {
             reset_after: nanos(lease.reset_at.saturating_duration_since(now)),
             retry_after: 0,
             delay: 0,
-            fallback: false, boxed: Boxed::No,
+            fallback: false,
+            boxed: Boxed::No,
         };
         let token = lease.token;
         // No renewal after the drain.
@@ -408,7 +409,8 @@ mod tests {
                 reset_after: 500_000_000,
                 retry_after: 0,
                 delay: 0,
-                fallback: false, boxed: Boxed::No,
+                fallback: false,
+                boxed: Boxed::No,
             },
             token,
             granted,
