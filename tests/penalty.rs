@@ -160,7 +160,8 @@ async fn a_block_ends_by_itself() {
 #[tokio::test]
 async fn bad_blocks_get_a_400_and_other_methods_a_405() {
     let up = Upstream::start().await;
-    let t = Tollgate::start(&up, LOGIN).await;
+    let shadow = "[[rule]]\nname = \"trial\"\nkey = [\"ip\"]\nlimit = 1\nwindow = \"1h\"\nmode = \"shadow\"\n";
+    let t = Tollgate::start(&up, &format!("{LOGIN}{shadow}")).await;
     let ok = json!({"rule": "api", "key": "api|ip=1.2.3.4", "for": "1h", "reason": "x"});
     for (change, error, status) in [
         (json!({"rule": "nope"}), "unknown_rule", 400),
@@ -170,6 +171,7 @@ async fn bad_blocks_get_a_400_and_other_methods_a_405() {
         (json!({"reason": " "}), "bad_block", 400),
         (json!({"key": "api|{ip=1}"}), "bad_block", 400),
         (json!({"extra": 1}), "bad_block", 400),
+        (json!({"rule": "trial", "key": "trial|ip=1.2.3.4"}), "bad_block", 400),
     ] {
         let mut body = ok.clone();
         for (k, v) in change.as_object().expect("object") {
@@ -218,6 +220,24 @@ async fn tollgate_block_and_unblock_on_the_command_line() {
     let out = tokio::task::spawn_blocking(move || tollgate_cli(again)).await.expect("ran");
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not in the penalty box"), "{out:?}");
+}
+
+/// curl with `args` (scripts/test installs it): the status, the response
+/// head (`-D -`) and body as text.
+async fn curl(args: Vec<String>) -> (u16, String) {
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("curl")
+            .args(["-sS", "--max-time", "10", "-D", "-", "-o", "-", "-w", "\n%{http_code}"])
+            .args(&args)
+            .output()
+            .expect("curl runs")
+    })
+    .await
+    .expect("curl task");
+    assert!(out.status.success(), "curl failed: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (rest, status) = text.rsplit_once('\n').expect("status line");
+    (status.trim().parse().expect("status"), rest.to_string())
 }
 
 fn cluster() -> &'static RedisCluster {
@@ -274,14 +294,25 @@ async fn a_block_on_one_instance_holds_on_the_other_until_lifted_there() {
     let (a, b) = pair(&up, rules).await;
     let (ip, key) = ("198.51.100.42", "shared-api|ip=198.51.100.42");
     assert_eq!(from(&b, ip).await.status, 200);
-    let body = json!({"rule": "shared-api", "key": key, "for": "1h", "reason": "INC-3"});
-    assert_eq!(post_block(&a, body).await.status, 200);
+    // Blocked with curl, as an operator would.
+    let body = json!({"rule": "shared-api", "key": key, "for": "1h", "reason": "INC-3"}).to_string();
+    let url = format!("http://{}/blocks", a.admin_addr);
+    let (status, answer) = curl(vec!["-X".into(), "POST".into(), "--data-binary".into(), body, url]).await;
+    assert_eq!(status, 200, "{answer}");
     // b may hold a lease on the key from its first request: it spends
     // that (1% of the limit) before it asks Redis again.
     support::eventually("b refuses the key", || async { from(&b, ip).await.status == 429 }).await;
     let refused = from(&b, ip).await;
     assert_eq!(refused.status, 429, "{}", refused.text());
     assert!((3_599..=3_600).contains(&secs(&refused, "retry-after")), "{:?}", refused.headers);
+    let (status, head) =
+        curl(vec!["-H".into(), format!("x-forwarded-for: {ip}"), format!("http://{}/", b.proxy_addr)]).await;
+    assert_eq!(status, 429);
+    assert!(
+        head.to_ascii_lowercase().contains("retry-after: 3600")
+            || head.to_ascii_lowercase().contains("retry-after: 3599"),
+        "{head}"
+    );
     assert_eq!(from(&a, ip).await.status, 429);
     let listed = blocks(&b, "?rule=shared-api").await;
     assert_eq!(listed["blocks"][0]["reason"], "INC-3", "{listed}");

@@ -6,7 +6,8 @@
 //!   and `/top` show it; the rule's name and `|` may be left out) is
 //!   refused by that rule, on every instance sharing the store, until the
 //!   time is up, whatever its counters say; the rule need not have a
-//!   `penalty`. Blocking a key already in the box sets its time anew.
+//!   `penalty`, but must be enforced (a shadow rule never refuses).
+//!   Blocking a key already in the box sets its time anew.
 //! - `DELETE /blocks?rule=&key=[&reason=]`: the key is let out (a penalty
 //!   too), its refusals towards a penalty forgotten.
 //! - `GET /blocks[?rule=&n=]`: what is in the box, penalties and blocks.
@@ -76,6 +77,12 @@ impl Admin {
         }
         let set = self.proxy.rules().load();
         let rule = find_rule(&set.rules, &req.rule)?;
+        if !rule.enforced() {
+            return Err(AdminError::BadBlock(format!(
+                "rule {:?} is in shadow mode: it never refuses, so a block there would refuse nothing",
+                rule.name()
+            )));
+        }
         let key = bucket_key(rule, &req.key)?;
         self.proxy.store().block(rule.key_prefix(), &key, ttl, reason).await.map_err(store_failed)?;
         tracing::warn!(rule = %rule.name(), key, duration = %req.duration, reason, "key blocked through the admin API");

@@ -164,8 +164,7 @@ impl MemoryStore {
         self
     }
 
-    /// The keys refused whatever their counters say: penalties, and blocks
-    /// through the admin API.
+    /// Keys refused whatever their counters say (penalties, blocks).
     pub fn penalty_box(&self) -> &PenaltyBox {
         &self.penalties
     }
@@ -301,10 +300,9 @@ impl MemoryStore {
         (verdicts, held)
     }
 
-    /// A request one of whose enforced checks has its key in the penalty
-    /// box: those checks are refused by the box, the others answered
-    /// without counting (a refused request counts nowhere). `None` when
-    /// the box refuses none of them.
+    /// A request with an enforced check whose key is in the penalty box:
+    /// those refused by the box, the others answered without counting (a
+    /// refused request counts nowhere). `None`: the box refuses none.
     fn answer_from_box(&self, checks: &[Check<'_>], ctx: &Ctx<'_>) -> Option<Vec<Verdict>> {
         let boxed: Vec<Option<Verdict>> = checks.iter().map(|c| self.penalties.verdict(c.key, ctx.now)).collect();
         if !checks.iter().zip(&boxed).any(|(c, b)| c.enforced && b.is_some()) {

@@ -2,7 +2,7 @@
 //! from the admin API, and the registry that lists what is in the box.
 //!
 //! An entry is the key `{prefix}{<rule and key>}:box` (see
-//! [`scripts::box_key`]), beside the bucket's counters, read by the
+//! [`box_key`]), beside the bucket's counters, read by the
 //! rule's script in the same call as them and expiring by itself: `p`
 //! for a penalty, `a:` and the reason for a block. Redis cannot list keys
 //! by pattern without a scan of every node, so each rule also has a
@@ -22,7 +22,7 @@ use fred::types::config::Options;
 use fred::types::{ClusterHash, CustomCommand, Value};
 
 use super::call;
-use super::scripts::{self, box_key};
+use super::scripts;
 use super::shared::Shared;
 use crate::limiter::{Algorithm, Nanos};
 use crate::store::StoreError;
@@ -180,6 +180,19 @@ impl Shared {
         }
         Ok((listed, usize::try_from(total).unwrap_or(0)))
     }
+}
+
+/// The penalty box entry of a bucket (see batch.lua): `{prefix}{<rule and
+/// key>}:box`, in the slot of every algorithm's key of that bucket, so
+/// that their scripts read it in the same call, and kept whatever the
+/// rule's algorithm.
+pub fn box_key(prefix: &str, key: &str) -> String {
+    let mut out = String::with_capacity(prefix.len() + key.len() + 6);
+    out.push_str(prefix);
+    out.push('{');
+    out.push_str(key);
+    out.push_str("}:box");
+    out
 }
 
 const ALGORITHMS: [Algorithm; 6] = [

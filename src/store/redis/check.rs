@@ -73,13 +73,7 @@ impl Shared {
         if results.iter().any(Result::is_err) {
             self.metrics.store_errors_total.with_label_values(&["redis"]).inc();
         }
-        for (&i, result) in asked.iter().zip(&results) {
-            if let (Ok(reply), Some(p)) = (result, checks[i].penalty)
-                && reply.verdict.boxed == Boxed::Entered
-            {
-                self.register_penalty(checks[i].key, p.duration);
-            }
-        }
+        self.register_penalties(checks, &asked, &results);
 
         let mut answers = answers(&local, &asked, &results);
         let mut rejected = self.note_rejections(checks, &keys, &answers, &local, consume, now);
@@ -101,6 +95,18 @@ impl Shared {
         }
         let slots = if consume { self.hold(checks, &keys, ids, &asked, &results, local_slots, now) } else { None };
         (answers, slots)
+    }
+
+    /// Lists the keys these answers put in the penalty box (in the
+    /// background: see `blocks`).
+    fn register_penalties(self: &Arc<Self>, checks: &[Check<'_>], asked: &[usize], results: &[Result<Reply, Failure>]) {
+        for (&i, result) in asked.iter().zip(results) {
+            if let (Ok(reply), Some(p)) = (result, checks[i].penalty)
+                && reply.verdict.boxed == Boxed::Entered
+            {
+                self.register_penalty(checks[i].key, p.duration);
+            }
+        }
     }
 
     /// Takes what leases held here can answer of `checks` (`None` for the

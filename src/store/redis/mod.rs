@@ -131,10 +131,10 @@ use crate::limiter::{Nanos, Verdict};
 use crate::obs::metrics::Metrics;
 use crate::store::{Answer, Check, MemoryStore, Mode, Store, StoreError, memory};
 
-pub use blocks::MAX_LISTED;
+pub use blocks::{MAX_LISTED, box_key};
 use connection::{START_WAIT, keep_connected, log_errors, redact};
 use ids::RequestIds;
-pub use scripts::{Outcome, Reply, box_key, fresh_bucket, parse_batch, redis_key, source as script_source, suffix};
+pub use scripts::{Outcome, Reply, fresh_bucket, parse_batch, redis_key, source as script_source, suffix};
 use scripts::{Scripts, nanos};
 use shared::Shared;
 pub use slots::Slots;

@@ -94,7 +94,8 @@ impl Script {
 /// `UNDO_WINDOWS`: for how many windows an undo can still change a key
 /// (0: a bucket's level, see `applied_before` in batch.lua). `BOX_CUT`:
 /// where the key's [`suffix`] starts, counted from its end (`-1 -
-/// suffix.len()`), so that the script finds the [`box_key`] beside it.
+/// suffix.len()`), so that the script finds the box key beside it
+/// (`box_key` in `blocks`).
 const BODIES: [&str; ALGORITHMS] = [
     body!("local SHAPING = false\nlocal UNDO_WINDOWS = 0\nlocal BOX_CUT = -4\n", "bucket.lua"),
     body!("local SHAPING = true\nlocal UNDO_WINDOWS = 0\nlocal BOX_CUT = -4\n", "bucket.lua"),
@@ -175,19 +176,6 @@ pub fn redis_key(prefix: &str, key: &str, algorithm: Algorithm) -> String {
     out.push_str(key);
     out.push_str("}:");
     out.push_str(suffix);
-    out
-}
-
-/// The penalty box entry of a bucket (see batch.lua): `{prefix}{<rule and
-/// key>}:box`, in the slot of every algorithm's key of that bucket, so
-/// that their scripts read it in the same call, and kept whatever the
-/// rule's algorithm.
-pub fn box_key(prefix: &str, key: &str) -> String {
-    let mut out = String::with_capacity(prefix.len() + key.len() + 6);
-    out.push_str(prefix);
-    out.push('{');
-    out.push_str(key);
-    out.push_str("}:box");
     out
 }
 
