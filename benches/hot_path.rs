@@ -164,6 +164,7 @@ fn algorithms(c: &mut Criterion) {
                     enforced: true,
                     on_error: tollgate::config::OnError::Allow,
                     settles: false,
+                    penalty: None,
                 };
                 black_box(store.check_now(std::slice::from_ref(&check), Mode::Consume))
             })

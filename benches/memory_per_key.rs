@@ -66,6 +66,7 @@ fn measure(algorithm: Algorithm) {
                 enforced: true,
                 on_error: tollgate::config::OnError::Allow,
                 settles: false,
+                penalty: None,
             };
             store.check_now(std::slice::from_ref(&check), Mode::Consume);
         }

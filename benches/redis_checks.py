@@ -64,12 +64,14 @@ import time
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 LUA = os.path.join(ROOT, "src", "store", "lua")
+# The first lines as scripts.rs writes them (`BOX_CUT`: where the key's
+# suffix starts, so that the script finds the penalty box key beside it).
 ALGORITHMS = {
-    "token_bucket": ("local SHAPING = false\n", "bucket.lua", "tb2"),
-    "leaky_bucket": ("local SHAPING = true\n", "bucket.lua", "lb2"),
-    "fixed_window": ("", "fixed_window.lua", "fw2"),
-    "sliding_window_counter": ("", "sliding_window_counter.lua", "swc2"),
-    "sliding_window_log": ("", "sliding_window_log.lua", "swlw"),
+    "token_bucket": ("local SHAPING = false\nlocal BOX_CUT = -4\n", "bucket.lua", "tb2"),
+    "leaky_bucket": ("local SHAPING = true\nlocal BOX_CUT = -4\n", "bucket.lua", "lb2"),
+    "fixed_window": ("local BOX_CUT = -4\n", "fixed_window.lua", "fw2"),
+    "sliding_window_counter": ("local BOX_CUT = -5\n", "sliding_window_counter.lua", "swc2"),
+    "sliding_window_log": ("local BOX_CUT = -5\n", "sliding_window_log.lua", "swlw"),
 }
 SPEC = "1:100:1000000:100:1"  # consume, 100 per 1 s, burst 100, cost 1
 

@@ -15,7 +15,7 @@
 //!
 //! | layer | modules | what the layer holds |
 //! |---|---|---|
-//! | 12 | [`cli`] | the command line (run, `check`, `explain`, `top`) and the `tollgate-floor` bench binary's setup |
+//! | 12 | [`cli`] | the command line (run, `check`, `explain`, `top`, `block`, `unblock`) and the `tollgate-floor` bench binary's setup |
 //! | 11 | [`edge`] | listeners and the composition root, one client connection's life (TLS, timeouts, send budget, drain), signals |
 //! | 10 | [`ops`] | operating a running proxy: the admin listener, hot reload |
 //! | 9 | [`proxy`] | the request path: route, decide, forward or reject, settle |
@@ -43,7 +43,8 @@
 //!    the deny list and, per matching rule, the bucket key, cost and limits
 //!    (overrides, tiers) from [`limit::rules`]; one round to the [`store`]
 //!    ([`store::memory`] or [`store::redis`], the arithmetic in
-//!    [`limiter`]) answers every rule, `on_error` when it fails;
+//!    [`limiter`]) answers every rule, a key in the penalty box refused
+//!    there, `on_error` when it fails;
 //!    [`limit::top`] counts the heaviest keys. `/v1/check` and Envoy
 //!    ([`api::decision`], [`api::envoy_rls`]) ask the same Decider.
 //! 4. A rejection is answered (`proxy/respond.rs`) by [`wire::error`] with
@@ -63,13 +64,14 @@
 //!
 //! Around it: [`ops::reload`] swaps in new rules (watching files with
 //! [`config::watch`]), [`ops::admin`] serves `/metrics`, `/rules`, `/top`
-//! and the health endpoints, [`obs::summary`] logs a periodic summary.
+//! and the health endpoints, and `/blocks` (keys put in or let out of the
+//! penalty box), [`obs::summary`] logs a periodic summary.
 //!
 //! # Modules by layer
 //!
 //! | module | responsibility |
 //! |---|---|
-//! | [`cli`] | the `tollgate` command line: run, `check`, `explain`, `top` |
+//! | [`cli`] | the `tollgate` command line: run, `check`, `explain`, `top`, `block`/`unblock` (whose client is [`cli::blocks`]) |
 //! | [`cli::floor`] | `tollgate-floor`: the same server setup and upstream pool with nothing between them, a bench target |
 //! | [`edge::server`] | listeners, connection limits, graceful shutdown: the one place the stack is put together |
 //! | [`edge::connection`] | one client connection: hyper over [`edge::idle::IdleIo`], its requests handed to the proxy, the limits on its life |
@@ -80,7 +82,7 @@
 //! | [`edge::idle`] | closes connections with no request in flight for `listen.idle_timeout`, and clients that read nothing for `listen.send_timeout` |
 //! | [`edge::send_budget`] | at most 128 KiB of response bodies held per client connection, whatever its HTTP/2 streams |
 //! | [`edge::process`] | what the binaries share: the async runtime, logging, the shutdown signals (SIGTERM: lame duck first; SIGINT: drain at once), SIGHUP (reload) and SIGUSR1 (reopen the access log) |
-//! | [`ops::admin`] | `/metrics`, `/healthz`, `/readyz`, `/rules`, `/upstreams`, `/config`, `/top` |
+//! | [`ops::admin`] | `/metrics`, `/healthz`, `/readyz`, `/rules`, `/upstreams`, `/config`, `/top`, `/blocks` (blocks and lifts of keys in the penalty box) |
 //! | [`ops::dashboard`] | `/`: one self-contained HTML page that reads the admin endpoints every few seconds |
 //! | [`ops::reload`] | watch the rules and the main file, debounce, validate, swap; keep the old rules on error |
 //! | [`proxy`] | the request path in phases over one per-request context: admit (spelling, route, limits, client, identity), decide, reject or forward, settle, and one log step |
@@ -93,6 +95,7 @@
 //! | [`limit::path_index`] | which rules and routes can match a request path, by exact path and by prefix directory: a request looks only at those, whatever their number |
 //! | [`limit::top`] | the heaviest keys of each rule (`/top`, `tollgate top`, whose client is [`cli::top`]) in fixed-memory sketches |
 //! | [`store`] | the [`store::Store`] trait; [`store::memory`] keeps counters in this process, [`store::redis`] in a shared Redis (Cluster) |
+//! | [`store::penalty_box`] | keys refused whatever their counters say (a rule's `penalty`, a block through `/blocks`): the memory store's own; Redis keeps them beside each bucket |
 //! | [`upstream`] | one upstream's servers and a request's tries on them: servers in service (`eject_after`, `max_ejected_percent`, panic mode, backups, `max_inflight`), retries within one deadline and a budget, what each failure is answered with |
 //! | [`upstream::forward`] | hop-by-hop and `X-Forwarded-*` headers, request bodies (read ahead up to `buffer_body` and the connection's `connection_body_buffer`, `max_body`, `body_read_timeout`) |
 //! | [`upstream::tunnel`] | WebSocket and other upgrades: after the upstream's 101, bytes copied both ways; at shutdown's end a WebSocket close frame, 1001 |

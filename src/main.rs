@@ -73,6 +73,8 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Some(Command::Block(args)) => print_or_fail(cli::blocks::block(args)),
+        Some(Command::Unblock(args)) => print_or_fail(cli::blocks::unblock(args)),
         Some(Command::Run) | None => run(&cli),
     }
 }
@@ -110,4 +112,18 @@ fn run(cli: &Cli) -> ExitCode {
         tracing::info!("stopped");
         ExitCode::SUCCESS
     })
+}
+
+/// A command's line on stdout, or its error on stderr and exit code 1.
+fn print_or_fail(result: Result<String, String>) -> ExitCode {
+    match result {
+        Ok(line) => {
+            println!("{line}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(1)
+        }
+    }
 }

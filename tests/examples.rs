@@ -394,6 +394,10 @@ fn explain_shows_route_rules_and_keys() {
     assert!(report.contains("login-by-ip-daily"), "{report}");
     assert!(report.contains("login-failures-by-ip"), "{report}");
     assert!(report.contains("counts only responses 401: a request reserves its cost"), "{report}");
+    assert!(
+        report.contains("penalty: a key refused 3 times within one window is refused for 900s"),
+        "explain shows login-by-ip's penalty: {report}"
+    );
 
     // An export: a rate and a concurrency limit.
     let out = tollgate(&[

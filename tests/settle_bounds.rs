@@ -106,8 +106,15 @@ async fn a_token_bucket_on_redis_gives_back_only_what_is_left_of_a_reservation()
     let store = redis_store(&redis.url()).await;
     let limits =
         Limits { algorithm: Algorithm::TokenBucket, limit: 10, window: 10 * NANOS_PER_SEC, burst: 10, origin: 0 };
-    let check =
-        Check { key: "llm|ip=198.51.100.22", limits, cost: 10, enforced: true, on_error: OnError::Deny, settles: true };
+    let check = Check {
+        key: "llm|ip=198.51.100.22",
+        limits,
+        cost: 10,
+        enforced: true,
+        on_error: OnError::Deny,
+        settles: true,
+        penalty: None,
+    };
     let (answers, _) = store.check_holding(std::slice::from_ref(&check), Mode::Consume).await;
     let v = answers[0].as_ref().expect("decided");
     assert!(v.allowed && v.remaining == 0, "{v:?}");

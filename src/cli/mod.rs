@@ -8,11 +8,15 @@
 //!   of each rule, and the quota left, without consuming any.
 //! - `tollgate top --admin 127.0.0.1:9090`: the heaviest keys of each rule
 //!   of a running tollgate, redrawn every second (see [`top`]).
+//! - `tollgate block --rule login --key 'login|ip=203.0.113.7' --for 1h
+//!   --reason '...'` and `tollgate unblock --rule login --key ...`: a key
+//!   put in or let out of a rule's penalty box (see [`blocks`]).
 //!
 //! [`floor`] is the setup of the `tollgate-floor` bench binary;
 //! `allocator.rs` beside this file is the binaries' global allocator,
 //! included by `main.rs` and `bin/` with `#[path]` (no library module).
 
+pub mod blocks;
 pub mod floor;
 pub mod top;
 
@@ -58,6 +62,10 @@ pub enum Command {
     Explain(ExplainArgs),
     /// Show the keys each rule of a running tollgate limits most, every second.
     Top(top::TopArgs),
+    /// Put a key in a rule's penalty box through a running tollgate's admin listener.
+    Block(blocks::BlockArgs),
+    /// Let a key out of a rule's penalty box through a running tollgate's admin listener.
+    Unblock(blocks::UnblockArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -252,6 +260,7 @@ fn write_rules(out: &mut String, config: &Config, matching: &[&Rule], facts: &Re
             // Explain asks Redis only: a rule it cannot answer says so.
             on_error: crate::config::OnError::Allow,
             settles: false,
+            penalty: None,
         })
         .collect();
     let (peeked, source) = peek(config, &checks);
@@ -334,6 +343,17 @@ fn write_spec(out: &mut String, s: &crate::config::RuleSpec) {
     if let Some(u) = &s.quota_unit {
         let _ = writeln!(out, "    quota unit: {u}");
     }
+    if let Some(p) = &s.penalty {
+        let after = match p.after {
+            1 => "refused".to_string(),
+            n => format!("refused {n} times within one window"),
+        };
+        let _ = writeln!(
+            out,
+            "    penalty: a key {after} is refused for {:?}, whatever its window allows",
+            std::time::Duration::from_nanos(p.duration)
+        );
+    }
 }
 
 /// The limits of this request, when an override or a tier replaced the
@@ -364,6 +384,13 @@ fn write_verdict(out: &mut String, plan: &crate::limit::rules::Plan, verdict: Re
     match verdict {
         Ok(v) if v.allowed => {
             let _ = writeln!(out, "    remaining after this request: {} of {capacity} ({source})", v.remaining);
+        }
+        Ok(v) if v.boxed != crate::limiter::Boxed::No => {
+            let _ = writeln!(
+                out,
+                "    in the penalty box: this request would be limited for {} s more ({source})",
+                crate::limiter::ceil_secs(v.retry_after).max(1)
+            );
         }
         Ok(v) => {
             let _ = writeln!(

@@ -100,6 +100,12 @@ fn query_path(args: &TopArgs) -> String {
 
 /// One GET to the admin listener: its status and body.
 fn get(admin: &str, path: &str) -> Result<(u16, String), String> {
+    request(admin, "GET", path, None)
+}
+
+/// One request to the admin listener (a JSON body, if any): its status
+/// and body.
+pub(super) fn request(admin: &str, method: &str, path: &str, body: Option<&str>) -> Result<(u16, String), String> {
     let unreachable = |e: &dyn std::fmt::Display| format!("cannot reach the tollgate admin listener at {admin}: {e}");
     let addr = admin
         .to_socket_addrs()
@@ -108,9 +114,13 @@ fn get(admin: &str, path: &str) -> Result<(u16, String), String> {
         .ok_or_else(|| format!("--admin {admin:?} resolves to no address"))?;
     let mut stream = TcpStream::connect_timeout(&addr, ADMIN_TIMEOUT).map_err(|e| unreachable(&e))?;
     stream.set_read_timeout(Some(ADMIN_TIMEOUT)).map_err(|e| unreachable(&e))?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.1\r\nhost: {admin}\r\nconnection: close\r\n\r\n").as_bytes())
-        .map_err(|e| unreachable(&e))?;
+    let mut head = format!("{method} {path} HTTP/1.1\r\nhost: {admin}\r\nconnection: close\r\n");
+    if let Some(body) = body {
+        head.push_str(&format!("content-type: application/json\r\ncontent-length: {}\r\n", body.len()));
+    }
+    head.push_str("\r\n");
+    head.push_str(body.unwrap_or(""));
+    stream.write_all(head.as_bytes()).map_err(|e| unreachable(&e))?;
     let mut reply = Vec::new();
     stream.take(MAX_REPLY_BYTES).read_to_end(&mut reply).map_err(|e| unreachable(&e))?;
     let reply = String::from_utf8_lossy(&reply);
@@ -141,6 +151,7 @@ pub fn render(admin: &str, top: &Value) -> String {
         let counted = if by == "limited" { "limited" } else { "requests" };
         s.push_str(&format!("\nrule {rule}: {total} {counted}\n"));
         let keys = report["keys"].as_array().map_or(&[][..], Vec::as_slice);
+        render_box(&mut s, report);
         if keys.is_empty() {
             s.push_str("  (no keys)\n");
             continue;
@@ -156,6 +167,24 @@ pub fn render(admin: &str, top: &Value) -> String {
         }
     }
     s
+}
+
+/// The keys of a rule in the penalty box, when it holds any.
+fn render_box(s: &mut String, report: &Value) {
+    let boxed = report["penalty_box"].as_array().map_or(&[][..], Vec::as_slice);
+    if boxed.is_empty() {
+        return;
+    }
+    s.push_str(&format!("  in the penalty box: {}\n", boxed.len()));
+    for b in boxed {
+        s.push_str(&format!(
+            "  {:>9}s  {:>8}  {}  ({})\n",
+            b["expires_in_seconds"].as_u64().unwrap_or(0),
+            b["source"].as_str().unwrap_or("?"),
+            b["key"].as_str().unwrap_or("?"),
+            b["reason"].as_str().unwrap_or(""),
+        ));
+    }
 }
 
 #[cfg(test)]

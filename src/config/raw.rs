@@ -281,6 +281,10 @@ pub struct RawRule {
     pub tier: Option<Spanned<String>>,
     /// Tier name to a limit (`pro = 1000`) or `{ limit, burst }`.
     pub tiers: Option<Spanned<std::collections::BTreeMap<String, Spanned<toml::Value>>>>,
+    /// How long a key the rule refuses stays refused (`"15m"`).
+    pub penalty: Option<Spanned<String>>,
+    /// Refusals within one window before the penalty starts (default 1).
+    pub penalty_after: Option<Spanned<i64>>,
 }
 
 /// `[[rule.override]]`: every key optional here, so that a missing one gets

@@ -18,6 +18,13 @@ use super::spec::{
 use super::validate::Validator;
 use crate::limiter::Algorithm;
 
+/// The shortest and longest `penalty`: under a second it would end
+/// before `Retry-After` (whole seconds) could say so.
+const MIN_PENALTY: Duration = Duration::from_secs(1);
+const MAX_PENALTY: Duration = Duration::from_secs(366 * 86_400);
+/// The most refusals `penalty_after` may wait for.
+const MAX_PENALTY_AFTER: i64 = 1_000_000;
+
 impl Validator<'_> {
     pub(super) fn count(&mut self, value: &Spanned<i64>, what: &str) -> Option<u64> {
         let n = *value.get_ref();
@@ -75,6 +82,7 @@ impl Validator<'_> {
         let cost_response_header = self.cost_response_header(&r, algorithm);
         let count_status = self.count_status(r.count_status.as_ref(), algorithm);
         let quota_unit = self.quota_unit(&r);
+        let penalty = self.penalty(&r, algorithm);
         let (mut overrides, mut tiers) = (Vec::new(), None);
         if let (Some(limit), Some(burst)) = (limit, burst) {
             let base = Base {
@@ -116,6 +124,7 @@ impl Validator<'_> {
             on_invalid_token: r.on_invalid_token.unwrap_or_default(),
             overrides,
             tiers,
+            penalty,
         })
     }
 
@@ -221,6 +230,44 @@ impl Validator<'_> {
             }
             self.header_name(h, "cost_response_header")
         })
+    }
+
+    /// `penalty` and `penalty_after`. Not for concurrency rules (a slot
+    /// comes back when a request ends, there is no window to refuse in)
+    /// nor shadow rules (they never refuse, so the box would refuse
+    /// nothing either).
+    fn penalty(&mut self, r: &RawRule, algorithm: Algorithm) -> Option<crate::limiter::Penalty> {
+        let Some(raw) = &r.penalty else {
+            if let Some(a) = &r.penalty_after {
+                self.error(
+                    a.span(),
+                    "penalty_after counts refusals before a penalty: set penalty too (such as \"15m\")",
+                );
+            }
+            return None;
+        };
+        let duration = self.duration(raw, "penalty")?;
+        if !(MIN_PENALTY..=MAX_PENALTY).contains(&duration) {
+            self.error(raw.span(), "penalty must be between 1s and 366d");
+        }
+        if algorithm == Algorithm::Concurrency {
+            self.error(raw.span(), "a concurrency rule has no penalty: its slots come back as requests end");
+        }
+        if r.mode == Some(super::RuleMode::Shadow) {
+            self.error(
+                raw.span(),
+                "a shadow rule has no penalty: it never refuses, so its penalty box would refuse nothing",
+            );
+        }
+        let after = match &r.penalty_after {
+            None => 1,
+            Some(a) if *a.get_ref() > MAX_PENALTY_AFTER => {
+                self.error(a.span(), format!("penalty_after must be at most {MAX_PENALTY_AFTER}"));
+                1
+            }
+            Some(a) => self.count(a, "penalty_after")? as u32,
+        };
+        Some(crate::limiter::Penalty { duration: crate::limiter::Nanos::try_from(duration.as_nanos()).ok()?, after })
     }
 
     fn quota_unit(&mut self, r: &RawRule) -> Option<String> {

@@ -219,6 +219,9 @@ pub struct RuleSpec {
     pub overrides: Vec<OverrideSpec>,
     /// `tier` and `tiers`: limits chosen by the request's tier.
     pub tiers: Option<TiersSpec>,
+    /// `penalty` and `penalty_after`: a key this rule refuses is refused
+    /// for the penalty's duration, whatever its window would allow.
+    pub penalty: Option<crate::limiter::Penalty>,
 }
 
 impl RuleSpec {

@@ -674,6 +674,49 @@ fn count_status_takes_statuses_and_classes_on_the_windows_that_give_back_whole_r
 }
 
 #[test]
+fn penalty_is_a_duration_and_penalty_after_needs_it() {
+    let base = "[[rule]]\nname = \"r\"\nlimit = 10\nwindow = \"1s\"\n";
+    let r = rule(&format!("{base}penalty = \"15m\"\npenalty_after = 3\n"));
+    assert_eq!(r.penalty, Some(crate::limiter::Penalty { duration: 900 * crate::limiter::NANOS_PER_SEC, after: 3 }));
+    assert_eq!(rule(&format!("{base}penalty = \"2s\"\n")).penalty.map(|p| p.after), Some(1));
+    assert_eq!(rule(base).penalty, None);
+    assert_eq!(
+        rule_errors(&format!("{base}penalty = \"soon\"\n")),
+        [
+            "r.toml:5:11: penalty \"soon\" is not a duration (expected number at 0); write e.g. \"250ms\", \"1s\", \"5m\", \"1h\", \"1d\""
+        ]
+    );
+    assert_eq!(
+        rule_errors(&format!("{base}penalty = \"500ms\"\n")),
+        ["r.toml:5:11: penalty must be between 1s and 366d"]
+    );
+    assert_eq!(
+        rule_errors(&format!("{base}penalty = \"400d\"\n")),
+        ["r.toml:5:11: penalty must be between 1s and 366d"]
+    );
+    assert_eq!(
+        rule_errors(&format!("{base}penalty = \"1m\"\npenalty_after = 0\n")),
+        ["r.toml:6:17: penalty_after must be at least 1, not 0"]
+    );
+    assert_eq!(
+        rule_errors(&format!("{base}penalty = \"1m\"\npenalty_after = 2000000\n")),
+        ["r.toml:6:17: penalty_after must be at most 1000000"]
+    );
+    assert_eq!(
+        rule_errors(&format!("{base}penalty_after = 3\n")),
+        ["r.toml:5:17: penalty_after counts refusals before a penalty: set penalty too (such as \"15m\")"]
+    );
+    assert_eq!(
+        rule_errors(&format!("{base}mode = \"shadow\"\npenalty = \"1m\"\n")),
+        ["r.toml:6:11: a shadow rule has no penalty: it never refuses, so its penalty box would refuse nothing"]
+    );
+    assert_eq!(
+        rule_errors("[[rule]]\nname = \"c\"\nalgorithm = \"concurrency\"\nlimit = 2\npenalty = \"1m\"\n"),
+        ["r.toml:5:11: a concurrency rule has no penalty: its slots come back as requests end"]
+    );
+}
+
+#[test]
 fn cost_response_header_settles_the_counting_algorithms_only() {
     let base = "[[rule]]\nname = \"r\"\nlimit = 10\nwindow = \"1s\"\n";
     for algorithm in ["token_bucket", "fixed_window", "sliding_window_counter"] {
@@ -1188,7 +1231,7 @@ fn unknown_keys_in_a_rule_and_in_match() {
     assert_eq!(
         rule_errors(&with("  burts = 10\n")),
         [
-            "r.toml:5:3: unknown field `burts`, expected one of `name`, `match`, `key`, `algorithm`, `limit`, `window`, `burst`, `slot_ttl`, `calendar`, `timezone`, `mode`, `throttle`, `soft_percent`, `elastic_percent`, `elastic_when_inflight_below`, `cost`, `cost_header`, `max_cost`, `cost_response_header`, `count_status`, `quota_unit`, `on_error`, `exempt`, `on_invalid_token`, `override`, `tier`, `tiers`"
+            "r.toml:5:3: unknown field `burts`, expected one of `name`, `match`, `key`, `algorithm`, `limit`, `window`, `burst`, `slot_ttl`, `calendar`, `timezone`, `mode`, `throttle`, `soft_percent`, `elastic_percent`, `elastic_when_inflight_below`, `cost`, `cost_header`, `max_cost`, `cost_response_header`, `count_status`, `quota_unit`, `on_error`, `exempt`, `on_invalid_token`, `override`, `tier`, `tiers`, `penalty`, `penalty_after`"
         ]
     );
     assert_eq!(

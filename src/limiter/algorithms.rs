@@ -2,7 +2,7 @@
 //! [`Cell`], [`evaluate_log`] for the sliding window log. Pure: the caller
 //! gives the time and writes the new state back, or not.
 
-use super::limits::{Algorithm, Limits, MAX_LIMIT, NANOS_PER_SEC, Nanos, Verdict};
+use super::limits::{Algorithm, Boxed, Limits, MAX_LIMIT, NANOS_PER_SEC, Nanos, Verdict};
 use super::state::{Cell, Log};
 
 /// Evaluates a fixed-size-state algorithm. Returns the verdict and the state
@@ -71,6 +71,7 @@ fn bucket(cell: Cell, now: Nanos, limits: &Limits, cost: u64, shaping: bool) -> 
             retry_after: 0,
             delay: if shaping { drain(level) } else { 0 },
             fallback: false,
+            boxed: Boxed::No,
         };
         let new_cell = Cell { t, v: new_level.to_bits() };
         (verdict, new_cell)
@@ -82,6 +83,7 @@ fn bucket(cell: Cell, now: Nanos, limits: &Limits, cost: u64, shaping: bool) -> 
             retry_after: drain(level + cost_f - capacity).max(1),
             delay: 0,
             fallback: false,
+            boxed: Boxed::No,
         };
         (verdict, cell)
     }
@@ -106,6 +108,7 @@ fn fixed_window(cell: Cell, now: Nanos, limits: &Limits, cost: u64) -> (Verdict,
             retry_after: 0,
             delay: 0,
             fallback: false,
+            boxed: Boxed::No,
         };
         (verdict, Cell { t: start, v: count })
     } else {
@@ -116,6 +119,7 @@ fn fixed_window(cell: Cell, now: Nanos, limits: &Limits, cost: u64) -> (Verdict,
             retry_after: reset_after.max(1),
             delay: 0,
             fallback: false,
+            boxed: Boxed::No,
         };
         (verdict, cell)
     }
@@ -172,6 +176,7 @@ fn sliding_counter(cell: Cell, now: Nanos, limits: &Limits, cost: u64) -> (Verdi
             retry_after: 0,
             delay: 0,
             fallback: false,
+            boxed: Boxed::No,
         };
         let v = (prev << 32) | curr.min(u32::MAX as u64);
         (verdict, Cell { t: start, v })
@@ -194,7 +199,15 @@ fn sliding_counter(cell: Cell, now: Nanos, limits: &Limits, cost: u64) -> (Verdi
         // `now` is before `start` if the clock stepped back (see above).
         let retry_after = ns_ceil(at - (now as i128 - start as i128) as f64).max(1);
         let reset_after = if curr > 0 { start + 2 * w - now } else { start + w - now };
-        let verdict = Verdict { allowed: false, remaining: 0, reset_after, retry_after, delay: 0, fallback: false };
+        let verdict = Verdict {
+            allowed: false,
+            remaining: 0,
+            reset_after,
+            retry_after,
+            delay: 0,
+            fallback: false,
+            boxed: Boxed::No,
+        };
         (verdict, cell)
     }
 }
@@ -217,7 +230,15 @@ fn concurrency(cell: Cell, limits: &Limits, cost: u64) -> (Verdict, Cell) {
     if held.saturating_add(cost) <= limits.limit {
         let remaining = limits.limit - held - cost;
         let reset_after = if remaining == 0 { CONCURRENCY_RETRY } else { 0 };
-        let verdict = Verdict { allowed: true, remaining, reset_after, retry_after: 0, delay: 0, fallback: false };
+        let verdict = Verdict {
+            allowed: true,
+            remaining,
+            reset_after,
+            retry_after: 0,
+            delay: 0,
+            fallback: false,
+            boxed: Boxed::No,
+        };
         (verdict, Cell { t: HELD, v: held + cost })
     } else {
         let verdict = Verdict {
@@ -227,6 +248,7 @@ fn concurrency(cell: Cell, limits: &Limits, cost: u64) -> (Verdict, Cell) {
             retry_after: CONCURRENCY_RETRY,
             delay: 0,
             fallback: false,
+            boxed: Boxed::No,
         };
         (verdict, cell)
     }
@@ -267,6 +289,7 @@ pub fn evaluate_log(log: &mut Log, now: Nanos, limits: &Limits, cost: u64, commi
             retry_after: 0,
             delay: 0,
             fallback: false,
+            boxed: Boxed::No,
         }
     } else {
         // Free enough of the oldest entries to make room for `cost`.
@@ -288,6 +311,7 @@ pub fn evaluate_log(log: &mut Log, now: Nanos, limits: &Limits, cost: u64, commi
             retry_after: retry_after.max(1),
             delay: 0,
             fallback: false,
+            boxed: Boxed::No,
         }
     }
 }

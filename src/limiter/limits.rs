@@ -166,6 +166,33 @@ pub struct Verdict {
     /// could not answer: counted in this process's memory only, so a
     /// settlement of its cost belongs there too (see [`crate::proxy::settle`]).
     pub fallback: bool,
+    /// Refused by the penalty box rather than by the counters, and whether
+    /// this very refusal put the key there (see [`Boxed`]).
+    pub boxed: Boxed,
+}
+
+/// Whether a verdict comes from the penalty box: a key refused by a rule
+/// with `penalty`, or blocked through the admin API, is refused by that
+/// rule until its entry expires, whatever its counters say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Boxed {
+    /// Decided by the counters.
+    #[default]
+    No,
+    /// Refused: the key was in the box already (`retry_after` is the time
+    /// left there).
+    In,
+    /// Refused by the counters, and this refusal put the key in the box
+    /// for the rule's `penalty` (`retry_after` is the penalty).
+    Entered,
+}
+
+/// A rule's `penalty` and `penalty_after`: once a key has been refused
+/// `after` times within one window, it is refused for `duration`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Penalty {
+    pub duration: Nanos,
+    pub after: u32,
 }
 
 /// Whole seconds, rounded up: what `Retry-After` and `X-RateLimit-Reset`

@@ -32,7 +32,7 @@ mod state;
 
 pub use algorithms::{CONCURRENCY_RETRY, HELD, evaluate, evaluate_log, release};
 pub(crate) use algorithms::{ns_ceil, regrid, slack};
-pub use limits::{Algorithm, Limits, MAX_LIMIT, MAX_WINDOW, NANOS_PER_SEC, Nanos, Verdict, ceil_secs};
+pub use limits::{Algorithm, Boxed, Limits, MAX_LIMIT, MAX_WINDOW, NANOS_PER_SEC, Nanos, Penalty, Verdict, ceil_secs};
 pub use reservation::{refundable, settle, settles};
 pub use state::{Cell, Log};
 

@@ -493,7 +493,15 @@ fn token_bucket_fresh_cell_is_full() {
     let v = peek(Cell::default(), T0, &l, 1);
     assert_eq!(
         v,
-        Verdict { allowed: true, remaining: 9, reset_after: 100 * MS, retry_after: 0, delay: 0, fallback: false }
+        Verdict {
+            allowed: true,
+            remaining: 9,
+            reset_after: 100 * MS,
+            retry_after: 0,
+            delay: 0,
+            fallback: false,
+            boxed: crate::limiter::Boxed::No
+        }
     );
     // And works at t = 0 too.
     let v = peek(Cell::default(), 0, &l, 1);
@@ -991,7 +999,18 @@ fn sliding_log_commit_false_does_not_append() {
     let l = swl(2, 1000);
     let mut log = Log::new();
     let v = evaluate_log(&mut log, T0, &l, 1, false);
-    assert_eq!(v, Verdict { allowed: true, remaining: 1, reset_after: SEC, retry_after: 0, delay: 0, fallback: false });
+    assert_eq!(
+        v,
+        Verdict {
+            allowed: true,
+            remaining: 1,
+            reset_after: SEC,
+            retry_after: 0,
+            delay: 0,
+            fallback: false,
+            boxed: crate::limiter::Boxed::No
+        }
+    );
     assert!(log.is_empty());
     assert!(evaluate_log(&mut log, T0, &l, 1, true).allowed);
     let v = evaluate_log(&mut log, T0 + 400 * MS, &l, 1, false);
@@ -1310,7 +1329,8 @@ fn concurrency_admits_up_to_its_limit_in_flight_whatever_the_time() {
             reset_after: CONCURRENCY_RETRY,
             retry_after: CONCURRENCY_RETRY,
             delay: 0,
-            fallback: false
+            fallback: false,
+            boxed: crate::limiter::Boxed::No
         }
     );
     assert_eq!(same, cell);

@@ -23,6 +23,8 @@ pub struct Metrics {
     /// Responses of a `cost_response_header` rule whose real cost was not
     /// a whole number: their reservation stood.
     pub cost_settle_invalid_total: IntCounterVec,
+    /// Keys a rule's `penalty` put in the penalty box.
+    pub penalties_total: IntCounterVec,
     pub request_duration_seconds: Histogram,
     pub upstream_errors_total: IntCounterVec,
     pub client_errors_total: IntCounterVec,
@@ -72,6 +74,9 @@ pub struct RuleCounters {
     pub allowed: IntCounter,
     pub limited: IntCounter,
     pub shadow_limited: IntCounter,
+    /// `tollgate_penalties_total` of a rule with `penalty` (see
+    /// [`Metrics::penalty_counter`]).
+    pub penalties: Option<IntCounter>,
 }
 
 /// Per-route request counters, resolved once at start-up.
@@ -102,6 +107,7 @@ impl Metrics {
             rule_decisions_total: counter_vec(r, &RULE_DECISIONS_TOTAL),
             rule_series: Default::default(),
             cost_settle_invalid_total: counter_vec(r, &COST_SETTLE_INVALID_TOTAL),
+            penalties_total: counter_vec(r, &PENALTIES_TOTAL),
             request_duration_seconds: histogram(r, &REQUEST_DURATION_SECONDS),
             upstream_errors_total: counter_vec(r, &UPSTREAM_ERRORS_TOTAL),
             client_errors_total: counter_vec(r, &CLIENT_ERRORS_TOTAL),
@@ -162,6 +168,7 @@ impl Metrics {
             allowed: self.rule_decisions_total.with_label_values(&[rule, "allowed"]),
             limited: self.rule_decisions_total.with_label_values(&[rule, "limited"]),
             shadow_limited: self.rule_decisions_total.with_label_values(&[rule, "shadow_limited"]),
+            penalties: None,
         };
         let mut series = self.rule_series.lock();
         if !series.contains_key(rule) {
@@ -169,6 +176,12 @@ impl Metrics {
         }
         drop(series);
         counters
+    }
+
+    /// `tollgate_penalties_total` of a rule with `penalty`, at zero from
+    /// the start; rules without one have no series.
+    pub fn penalty_counter(&self, rule: &str) -> IntCounter {
+        self.penalties_total.with_label_values(&[rule])
     }
 
     /// The handles one route (or "none", for requests no route matched)
@@ -250,6 +263,11 @@ const RULE_DECISIONS_TOTAL: Spec = Spec {
 const COST_SETTLE_INVALID_TOTAL: Spec = Spec {
     name: "tollgate_cost_settle_invalid_total",
     help: "Responses whose cost_response_header was not a whole number, by rule (the reserved cost stood).",
+    labels: &["rule"],
+};
+const PENALTIES_TOTAL: Spec = Spec {
+    name: "tollgate_penalties_total",
+    help: "Keys put in the penalty box by a rule's penalty, by rule (blocks through the admin API are not counted).",
     labels: &["rule"],
 };
 const REQUEST_DURATION_SECONDS: Spec = Spec {

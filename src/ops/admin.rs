@@ -1,5 +1,6 @@
 //! The admin listener: `/` (the dashboard), `/metrics`, `/healthz`,
-//! `/healthz/store`, `/readyz`, `/rules`, `/upstreams`, `/config`, `/top`.
+//! `/healthz/store`, `/readyz`, `/rules`, `/upstreams`, `/config`, `/top`,
+//! and `/blocks` (see [`super::blocks`]).
 //!
 //! `/readyz` says whether this instance should get traffic: it answers 503
 //! on a store outage only when `[store] on_error` is `deny` and no node of
@@ -14,7 +15,8 @@
 //! store (lame duck): load balancers take the instance out while its
 //! listeners still serve for `listen.shutdown_delay`.
 //!
-//! Keep it on a private address: `/rules` shows the whole rule set.
+//! Keep it on a private address: `/rules` shows the whole rule set, and
+//! `/blocks` blocks any key, with no authentication.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,6 +33,9 @@ use crate::ops::reload::Reloader;
 use crate::proxy::Proxy;
 use crate::store::Store;
 use crate::wire::error::{AdminError, json_response};
+
+/// The largest body the admin listener reads (a `/blocks` request).
+const MAX_BODY: usize = 64 * 1024;
 
 /// How long `/readyz` waits for the store to answer a ping.
 const READY_PING_TIMEOUT: Duration = Duration::from_millis(500);
@@ -60,12 +65,29 @@ pub struct Admin {
 
 impl Admin {
     /// Answers one admin request.
-    pub async fn handle<B>(&self, req: Request<B>) -> Response<Full<Bytes>> {
-        if req.method() != Method::GET && req.method() != Method::HEAD {
+    pub async fn handle<B>(&self, req: Request<B>) -> Response<Full<Bytes>>
+    where
+        B: hyper::body::Body,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let blocks = req.uri().path() == "/blocks";
+        let changes = blocks && (req.method() == Method::POST || req.method() == Method::DELETE);
+        if req.method() != Method::GET && req.method() != Method::HEAD && !changes {
             return json_response(
                 StatusCode::METHOD_NOT_ALLOWED,
-                &json!({"error": "method_not_allowed", "message": "The admin endpoints answer GET only."}),
+                &json!({"error": "method_not_allowed", "message": "The admin endpoints answer GET only (and /blocks POST and DELETE)."}),
             );
+        }
+        if blocks {
+            let (parts, body) = req.into_parts();
+            let body = match http_body_util::BodyExt::collect(http_body_util::Limited::new(body, MAX_BODY)).await {
+                Ok(collected) => collected.to_bytes(),
+                Err(_) => {
+                    return AdminError::BadBlock(format!("the body could not be read, or is over {MAX_BODY} bytes"))
+                        .into_response();
+                }
+            };
+            return self.blocks(&parts.method, parts.uri.query(), body).await;
         }
         match req.uri().path() {
             "/metrics" => {
@@ -81,7 +103,7 @@ impl Admin {
             "/rules" => self.rules(),
             "/upstreams" => self.upstreams(),
             "/" | "/dashboard" => crate::ops::dashboard::page(),
-            "/top" => self.top(req.uri().query()).unwrap_or_else(AdminError::into_response),
+            "/top" => self.top(req.uri().query()).await.unwrap_or_else(AdminError::into_response),
             // What `tollgate check --running` compares a new main file with.
             "/config" => {
                 let sections: serde_json::Map<String, serde_json::Value> =
@@ -93,7 +115,7 @@ impl Admin {
             }
             _ => json_response(
                 StatusCode::NOT_FOUND,
-                &json!({"error": "not_found", "message": "Admin endpoints: / (the dashboard) /metrics /healthz /healthz/store /readyz /rules /upstreams /config /top."}),
+                &json!({"error": "not_found", "message": "Admin endpoints: / (the dashboard) /metrics /healthz /healthz/store /readyz /rules /upstreams /config /top /blocks."}),
             ),
         }
     }
@@ -191,8 +213,9 @@ impl Admin {
     }
 
     /// `/top?rule=NAME&n=20&by=limited`: the `n` heaviest keys of a rule
-    /// over the last 30 to 60 seconds; without `rule`, of every rule.
-    fn top(&self, query: Option<&str>) -> Result<Response<Full<Bytes>>, AdminError> {
+    /// over the last 30 to 60 seconds, and up to `n` of its keys in the
+    /// penalty box; without `rule`, of every rule.
+    async fn top(&self, query: Option<&str>) -> Result<Response<Full<Bytes>>, AdminError> {
         let top = self.proxy.top().ok_or(AdminError::TopOff)?;
         let (mut rule, mut n, mut by) = (None, None, None);
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
@@ -224,15 +247,24 @@ impl Admin {
                 report.keys.iter().map(|k| json!({"key": k.key, "count": k.count, "error": k.error})).collect();
             json!({"rule": r.name(), "by": by.as_str(), "window_seconds": report.window.as_secs(), "total": report.total, "capacity": max, "keys": keys})
         };
-        let body = match rule {
+        let rules: Vec<&crate::limit::rules::Rule> = match &rule {
             Some(name) => {
-                let r = set.rules.iter().find(|r| r.name() == name).ok_or(AdminError::UnknownRule(name))?;
-                report(r)
+                vec![set.rules.iter().find(|r| r.name() == name).ok_or(AdminError::UnknownRule(name.clone()))?]
             }
+            None => set.rules.iter().collect(),
+        };
+        let mut reports: Vec<serde_json::Value> = rules.iter().map(|r| report(r)).collect();
+        for (r, report) in rules.iter().zip(&mut reports) {
+            // Best effort: a store that does not answer leaves the box out.
+            let boxed = self.boxed(std::slice::from_ref(r), n).await.map(|(b, _)| b).unwrap_or_default();
+            report["penalty_box"] = boxed.into();
+        }
+        let body = match rule {
+            Some(_) => reports.swap_remove(0),
             None => json!({
                 "by": by.as_str(),
                 "capacity": max,
-                "rules": set.rules.iter().map(report).collect::<Vec<_>>(),
+                "rules": reports,
             }),
         };
         Ok(json_response(StatusCode::OK, &body))
@@ -294,6 +326,10 @@ fn rule_extras(r: &crate::limit::rules::Rule, rule: &mut serde_json::Value) {
     }
     if let Some(u) = &s.quota_unit {
         rule["quota_unit"] = u.as_str().into();
+    }
+    if let Some(p) = &s.penalty {
+        rule["penalty_seconds"] = (p.duration as f64 / 1e9).into();
+        rule["penalty_after"] = p.after.into();
     }
     if let Some(t) = &s.tiers {
         let mut tiers = serde_json::Map::new();

@@ -92,6 +92,7 @@ impl Settling {
             enforced: self.enforced,
             on_error: self.on_error,
             settles: true,
+            penalty: None,
         };
         match store {
             Target::Store(s) => s.settle(&check, delta, self.at, self.fallback),

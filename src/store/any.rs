@@ -2,10 +2,13 @@
 //! keeps of it past the request path: its concurrency slots ([`Held`]) and
 //! a handle that settles its reservations ([`Settler`]).
 
+use std::time::Duration;
+
 use crate::limiter::Verdict;
 use crate::store::check::{Answer, Check, Mode, Store};
 use crate::store::error::StoreError;
 use crate::store::memory::{self, MemoryStore};
+use crate::store::penalty_box::{Listed, Source};
 use crate::store::redis::{self, RedisStore};
 
 /// Concurrency slots a request holds until it ends: given back when
@@ -165,6 +168,44 @@ impl AnyStore {
                 s.sweep();
             }
             AnyStore::Redis(s) => s.sweep(),
+        }
+    }
+}
+
+/// The penalty box: blocks and lifts through the admin API, and what it
+/// holds. In Redis for every instance; the memory store's is this
+/// process's own.
+impl AnyStore {
+    /// Puts `key`, a bucket key of the rule whose keys start with
+    /// `rule_prefix`, in the penalty box for `ttl`, whatever its counters
+    /// say, with the operator's `reason`.
+    pub async fn block(&self, rule_prefix: &str, key: &str, ttl: Duration, reason: &str) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(s) => {
+                let until = s.now().saturating_add(u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX));
+                s.penalty_box().block(key, until, Source::Api(reason.to_string()));
+                Ok(())
+            }
+            AnyStore::Redis(s) => s.block(rule_prefix, key, ttl, reason).await,
+        }
+    }
+
+    /// Takes `key` out of the penalty box; whether it was in.
+    pub async fn unblock(&self, rule_prefix: &str, key: &str) -> Result<bool, StoreError> {
+        match self {
+            AnyStore::Memory(s) => Ok(s.penalty_box().lift(key, s.now())),
+            AnyStore::Redis(s) => s.unblock(rule_prefix, key).await,
+        }
+    }
+
+    /// The keys of the rule whose keys start with `rule_prefix` in the
+    /// penalty box, those that stay longest first, at most `max`; and how
+    /// many there are (with Redis, as many as its registry lists: see
+    /// [`redis::MAX_LISTED`]).
+    pub async fn boxed(&self, rule_prefix: &str, max: usize) -> Result<(Vec<Listed>, usize), StoreError> {
+        match self {
+            AnyStore::Memory(s) => Ok(s.penalty_box().list(rule_prefix, s.now(), max)),
+            AnyStore::Redis(s) => s.boxed(rule_prefix, max).await,
         }
     }
 }

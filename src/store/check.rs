@@ -4,7 +4,7 @@
 use std::future::Future;
 
 use crate::config::OnError;
-use crate::limiter::{Limits, Verdict};
+use crate::limiter::{Limits, Penalty, Verdict};
 use crate::store::error::StoreError;
 
 /// One rule's question about one request.
@@ -27,6 +27,10 @@ pub struct Check<'a> {
     /// lease, so that every unit it reserves and settles is counted where
     /// the other instances see it.
     pub settles: bool,
+    /// The rule's `penalty`: a refusal (the `after`-th in one window)
+    /// puts the key in the penalty box. Whatever this says, a key in the
+    /// box (a penalty, or a block through the admin API) is refused.
+    pub penalty: Option<Penalty>,
 }
 
 /// One check's answer: the verdict, or why the store could not decide it.

@@ -44,6 +44,7 @@ use prometheus::IntCounter;
 use crate::limiter::clock::SharedClock;
 use crate::limiter::shards::Shards;
 use crate::limiter::{self, Cell, Limits, Log, Nanos, Verdict};
+use crate::store::penalty_box::PenaltyBox;
 use crate::store::{Answer, Check, Mode, Store, StoreError};
 
 const SHARDS: usize = 64;
@@ -63,6 +64,8 @@ pub struct MemoryStore {
     epoch: Nanos,
     /// `tollgate_store_evictions_total`, when the store reports to metrics.
     evictions: Option<IntCounter>,
+    /// Keys refused whatever their counters say (see [`PenaltyBox`]).
+    penalties: PenaltyBox,
 }
 
 #[derive(Default)]
@@ -147,6 +150,7 @@ impl MemoryStore {
             shard_capacity: usize::MAX,
             epoch,
             evictions: None,
+            penalties: PenaltyBox::new(usize::MAX),
         }
     }
 
@@ -156,7 +160,13 @@ impl MemoryStore {
     pub fn bounded(mut self, max_keys: usize, evictions: Option<IntCounter>) -> Self {
         self.shard_capacity = (max_keys / SHARDS).max(1);
         self.evictions = evictions;
+        self.penalties = PenaltyBox::new(max_keys);
         self
+    }
+
+    /// Keys refused whatever their counters say (penalties, blocks).
+    pub fn penalty_box(&self) -> &PenaltyBox {
+        &self.penalties
     }
 
     /// The most keys the store holds.
@@ -196,6 +206,7 @@ impl MemoryStore {
             s.logs.retain(|_, (l, _)| l.back().is_some_and(|&(t, _)| t.saturating_add(horizon) > now));
             dropped += before - s.len();
         }
+        self.penalties.sweep(now);
         dropped
     }
 
@@ -224,13 +235,21 @@ impl MemoryStore {
     pub fn check_holding(&self, checks: &[Check<'_>], mode: Mode) -> (Vec<Verdict>, Option<Slots>) {
         let ctx = self.ctx();
         let commit = mode == Mode::Consume;
+        if self.penalties.is_active()
+            && let Some(answer) = self.answer_from_box(checks, &ctx)
+        {
+            return (answer, None);
+        }
         if let [one] = checks {
             // The common case: one rule, one lock, no bookkeeping.
             let hash = self.hash_of(one);
-            let v = {
+            let mut v = {
                 let mut shard = self.shards.lock_hash(hash);
                 decide(&mut shard, hash, one, &ctx, commit)
             };
+            if !v.allowed && commit && one.enforced {
+                v = self.strike(one, v, &ctx);
+            }
             let held =
                 (commit && v.allowed && one.limits.algorithm.holds()).then(|| self.slots(vec![(hash, one.cost)]));
             return (vec![v], held);
@@ -250,7 +269,7 @@ impl MemoryStore {
         let slots: Vec<usize> = hashes.iter().map(|&h| guard_for(h)).collect();
 
         // First pass: decide without writing.
-        let verdicts: Vec<Verdict> = checks
+        let mut verdicts: Vec<Verdict> = checks
             .iter()
             .zip(&hashes)
             .zip(&slots)
@@ -270,8 +289,38 @@ impl MemoryStore {
             }
         }
         drop(guards);
+        if commit && !admitted {
+            for (c, v) in checks.iter().zip(verdicts.iter_mut()) {
+                if !v.allowed && c.enforced {
+                    *v = self.strike(c, *v, &ctx);
+                }
+            }
+        }
         let held = (!held.is_empty()).then(|| self.slots(held));
         (verdicts, held)
+    }
+
+    /// A request with an enforced check whose key is in the penalty box:
+    /// those refused by the box, the others answered without counting (a
+    /// refused request counts nowhere). `None`: the box refuses none.
+    fn answer_from_box(&self, checks: &[Check<'_>], ctx: &Ctx<'_>) -> Option<Vec<Verdict>> {
+        let boxed: Vec<Option<Verdict>> = checks.iter().map(|c| self.penalties.verdict(c.key, ctx.now)).collect();
+        if !checks.iter().zip(&boxed).any(|(c, b)| c.enforced && b.is_some()) {
+            return None;
+        }
+        let free: Vec<Check<'_>> =
+            checks.iter().zip(&boxed).filter(|(_, b)| b.is_none()).map(|(c, _)| c.clone()).collect();
+        let mut peeked = self.check_holding(&free, Mode::Peek).0.into_iter();
+        Some(boxed.into_iter().map(|b| b.or_else(|| peeked.next()).unwrap_or_default()).collect())
+    }
+
+    /// A refusal of `check` counted towards its rule's penalty: the
+    /// verdict as the box answers it if the key now enters it.
+    fn strike(&self, check: &Check<'_>, verdict: Verdict, ctx: &Ctx<'_>) -> Verdict {
+        match check.penalty {
+            Some(p) => self.penalties.strike(check.key, p, check.limits.window, verdict, ctx.now),
+            None => verdict,
+        }
     }
 
     /// Corrects a check's reservation by `delta` units once its request's
@@ -468,6 +517,7 @@ mod tests {
             enforced,
             on_error: crate::config::OnError::Allow,
             settles: false,
+            penalty: None,
         }
     }
 
@@ -596,6 +646,7 @@ mod tests {
                 enforced: true,
                 on_error: crate::config::OnError::Allow,
                 settles: false,
+                penalty: None,
             };
             assert!(s.check_now(std::slice::from_ref(&c), Mode::Consume)[0].allowed);
             if i % 100_000 == 0 {
@@ -707,6 +758,41 @@ mod tests {
             assert!(!s.check_now(&[slot(&k, 1)], Mode::Peek)[0].allowed, "{k} was forgotten while held");
         }
         drop(held);
+    }
+
+    #[test]
+    fn a_refusal_of_a_rule_with_a_penalty_boxes_its_key_and_the_box_counts_nothing() {
+        let (s, clock) = store();
+        let s = s.bounded(SHARDS * 64, None);
+        let penalty = crate::limiter::Penalty { duration: 30 * NANOS_PER_SEC, after: 1 };
+        let login = Check { penalty: Some(penalty), ..check("login|ip=1", Algorithm::FixedWindow, 1, true) };
+        let wide = check("wide|ip=1", Algorithm::FixedWindow, 100, true);
+        let both = [login.clone(), wide.clone()];
+        assert!(s.check_now(&both, Mode::Consume).iter().all(|v| v.allowed));
+        let v = s.check_now(&both, Mode::Consume);
+        assert_eq!(
+            (v[0].allowed, v[0].retry_after, v[0].boxed),
+            (false, 30 * NANOS_PER_SEC, crate::limiter::Boxed::Entered)
+        );
+        // A new window: the box still refuses, and the other rule counts
+        // none of the refused requests.
+        clock.advance(Duration::from_secs(5));
+        for _ in 0..3 {
+            let v = s.check_now(&both, Mode::Consume);
+            assert_eq!((v[0].allowed, v[0].boxed), (false, crate::limiter::Boxed::In));
+            assert_eq!(v[0].retry_after, 25 * NANOS_PER_SEC);
+            assert!(v[1].allowed);
+        }
+        // (Its window is new: none of the boxed requests counted there.)
+        assert_eq!(s.check_now(std::slice::from_ref(&wide), Mode::Peek)[0].remaining, 99);
+        // A rule without penalty refuses by its window alone.
+        let plain = check("plain|ip=1", Algorithm::FixedWindow, 1, true);
+        assert_eq!(admitted(&s, &plain, 3), 1);
+        assert_eq!(s.check_now(std::slice::from_ref(&plain), Mode::Consume)[0].boxed, crate::limiter::Boxed::No);
+        clock.advance(Duration::from_secs(25));
+        assert!(s.check_now(std::slice::from_ref(&login), Mode::Consume)[0].allowed, "the penalty is over");
+        s.sweep();
+        assert!(!s.penalty_box().is_active());
     }
 
     #[test]

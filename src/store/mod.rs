@@ -23,6 +23,7 @@ mod any;
 mod check;
 mod error;
 pub mod memory;
+pub mod penalty_box;
 pub mod redis;
 
 pub use any::{AnyStore, Held, Settler, Stamp};

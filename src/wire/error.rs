@@ -384,13 +384,23 @@ pub enum AdminError {
     BadCount { given: String, max: usize },
     /// `/top?by=` is neither `requests` nor `limited`.
     BadBy(String),
+    /// A `/blocks` request that does not say what to block or lift.
+    BadBlock(String),
+    /// `DELETE /blocks` of a key that is not in the penalty box.
+    NotBlocked { rule: String, key: String },
+    /// The store did not take or answer a `/blocks` request.
+    StoreFailed(String),
 }
 
 impl AdminError {
     pub fn status(&self) -> StatusCode {
         match self {
-            AdminError::TopOff => StatusCode::NOT_FOUND,
-            AdminError::UnknownRule(_) | AdminError::BadCount { .. } | AdminError::BadBy(_) => StatusCode::BAD_REQUEST,
+            AdminError::TopOff | AdminError::NotBlocked { .. } => StatusCode::NOT_FOUND,
+            AdminError::UnknownRule(_)
+            | AdminError::BadCount { .. }
+            | AdminError::BadBy(_)
+            | AdminError::BadBlock(_) => StatusCode::BAD_REQUEST,
+            AdminError::StoreFailed(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -412,6 +422,15 @@ impl AdminError {
             AdminError::BadBy(given) => json!({
                 "error": "bad_by",
                 "message": format!("by must be \"requests\" or \"limited\", not {given:?}."),
+            }),
+            AdminError::BadBlock(why) => json!({"error": "bad_block", "message": why}),
+            AdminError::NotBlocked { rule, key } => json!({
+                "error": "not_blocked",
+                "message": format!("{key:?} is not in the penalty box of rule {rule:?}."),
+            }),
+            AdminError::StoreFailed(why) => json!({
+                "error": "store_unavailable",
+                "message": format!("The store did not answer: {why}"),
             }),
         }
     }

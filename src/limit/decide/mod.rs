@@ -26,7 +26,7 @@ use crate::config::{Config, InvalidToken, KeyPart, Normalization, OnError};
 use crate::limit::rules::RuleReport;
 use crate::limit::rules::{Plan, RequestFacts, Rule, RuleSet};
 use crate::limit::top::TopKeys;
-use crate::limiter::{Limits, Nanos, Verdict, ceil_secs};
+use crate::limiter::{Boxed, Limits, Nanos, Verdict, ceil_secs};
 use crate::obs::metrics::Metrics;
 use crate::store::{Answer, AnyStore, Check, Held, Mode, Stamp, Store};
 use crate::wire::error::ProxyError;
@@ -412,6 +412,9 @@ impl Decider {
                 }
             } else if p.rule.enforced() {
                 p.rule.counters.limited.inc();
+                if v.boxed == Boxed::Entered {
+                    penalized(p);
+                }
                 let secs = ceil_secs(v.retry_after).max(1);
                 if rejected.is_none_or(|(_, _, s)| secs > s) {
                     rejected = Some((i, d.reports.len() - 1, secs));
@@ -434,6 +437,16 @@ impl Decider {
             None => Ruling::Admitted { delay },
         };
     }
+}
+
+/// A key a rule's `penalty` just put in the penalty box: counted, and
+/// logged (a rare event, and one an operator may be asked about).
+fn penalized(p: &Pending<'_>) {
+    if let Some(c) = &p.rule.counters.penalties {
+        c.inc();
+    }
+    let secs = p.rule.spec.penalty.map_or(0, |pen| ceil_secs(pen.duration));
+    tracing::info!(rule = %p.rule.name(), key = %p.key, penalty_secs = secs, "key put in the penalty box");
 }
 
 /// The store counted nothing for a rejected request: rules that would have

@@ -34,6 +34,7 @@ impl Decider {
             enforced: p.rule.enforced(),
             on_error: self.on_error_of(p.rule),
             settles: p.rule.spec.settles_from_response(),
+            penalty: p.rule.spec.penalty,
         }
     }
 

@@ -73,7 +73,10 @@ impl Rule {
         let mut key_prefix = String::with_capacity(spec.name.len() + 1);
         encode(&mut key_prefix, spec.name.as_bytes());
         key_prefix.push('|');
-        let counters = metrics.rule_counters(&spec.name);
+        let mut counters = metrics.rule_counters(&spec.name);
+        if spec.penalty.is_some() {
+            counters.penalties = Some(metrics.penalty_counter(&spec.name));
+        }
         let calendar =
             spec.calendar.as_ref().map(|c| Box::new(crate::limiter::calendar::Calendar::new(c.period, c.zone.clone())));
         Rule { spec, plan: own, variants, quoted_name, window_secs, calendar, key_prefix, counters, top: None }
@@ -150,6 +153,12 @@ impl Rule {
         self.spec.key.contains(&KeyPart::User)
             || !self.spec.exempt.users.is_empty()
             || matches!(self.spec.tiers.as_ref().map(|t| &t.source), Some(TierSource::Claim(_)))
+    }
+
+    /// The start of every bucket key of this rule (its encoded name and
+    /// `|`): what names its keys in the penalty box.
+    pub fn key_prefix(&self) -> &str {
+        &self.key_prefix
     }
 
     pub fn name(&self) -> &str {

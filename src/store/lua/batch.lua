@@ -9,7 +9,8 @@
 --          are on the same node as far as the caller knows, not in the same
 --          slot, which the script's `allow-cross-slot-keys` flag permits.
 -- ARGV     three values per check: its key; its
---          spec "mode:limit:window_us:burst:cost[:origin_us]"; and its tail:
+--          spec "mode:limit:window_us:burst:cost[:origin_us[:penalty_ms:after]]";
+--          and its tail:
 --          "", the extra value, or for a lease (which has no extra value)
 --          "|" and want, period_us, phase_us, settle_at, taken and unspent
 --          as little-endian doubles (48 bytes: decimal parsing costs more
@@ -23,6 +24,8 @@
 --          last four are 0 (no delay and no lease: most checks), four
 --          integers {10 + allowed, remaining, reset_after_ns,
 --          retry_after_ns}, since every value costs the server a conversion
+--          (allowed is IN_BOX or ENTERED for a refusal by the penalty box,
+--          see below)
 --          and a write; allowed is -1 when the key is not
 --          on this node (the caller asks its owner on its own; nothing was
 --          written) and -2 when the check failed, the second value then
@@ -51,8 +54,8 @@ local function spec(text)
   local parsed = specs[text]
   if not parsed then
     if nspecs >= SPECS then specs, nspecs = {}, 0 end
-    local m, l, w, b, c, o = match(text, '^(%d+):(%d+):(%d+):(%d+):(%d+):?(%d*)$')
-    parsed = {tonum(m), tonum(l), tonum(w), tonum(b), tonum(c), tonum(o) or 0}
+    local m, l, w, b, c, o, p, f = match(text, '^(%d+):(%d+):(%d+):(%d+):(%d+):?(%d*):?(%d*):?(%d*)$')
+    parsed = {tonum(m), tonum(l), tonum(w), tonum(b), tonum(c), tonum(o) or 0, tonum(p) or 0, tonum(f) or 1}
     specs[text], nspecs = parsed, nspecs + 1
   end
   return parsed
@@ -85,6 +88,38 @@ local function applied_before(id)
   local ms = ceil(span / 1000)
   if ms < 1 then ms = 1 end
   return not call('SET', key .. ':undo:' .. id, '', 'NX', 'PX', format('%d', ms))
+end
+-- The penalty box: `<key's tag>:box`, in the slot of the bucket's key
+-- (BOX_CUT, set by the script's first line, cuts the algorithm's suffix
+-- off the key), so that the same call reads it. While it exists the key is
+-- refused by its rule, whatever its counters say, and its check counts
+-- nothing: a rule's `penalty` puts it there when it refuses the key (the
+-- `after`-th time within one window, counted in `<tag>:strikes`), the
+-- admin API when an operator blocks the key (its value then `a:` and the
+-- reason; a penalty's is `p`). It expires by itself.
+local IN_BOX, ENTERED = 3, 4
+-- The time left in the box (ms), 0 when the key is not there.
+local function box_left()
+  local left = call('PTTL', sub(key, 1, BOX_CUT) .. 'box')
+  if left > 0 then return left end
+  return 0
+end
+-- A refusal of a rule with a penalty: whether it puts the key in the box.
+local function strike()
+  local tag = sub(key, 1, BOX_CUT)
+  if after > 1 then
+    local strikes = tag .. 'strikes'
+    local n = call('INCR', strikes)
+    if n == 1 then
+      local ms = ceil(window / 1000)
+      if ms < 1 then ms = 1 end
+      call('PEXPIRE', strikes, format('%d', ms))
+    end
+    if n < after then return false end
+    call('DEL', strikes)
+  end
+  call('SET', tag .. 'box', 'p', 'PX', format('%d', penalty))
+  return true
 end
 -- One call: binds the library's names, reads the clock, and decides the
 -- checks in `args` (ARGV).
@@ -120,6 +155,7 @@ local function run(args)
     local s = specs[text] or spec(text)
     if s ~= parsed_spec then
       mode, limit, window, capacity, cost, origin = s[1], s[2], s[3], s[4], s[5], s[6]
+      penalty, after = s[7], s[8]
       parsed_spec = s
     end
     local tail = args[at + 2]
@@ -143,17 +179,36 @@ local function run(args)
       leased = false
     end
     local ok, a, b, d, r, y, k, g, l = true, 1, 0, 0, 0, 0, 0
-    local again = false
-    if undo then ok, again = try(applied_before, undo) end
+    local again, left = false, 0
+    -- Peeks and consumes look in the box first (refunds, renewals and
+    -- settles give back what was counted before, box or not). A lease
+    -- this consume would have settled stays unsettled: its unspent units
+    -- stay counted, towards refusing.
+    if mode <= 1 then ok, left = try(box_left) end
     if not ok then
-      a = again
-    elseif again and mode == 1 then
-      -- A consume that also settled a lease: counted again (towards
-      -- refusing), the settle not applied again.
-      settle_at, taken, unspent, leased = 0, 0, 0, true
-      ok, a, b, d, r, y, k, g, l = try(decide)
-    elseif not again then
-      ok, a, b, d, r, y, k, g, l = try(decide)
+      a = left
+    elseif left > 0 then
+      a, b, d, r = IN_BOX, 0, left * 1000000, left * 1000000
+    else
+      if undo then ok, again = try(applied_before, undo) end
+      if not ok then
+        a = again
+      elseif again and mode == 1 then
+        -- A consume that also settled a lease: counted again (towards
+        -- refusing), the settle not applied again.
+        settle_at, taken, unspent, leased = 0, 0, 0, true
+        ok, a, b, d, r, y, k, g, l = try(decide)
+      elseif not again then
+        ok, a, b, d, r, y, k, g, l = try(decide)
+      end
+      if ok and a == 0 and penalty > 0 and mode == 1 and cost > 0 then
+        local struck, entered = try(strike)
+        if struck and entered then
+          r = penalty * 1000000
+          if d < r then d = r end
+          a = ENTERED
+        end
+      end
     end
     if a == FRESH then
       out[o + 1] = 20

@@ -53,6 +53,8 @@ local parsed_spec
 -- window, whose start the proxy computed (`Limits::origin`).
 local origin = 0
 local want, period, phase, settle_at, taken, unspent = 0, 0, 0, 0, 0, 0
+-- The rule's `penalty` (ms, 0 for none) and `penalty_after` (see batch.lua).
+local penalty, after = 0, 1
 
 -- Scripts that lease answer two more values, {..., granted, lease_ttl_ns}:
 -- the units taken ahead for the caller to spend locally, and how long they

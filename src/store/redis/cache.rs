@@ -27,13 +27,18 @@ use std::time::{Duration, Instant};
 
 use super::scripts::nanos;
 use crate::limiter::shards::Shards;
-use crate::limiter::{Limits, Verdict};
+use crate::limiter::{Boxed, Limits, Verdict};
 
 const SHARDS: usize = 16;
 /// Entries kept per shard at most: a bound on memory under a flood of
 /// distinct rejected keys (160k entries of roughly 100 bytes). Past it,
 /// new rejections are simply not cached.
 const MAX_PER_SHARD: usize = 10_000;
+/// How long a refusal by the penalty box is answered here before Redis is
+/// asked again: a block lifted through another instance reaches this one
+/// within it, while a boxed client's flood still costs Redis one call a
+/// second. Clients are told the time left in the box all along.
+const BOX_RECHECK: Duration = Duration::from_secs(1);
 
 /// Rejected keys and when Redis said to come back.
 pub(super) struct OverLimitCache {
@@ -42,7 +47,11 @@ pub(super) struct OverLimitCache {
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
+    /// When to ask Redis again.
     retry_at: Instant,
+    /// When Redis said the key may come back: `retry_at`, or for a key in
+    /// the penalty box the end of its time there.
+    told_at: Instant,
     reset_at: Instant,
     limits: Limits,
     cost: u64,
@@ -71,8 +80,11 @@ impl OverLimitCache {
 
     /// Remembers that Redis rejected `key` with `verdict` at `now`.
     pub fn remember(&self, key: &str, limits: Limits, cost: u64, verdict: &Verdict, now: Instant) {
+        let told_at = now + Duration::from_nanos(verdict.retry_after);
+        let retry_at = if verdict.boxed == Boxed::No { told_at } else { told_at.min(now + BOX_RECHECK) };
         let entry = Entry {
-            retry_at: now + Duration::from_nanos(verdict.retry_after),
+            retry_at,
+            told_at,
             reset_at: now + Duration::from_nanos(verdict.reset_after),
             limits,
             cost,
@@ -109,9 +121,10 @@ impl OverLimitCache {
                 allowed: false,
                 remaining: 0,
                 reset_after: nanos(entry.reset_at.saturating_duration_since(now)),
-                retry_after: nanos(entry.retry_at - now).max(1),
+                retry_after: nanos(entry.told_at - now).max(1),
                 delay: 0,
                 fallback: false,
+                boxed: Boxed::No,
             });
         }
         match entry.probing_until {
@@ -119,10 +132,12 @@ impl OverLimitCache {
                 allowed: false,
                 remaining: 0,
                 reset_after: nanos(entry.reset_at.saturating_duration_since(now)),
-                // Try again right away: the probe's answer is on its way.
-                retry_after: 1,
+                // Try again right away: the probe's answer is on its way
+                // (unless the key was in the penalty box for longer).
+                retry_after: nanos(entry.told_at.saturating_duration_since(now)).max(1),
                 delay: 0,
                 fallback: false,
+                boxed: Boxed::No,
             }),
             _ => {
                 entry.probing_until = Some(now + probe_for);
@@ -171,6 +186,7 @@ mod tests {
             retry_after: retry_ms * 1_000_000,
             delay: 0,
             fallback: false,
+            boxed: Boxed::No,
         }
     }
 
@@ -201,8 +217,15 @@ mod tests {
         cache.forget("k");
         assert_eq!(lookup(&cache, "k", &LIMITS, 1, t1 + PROBE), Lookup::Unknown);
         // Admitted with nothing left: the next request probes, the rest wait.
-        let last =
-            Verdict { allowed: true, remaining: 0, reset_after: 1_000_000, retry_after: 0, delay: 0, fallback: false };
+        let last = Verdict {
+            allowed: true,
+            remaining: 0,
+            reset_after: 1_000_000,
+            retry_after: 0,
+            delay: 0,
+            fallback: false,
+            boxed: Boxed::No,
+        };
         cache.exhausted("k", LIMITS, 1, &last, t1);
         assert_eq!(lookup(&cache, "k", &LIMITS, 1, t1), Lookup::Probe);
         assert!(matches!(lookup(&cache, "k", &LIMITS, 1, t1), Lookup::Rejected(_)));

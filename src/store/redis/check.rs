@@ -12,7 +12,7 @@ use super::scripts::{self, LeaseArgs, Reply, ScriptMode, redis_key};
 use super::shared::Shared;
 use super::slots::Slots;
 use crate::config::OnError;
-use crate::limiter::Verdict;
+use crate::limiter::{Boxed, Verdict};
 use crate::store::{Answer, Check, Mode, StoreError};
 
 impl Shared {
@@ -74,6 +74,7 @@ impl Shared {
         if results.iter().any(Result::is_err) {
             self.metrics.store_errors_total.with_label_values(&["redis"]).inc();
         }
+        self.register_penalties(checks, &asked, &results);
 
         let mut answers = answers(&local, &asked, &results);
         let mut rejected = self.note_rejections(checks, &keys, &answers, &local, consume, now);
@@ -106,6 +107,18 @@ impl Shared {
         for &i in probes {
             if local[i].is_some() {
                 self.cache.forget(&keys[i]);
+            }
+        }
+    }
+
+    /// Lists the keys these answers put in the penalty box (in the
+    /// background: see `blocks`).
+    fn register_penalties(self: &Arc<Self>, checks: &[Check<'_>], asked: &[usize], results: &[Result<Reply, Failure>]) {
+        for (&i, result) in asked.iter().zip(results) {
+            if let (Ok(reply), Some(p)) = (result, checks[i].penalty)
+                && reply.verdict.boxed == Boxed::Entered
+            {
+                self.register_penalty(checks[i].key, p.duration);
             }
         }
     }
@@ -174,7 +187,7 @@ impl Shared {
         // policy answers at once (see `health`).
         let calls = asked.iter().zip(&wants).map(|(&i, &lease)| {
             let c = &checks[i];
-            let args = scripts::args(script_mode, &c.limits, c.cost, &ids[i], lease);
+            let args = scripts::args_with_penalty(script_mode, &c.limits, c.cost, &ids[i], lease, c.penalty);
             let answer = self.submit(c.limits.algorithm, keys[i].clone(), args, deadline);
             async move { answer.await.map(|reply| reply.complete(&c.limits, c.cost)) }
         });
@@ -394,6 +407,7 @@ impl Shared {
                     retry_after: 0,
                     delay: 0,
                     fallback: false,
+                    boxed: Boxed::No,
                 })
             })
             .collect())

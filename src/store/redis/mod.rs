@@ -7,6 +7,7 @@
 //! | `check.rs` | one request's checks: cache, leases, script calls, refunds of a rejected request |
 //! | `batch.rs` | the checks of concurrent requests to one node, in one call |
 //! | `refund.rs` | giving quota back to Redis in the background |
+//! | `blocks.rs` | the penalty box outside the request path: blocks, lifts, the registry that lists it |
 //! | `slots.rs` | concurrency slots held here: renewed while their requests run, given back when they end |
 //! | `probe.rs` | the probe that takes a node back, and the survey of every node |
 //! | `shared.rs` | what the request path and the store's tasks share ([`Shared`]), whose methods the files above write |
@@ -99,6 +100,7 @@
 //! retry-after moment, without a round trip.
 
 mod batch;
+mod blocks;
 mod cache;
 mod call;
 mod check;
@@ -129,6 +131,7 @@ use crate::limiter::{Nanos, Verdict};
 use crate::obs::metrics::Metrics;
 use crate::store::{Answer, Check, MemoryStore, Mode, Store, StoreError, memory};
 
+pub use blocks::{MAX_LISTED, box_key};
 use connection::{START_WAIT, keep_connected, log_errors, redact};
 use ids::RequestIds;
 pub use scripts::{Outcome, Reply, fresh_bucket, parse_batch, redis_key, source as script_source, suffix};
@@ -318,6 +321,28 @@ impl RedisStore {
         if left > 0 {
             tracing::warn!(leases = left, "redis did not come back: leased units stay counted until they expire there");
         }
+    }
+
+    /// Puts `key` (a bucket key of the rule whose keys start with
+    /// `rule_prefix`) in the penalty box for `ttl`: refused by its rule on
+    /// every instance until then (see `blocks`).
+    pub async fn block(&self, rule_prefix: &str, key: &str, ttl: Duration, reason: &str) -> Result<(), StoreError> {
+        self.shared.block(rule_prefix, key, ttl, reason).await
+    }
+
+    /// Takes `key` out of the penalty box; whether it was in.
+    pub async fn unblock(&self, rule_prefix: &str, key: &str) -> Result<bool, StoreError> {
+        self.shared.unblock(rule_prefix, key).await
+    }
+
+    /// The keys of a rule in the penalty box, at most `max`, and how many
+    /// its registry holds.
+    pub async fn boxed(
+        &self,
+        rule_prefix: &str,
+        max: usize,
+    ) -> Result<(Vec<crate::store::penalty_box::Listed>, usize), StoreError> {
+        self.shared.boxed(rule_prefix, max).await
     }
 
     /// The fred client, for tests and tools that inspect Redis directly.

@@ -13,7 +13,7 @@ use std::sync::atomic::AtomicBool;
 
 use fred::types::Value;
 
-use crate::limiter::{Algorithm, Limits, Verdict};
+use crate::limiter::{Algorithm, Boxed, Limits, Penalty, Verdict};
 use crate::store::StoreError;
 
 /// What a script call does.
@@ -92,14 +92,17 @@ impl Script {
 
 /// Every algorithm's code, in the order of [`index`].
 /// `UNDO_WINDOWS`: for how many windows an undo can still change a key
-/// (0: a bucket's level, see `applied_before` in batch.lua).
+/// (0: a bucket's level, see `applied_before` in batch.lua). `BOX_CUT`:
+/// where the key's [`suffix`] starts, counted from its end (`-1 -
+/// suffix.len()`), so that the script finds the box key beside it
+/// (`box_key` in `blocks`).
 const BODIES: [&str; ALGORITHMS] = [
-    body!("local SHAPING = false\nlocal UNDO_WINDOWS = 0\n", "bucket.lua"),
-    body!("local SHAPING = true\nlocal UNDO_WINDOWS = 0\n", "bucket.lua"),
-    body!("local UNDO_WINDOWS = 1\n", "fixed_window.lua"),
-    body!("local UNDO_WINDOWS = 1\n", "sliding_window_log.lua"),
-    body!("local UNDO_WINDOWS = 2\n", "sliding_window_counter.lua"),
-    body!("local UNDO_WINDOWS = 1\n", "concurrency.lua"),
+    body!("local SHAPING = false\nlocal UNDO_WINDOWS = 0\nlocal BOX_CUT = -4\n", "bucket.lua"),
+    body!("local SHAPING = true\nlocal UNDO_WINDOWS = 0\nlocal BOX_CUT = -4\n", "bucket.lua"),
+    body!("local UNDO_WINDOWS = 1\nlocal BOX_CUT = -4\n", "fixed_window.lua"),
+    body!("local UNDO_WINDOWS = 1\nlocal BOX_CUT = -5\n", "sliding_window_log.lua"),
+    body!("local UNDO_WINDOWS = 2\nlocal BOX_CUT = -5\n", "sliding_window_counter.lua"),
+    body!("local UNDO_WINDOWS = 1\nlocal BOX_CUT = -3\n", "concurrency.lua"),
 ];
 
 /// How many algorithms have a script.
@@ -194,6 +197,10 @@ const STRIDE: usize = 8;
 const SHORT: usize = 4;
 /// What a short answer adds to its `allowed`.
 const SHORT_MARK: i64 = 10;
+/// `allowed` of a refusal by the penalty box: the key was there, or this
+/// refusal put it there (`IN_BOX` and `ENTERED` in batch.lua).
+const IN_BOX: i64 = 3;
+const ENTERED: i64 = 4;
 /// A whole answer of one value: the script admitted a consume on a fresh
 /// token bucket with no lease, whose answer follows from the check alone
 /// ([`fresh_bucket`]), so the server did not send it.
@@ -238,14 +245,31 @@ pub struct Settle {
 /// Few values, and a spec the checks of one rule share: reading values is
 /// most of what a check costs the server.
 pub fn args(mode: ScriptMode, limits: &Limits, cost: u64, extra: &str, lease: LeaseArgs) -> [Value; ARGS] {
+    args_with_penalty(mode, limits, cost, extra, lease, None)
+}
+
+/// [`args`] of a consume or peek of a rule with `penalty`, whose spec
+/// also carries the penalty in milliseconds and `penalty_after`
+/// (`:origin_us:penalty_ms:after`; the origin 0 when the window has none).
+pub fn args_with_penalty(
+    mode: ScriptMode,
+    limits: &Limits,
+    cost: u64,
+    extra: &str,
+    lease: LeaseArgs,
+    penalty: Option<Penalty>,
+) -> [Value; ARGS] {
     use std::fmt::Write as _;
     // The same bounds as the in-process arithmetic (`Limits::bounded`).
     let limits = &limits.bounded();
     let mut spec = format!("{}:{}:{}:{}:{}", mode as u8, limits.limit, window_us(limits), limits.burst, cost);
-    if limits.origin != 0 {
+    // Writing to a String cannot fail.
+    if limits.origin != 0 || penalty.is_some() {
         // A calendar window: aligned to its start, which is a whole second.
-        // Writing to a String cannot fail.
         let _ = write!(spec, ":{}", limits.origin / 1_000);
+    }
+    if let Some(p) = penalty {
+        let _ = write!(spec, ":{}:{}", p.duration.div_ceil(1_000_000).max(1), p.after.max(1));
     }
     let undo = takes_back(mode, limits.algorithm, &lease);
     // A lease goes with checks that have no extra value (consumes of the
@@ -442,6 +466,11 @@ fn doubles(packed: &[u8]) -> Option<[i64; STRIDE]> {
 
 fn reply(n: [i64; STRIDE]) -> Reply {
     let ns = |i: i64| u64::try_from(i).unwrap_or(0);
+    let boxed = match n[0] {
+        IN_BOX => Boxed::In,
+        ENTERED => Boxed::Entered,
+        _ => Boxed::No,
+    };
     Reply {
         verdict: Verdict {
             allowed: n[0] == 1,
@@ -450,6 +479,7 @@ fn reply(n: [i64; STRIDE]) -> Reply {
             retry_after: ns(n[3]),
             delay: ns(n[4]),
             fallback: false,
+            boxed,
         },
         token: n[5],
         granted: ns(n[6]),
@@ -513,7 +543,15 @@ mod tests {
         let Outcome::Decided(r) = &outcomes[0] else { panic!("{outcomes:?}") };
         assert_eq!(
             r.verdict,
-            Verdict { allowed: true, remaining: 4, reset_after: 2_000, retry_after: 0, delay: 7, fallback: false }
+            Verdict {
+                allowed: true,
+                remaining: 4,
+                reset_after: 2_000,
+                retry_after: 0,
+                delay: 7,
+                fallback: false,
+                boxed: crate::limiter::Boxed::No
+            }
         );
         assert_eq!((r.token, r.granted, r.lease_ttl), (99, 0, 0));
         let Outcome::Decided(r) = &outcomes[1] else { panic!("{outcomes:?}") };
@@ -528,7 +566,8 @@ mod tests {
                     reset_after: 3_000,
                     retry_after: 1_000,
                     delay: 0,
-                    fallback: false
+                    fallback: false,
+                    boxed: crate::limiter::Boxed::No
                 },
                 0,
                 0,
@@ -573,7 +612,8 @@ mod tests {
                 reset_after: 30_000_000,
                 retry_after: 0,
                 delay: 0,
-                fallback: false
+                fallback: false,
+                boxed: crate::limiter::Boxed::No
             }
         );
         let Outcome::Decided(r) = &outcomes[1] else { panic!("{outcomes:?}") };

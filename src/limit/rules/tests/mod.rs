@@ -682,7 +682,15 @@ fn a_fixed_cost_ignores_the_header() {
 // ---------------------------------------------------------------------------
 
 fn verdict(allowed: bool, remaining: u64, reset_ms: u64) -> Verdict {
-    Verdict { allowed, remaining, reset_after: reset_ms * 1_000_000, retry_after: 0, delay: 0, fallback: false }
+    Verdict {
+        allowed,
+        remaining,
+        reset_after: reset_ms * 1_000_000,
+        retry_after: 0,
+        delay: 0,
+        fallback: false,
+        boxed: crate::limiter::Boxed::No,
+    }
 }
 
 fn header_pairs(h: &HeaderMap) -> Vec<(String, String)> {

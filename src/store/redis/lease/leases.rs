@@ -9,7 +9,7 @@ use super::ahead::{self, Ahead};
 use super::entry::{Lease, Unused};
 use super::size::Sizing;
 use crate::limiter::shards::Shards;
-use crate::limiter::{Algorithm, Limits, Verdict};
+use crate::limiter::{Algorithm, Boxed, Limits, Verdict};
 use crate::store::redis::scripts::{LeaseArgs, Reply, Settle, nanos};
 
 const SHARDS: usize = 64;
@@ -86,6 +86,7 @@ impl Leases {
             retry_after: 0,
             delay: 0,
             fallback: false,
+            boxed: Boxed::No,
         };
         let token = lease.token;
         // No renewal after the drain.
@@ -409,6 +410,7 @@ mod tests {
                 retry_after: 0,
                 delay: 0,
                 fallback: false,
+                boxed: Boxed::No,
             },
             token,
             granted,

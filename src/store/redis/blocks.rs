@@ -1,0 +1,213 @@
+//! The penalty box in Redis, outside the request path: blocks and lifts
+//! from the admin API, and the registry that lists what is in the box.
+//!
+//! An entry is the key `{prefix}{<rule and key>}:box` (see
+//! [`box_key`]), beside the bucket's counters, read by the
+//! rule's script in the same call as them and expiring by itself: `p`
+//! for a penalty, `a:` and the reason for a block. Redis cannot list keys
+//! by pattern without a scan of every node, so each rule also has a
+//! registry, `{prefix}boxes:<rule>`, a sorted set of its keys in the box
+//! by the moment they come out (server time, ms). Keys are chosen by
+//! clients, and every key a flood makes the rule refuse may enter the box:
+//! the registry keeps at most [`MAX_LISTED`] keys, those that stay longest
+//! (the box itself holds every key; only listing is bounded), and expires
+//! with its last entry. A penalty is registered in the background by the
+//! instance whose check put the key in the box.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::interfaces::ClientLike;
+use fred::types::config::Options;
+use fred::types::{ClusterHash, CustomCommand, Value};
+
+use super::call;
+use super::scripts;
+use super::shared::Shared;
+use crate::limiter::{Algorithm, Nanos};
+use crate::store::StoreError;
+use crate::store::penalty_box::{Listed, Source};
+
+/// The most keys a rule's registry lists (and `GET /blocks` shows).
+pub const MAX_LISTED: usize = 1_000;
+
+/// The shortest an admin command may wait for Redis: the store timeout
+/// is sized for the request path, an operator can wait longer.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Registers `ARGV[1]` in the registry `KEYS[1]` for `ARGV[2]` ms from
+/// the server's now, drops what has come out, keeps the `ARGV[3]` that
+/// stay longest, and lets the registry expire with its last entry.
+const REGISTER: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], string.format('%d', now + tonumber(ARGV[2])), ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now))
+local n = redis.call('ZCARD', KEYS[1])
+local keep = tonumber(ARGV[3])
+if n > keep then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - keep - 1) end
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+if last[2] then redis.call('PEXPIREAT', KEYS[1], last[2]) end
+return n
+";
+
+/// `{total, now_ms, {key, until_ms, ...}}`: the registry's keys still in
+/// the box, those that stay longest first, at most `ARGV[1]`.
+const LIST: &str = r"
+local t = redis.call('TIME')
+local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+local total = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+local keys = redis.call('ZREVRANGEBYSCORE', KEYS[1], '+inf', '(' .. now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[1]))
+return {total, now, keys}
+";
+
+impl Shared {
+    /// The registry of the rule whose keys start with `rule_prefix` (its
+    /// encoded name and `|`).
+    fn registry_key(&self, rule_prefix: &str) -> String {
+        format!("{}boxes:{}", self.key_prefix, rule_prefix.trim_end_matches('|'))
+    }
+
+    /// One command on the node owning `key`, bounded.
+    async fn admin_command(&self, name: &'static str, key: &str, args: Vec<Value>) -> Result<Value, StoreError> {
+        let timeout = ADMIN_TIMEOUT.max(self.timeout);
+        let options = Options { timeout: Some(timeout), max_attempts: Some(1), ..Default::default() };
+        let slot = fred::util::redis_keyslot(key.as_bytes());
+        // A redirection (a failover, a slot migration) proves the command
+        // did not run: sent again a few times.
+        let mut last = None;
+        for _ in 0..3 {
+            let cmd = CustomCommand::new_static(name, ClusterHash::Custom(slot), false);
+            match self.pool.next().with_options(&options).custom(cmd, args.clone()).await {
+                Ok(v) => return Ok(v),
+                Err(e) if e.details().contains("Too many redirections") => {
+                    last = Some(e);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => return Err(call::store_error(&e, timeout)),
+            }
+        }
+        Err(last.map_or(StoreError::Timeout(timeout), |e| call::store_error(&e, timeout)))
+    }
+
+    /// Puts `key` (a bucket key, of the rule `rule_prefix` starts) in the
+    /// box for `ttl`, whatever it held.
+    pub(super) async fn block(
+        &self,
+        rule_prefix: &str,
+        key: &str,
+        ttl: Duration,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        let ms = ttl.as_millis().max(1).to_string();
+        let entry = box_key(&self.key_prefix, key);
+        let value = format!("a:{reason}");
+        self.admin_command("SET", &entry, vec![entry.as_str().into(), value.into(), "PX".into(), ms.as_str().into()])
+            .await?;
+        self.register(rule_prefix, key, &ms).await
+    }
+
+    /// Registers a key a penalty put in the box, in the background.
+    pub(super) fn register_penalty(self: &Arc<Self>, key: &str, penalty: Nanos) {
+        let Some(rule_end) = key.find('|') else { return };
+        let (shared, key) = (self.clone(), key.to_string());
+        let ms = penalty.div_ceil(1_000_000).max(1).to_string();
+        tokio::spawn(async move {
+            if let Err(e) = shared.register(&key[..=rule_end], &key, &ms).await {
+                tracing::debug!(error = %e, key, "could not list a key put in the penalty box");
+            }
+        });
+    }
+
+    async fn register(&self, rule_prefix: &str, key: &str, ms: &str) -> Result<(), StoreError> {
+        let registry = self.registry_key(rule_prefix);
+        let args: Vec<Value> = vec![
+            REGISTER.into(),
+            1.into(),
+            registry.as_str().into(),
+            key.into(),
+            ms.into(),
+            MAX_LISTED.to_string().into(),
+        ];
+        self.admin_command("EVAL", &registry, args).await.map(drop)
+    }
+
+    /// Takes `key` out of the box, and its refusals towards a penalty;
+    /// whether it was in. Requests of the key this instance answered
+    /// from its over-limit cache ask Redis again; other instances do
+    /// within a second (see `cache`).
+    pub(super) async fn unblock(&self, rule_prefix: &str, key: &str) -> Result<bool, StoreError> {
+        let entry = box_key(&self.key_prefix, key);
+        let strikes = format!("{}{{{key}}}:strikes", self.key_prefix);
+        let deleted = self.admin_command("DEL", &entry, vec![entry.as_str().into()]).await?;
+        self.admin_command("DEL", &strikes, vec![strikes.as_str().into()]).await?;
+        let registry = self.registry_key(rule_prefix);
+        self.admin_command("ZREM", &registry, vec![registry.as_str().into(), key.into()]).await?;
+        for algorithm in ALGORITHMS {
+            self.cache.forget(&scripts::redis_key(&self.key_prefix, key, algorithm));
+        }
+        Ok(matches!(deleted, Value::Integer(n) if n > 0))
+    }
+
+    /// The keys of the rule `rule_prefix` starts in the box, at most `max`
+    /// (and [`MAX_LISTED`]), those that stay longest first, and how many
+    /// its registry holds.
+    pub(super) async fn boxed(&self, rule_prefix: &str, max: usize) -> Result<(Vec<Listed>, usize), StoreError> {
+        let registry = self.registry_key(rule_prefix);
+        let max = max.min(MAX_LISTED);
+        let args: Vec<Value> = vec![LIST.into(), 1.into(), registry.as_str().into(), max.to_string().into()];
+        let reply = self.admin_command("EVAL", &registry, args).await?;
+        let bad = || StoreError::Protocol(format!("the penalty box registry answered {reply:?}"));
+        let Value::Array(parts) = &reply else { return Err(bad()) };
+        let [total, now, keys] = parts.as_slice() else { return Err(bad()) };
+        let (Some(total), Some(now), Value::Array(keys)) = (integer(total), integer(now), keys) else {
+            return Err(bad());
+        };
+        let mut listed = Vec::with_capacity(keys.len() / 2);
+        for pair in keys.chunks_exact(2) {
+            let (Some(key), Some(until)) = (pair[0].as_string(), integer(&pair[1])) else { return Err(bad()) };
+            // Gone if lifted, or if it expired before its registered
+            // moment (a penalty re-registered shorter): not listed.
+            let entry = box_key(&self.key_prefix, &key);
+            let value = self.admin_command("GET", &entry, vec![entry.as_str().into()]).await?;
+            let Some(value) = value.as_string() else { continue };
+            let source = match value.strip_prefix("a:") {
+                Some(reason) => Source::Api(reason.to_string()),
+                None => Source::Penalty,
+            };
+            let left = u64::try_from(until.saturating_sub(now)).unwrap_or(0).saturating_mul(1_000_000);
+            listed.push(Listed { key, left, source });
+        }
+        Ok((listed, usize::try_from(total).unwrap_or(0)))
+    }
+}
+
+/// The penalty box entry of a bucket (see batch.lua): `{prefix}{<rule and
+/// key>}:box`, in the slot of every algorithm's key of that bucket, so
+/// that their scripts read it in the same call, and kept whatever the
+/// rule's algorithm.
+pub fn box_key(prefix: &str, key: &str) -> String {
+    let mut out = String::with_capacity(prefix.len() + key.len() + 6);
+    out.push_str(prefix);
+    out.push('{');
+    out.push_str(key);
+    out.push_str("}:box");
+    out
+}
+
+const ALGORITHMS: [Algorithm; 6] = [
+    Algorithm::TokenBucket,
+    Algorithm::LeakyBucket,
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindowLog,
+    Algorithm::SlidingWindowCounter,
+    Algorithm::Concurrency,
+];
+
+/// An integer Redis answered, as an integer or as its text (a score).
+fn integer(v: &Value) -> Option<i64> {
+    match v {
+        Value::Integer(i) => Some(*i),
+        other => other.as_string()?.parse::<f64>().ok().map(|f| f as i64),
+    }
+}
