@@ -389,7 +389,7 @@ impl Proxy {
         let upstream = &x.routing.upstreams[x.routing.routes[route].0.upstream];
         let version = req.version();
         // For an answer of tollgate's own once the request has gone.
-        let grpc = crate::wire::grpc::content_type(req.headers()).cloned();
+        let grpc = crate::wire::grpc::content_type(req.method(), req.headers()).cloned();
         // Taken before the request moves on: hyper completes the client's
         // side once the 101 has been written.
         let upgrade = tunnel::requested(&req).map(|protocol| (protocol, hyper::upgrade::on(&mut req)));

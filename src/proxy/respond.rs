@@ -46,7 +46,7 @@ impl Proxy {
     /// request).
     pub(super) fn refuse(&self, req: &Request<Incoming>, x: &Exchange<'_>, e: ProxyError) -> Response<ProxyBody> {
         self.count(x, &e);
-        own_answer(e, &x.request_id, grpc::content_type(req.headers()).cloned())
+        own_answer(e, &x.request_id, grpc::content_type(req.method(), req.headers()).cloned())
     }
 
     /// Answers a request a rule rejects: 429, or problem+json when the
@@ -68,7 +68,7 @@ impl Proxy {
             }
         };
         self.count(x, &err);
-        if let Some(content_type) = grpc::content_type(req.headers()) {
+        if let Some(content_type) = grpc::content_type(req.method(), req.headers()) {
             let mut resp = err.into_grpc_response(&x.request_id, content_type.clone()).map(Either::Right);
             headers::write(resp.headers_mut(), &d.reports, report);
             return resp;

@@ -22,7 +22,7 @@
 use base64::Engine as _;
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
-use http::{Response, StatusCode};
+use http::{Method, Response, StatusCode};
 use http_body_util::Full;
 
 use crate::wire::error::ProxyError;
@@ -71,9 +71,13 @@ pub fn code(e: &ProxyError) -> Code {
 
 /// The request's `content-type` when it is gRPC's (`application/grpc`,
 /// `application/grpc+proto`, `application/grpc-web`, ...): the answer
-/// carries the same one.
-pub fn content_type(headers: &HeaderMap) -> Option<&HeaderValue> {
+/// carries the same one. Every gRPC call is a POST: any other method is
+/// answered without a header lookup (the GETs of most traffic).
+pub fn content_type<'h>(method: &Method, headers: &'h HeaderMap) -> Option<&'h HeaderValue> {
     const GRPC: &[u8] = b"application/grpc";
+    if method != Method::POST {
+        return None;
+    }
     headers.get(CONTENT_TYPE).filter(|v| v.as_bytes().get(..GRPC.len()).is_some_and(|p| p.eq_ignore_ascii_case(GRPC)))
 }
 
@@ -199,8 +203,10 @@ mod tests {
             ("application/grp", false),
         ] {
             h.insert(CONTENT_TYPE, HeaderValue::from_static(ct));
-            assert_eq!(content_type(&h).is_some(), grpc, "{ct}");
+            assert_eq!(content_type(&Method::POST, &h).is_some(), grpc, "{ct}");
         }
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        assert_eq!(content_type(&Method::GET, &h), None);
     }
 
     #[test]
