@@ -565,6 +565,27 @@ mod tests {
     }
 
     #[test]
+    fn authorities_split_into_host_and_port() {
+        let ok: [(&str, (&str, Option<&str>)); 6] = [
+            ("a.test", ("a.test", None)),
+            ("a.test:8080", ("a.test", Some("8080"))),
+            ("127.0.0.1:1", ("127.0.0.1", Some("1"))),
+            ("[::1]", ("::1", None)),
+            ("[::1]:443", ("::1", Some("443"))),
+            ("A_b~c-d.", ("A_b~c-d.", None)),
+        ];
+        for (raw, want) in ok {
+            assert_eq!(split_authority(raw.as_bytes()), Some(want), "{raw}");
+        }
+        let bad =
+            ["", ":80", "a:b:80", "a.test:", "a.test:123456", "a.test:8a", "[::1", "[::1]x", "[::1]:", "[zz]", "é.test", "a b"];
+        for raw in bad {
+            assert_eq!(split_authority(raw.as_bytes()), None, "{raw}");
+        }
+        assert_eq!(split_authority(b"a\xff.test"), None);
+    }
+
+    #[test]
     fn lower_case_methods_are_refused() {
         assert!(method(&Method::POST).is_ok());
         assert!(method(&Method::from_bytes(b"PROPFIND").expect("method")).is_ok());
