@@ -21,6 +21,7 @@ mod allocator;
 static GLOBAL: allocator::Mimalloc = allocator::Mimalloc;
 
 fn main() -> ExitCode {
+    allocator::without_huge_pages();
     let cli = Cli::parse();
     process::init_logging(&cli.log_format);
     match &cli.command {

@@ -31,6 +31,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
+    allocator::without_huge_pages();
     let cli = Cli::parse();
     process::init_logging(&cli.log_format);
     let config = match Config::load(&cli.config) {

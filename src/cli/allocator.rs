@@ -21,6 +21,29 @@ use libmimalloc_sys::{
     mi_free, mi_malloc, mi_malloc_aligned, mi_realloc, mi_realloc_aligned, mi_zalloc, mi_zalloc_aligned,
 };
 
+/// Turns transparent huge pages off for this process, unless the operator
+/// set `MIMALLOC_ALLOW_THP`. mimalloc is built never to ask for them
+/// (`no_thp`: no `madvise` on the arenas it maps), which is enough on a
+/// kernel in `madvise` mode; this covers `always` mode, where the kernel
+/// would back every arena with 2 MiB pages anyway. A huge page stays
+/// resident for what a few parked connections use of it: an idle HTTP/1.1
+/// connection cost 5.4 KiB with them and 3.1 without
+/// (`benches/idle_conns.py`, 10,000 connections; docs/benchmarks.md).
+/// Called first thing in `main`, before the runtime's threads exist: the
+/// setting is the process's, and children inherit it. Memory taken before
+/// `main` (a few MiB at most) keeps what it got.
+pub fn without_huge_pages() {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
+        // SAFETY: PR_SET_THP_DISABLE takes integers only and touches no
+        // memory of this process; a kernel without it returns an error,
+        // which leaves huge pages as they were.
+        unsafe {
+            libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+        }
+    }
+}
+
 /// The largest alignment mimalloc's plain calls guarantee
 /// (`MI_MAX_ALIGN_SIZE`, alignof(max_align_t) on x86-64 and aarch64).
 const PLAIN_ALIGN: usize = 16;

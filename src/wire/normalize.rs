@@ -577,8 +577,20 @@ mod tests {
         for (raw, want) in ok {
             assert_eq!(split_authority(raw.as_bytes()), Some(want), "{raw}");
         }
-        let bad =
-            ["", ":80", "a:b:80", "a.test:", "a.test:123456", "a.test:8a", "[::1", "[::1]x", "[::1]:", "[zz]", "é.test", "a b"];
+        let bad = [
+            "",
+            ":80",
+            "a:b:80",
+            "a.test:",
+            "a.test:123456",
+            "a.test:8a",
+            "[::1",
+            "[::1]x",
+            "[::1]:",
+            "[zz]",
+            "é.test",
+            "a b",
+        ];
         for raw in bad {
             assert_eq!(split_authority(raw.as_bytes()), None, "{raw}");
         }

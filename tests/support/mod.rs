@@ -25,6 +25,7 @@
 
 pub mod access_log;
 pub mod big_upstream;
+pub mod process;
 pub mod redis;
 pub mod relay;
 pub mod tls;
