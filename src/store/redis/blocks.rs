@@ -57,7 +57,7 @@ return n
 /// `block` (for `ARGV[2]` ms, the reason `ARGV[3]`), `lift` (answers 1 if
 /// the box was not over) or `peek` (`{µs left, kind, reason}`, or nil);
 /// the last value is how the key holds its box (`layout` in box.lua,
-/// [`scripts::box_layout`]). box.lua's functions, with the names they use
+/// [`box_layout`]). box.lua's functions, with the names they use
 /// bound as the check scripts bind them.
 static BOX_SCRIPT: LazyLock<String> = LazyLock::new(|| {
     format!(
@@ -137,7 +137,7 @@ impl Shared {
     /// Runs [`BOX_SCRIPT`] on the bucket of `key` and `algorithm`.
     async fn box_script(&self, key: &str, algorithm: Algorithm, args: &[&str]) -> Result<Value, StoreError> {
         let bucket = scripts::redis_key(&self.key_prefix, key, algorithm);
-        let layout = scripts::box_layout(algorithm);
+        let layout = box_layout(algorithm);
         let mut values: Vec<Value> = vec![BOX_SCRIPT.as_str().into(), 1.into(), bucket.as_str().into()];
         values.extend(args.iter().map(|a| Value::from(*a)));
         values.push(layout.into());
@@ -233,10 +233,35 @@ const ALGORITHMS: [Algorithm; 6] = [
     Algorithm::Concurrency,
 ];
 
+/// How `algorithm`'s key holds a penalty box (`layout` in box.lua, and
+/// `BOX_IN` in the scripts' first lines): in its string state, as a member
+/// of its log, or with its slots aside.
+fn box_layout(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::SlidingWindowLog => "member",
+        Algorithm::Concurrency => "aside",
+        _ => "value",
+    }
+}
+
 /// An integer Redis answered, as an integer or as its text (a score).
 fn integer(v: &Value) -> Option<i64> {
     match v {
         Value::Integer(i) => Some(*i),
         other => other.as_string()?.parse::<f64>().ok().map(|f| f as i64),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The admin API writes a box the way the rule's own script reads it.
+    #[test]
+    fn every_script_holds_the_box_as_the_admin_api_writes_it() {
+        for algorithm in ALGORITHMS {
+            let first = format!("local BOX_IN = '{}'\n", box_layout(algorithm));
+            assert!(scripts::source(algorithm).contains(&first), "{algorithm:?}");
+        }
     }
 }

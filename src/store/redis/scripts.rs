@@ -98,7 +98,7 @@ impl Script {
 /// where the key's [`suffix`] starts, counted from its end (`-1 -
 /// suffix.len()`), so that the script finds the key's penalty strikes
 /// beside it (`strike` in batch.lua). `BOX_IN`: how the key holds its
-/// penalty box (see box.lua and [`box_layout`]).
+/// penalty box (see box.lua and `box_layout` in `blocks`).
 const BODIES: [&str; ALGORITHMS] = [
     body!("local SHAPING = false\nlocal UNDO_WINDOWS = 0\nlocal TAG_CUT = -4\nlocal BOX_IN = 'value'\n", "bucket.lua"),
     body!("local SHAPING = true\nlocal UNDO_WINDOWS = 0\nlocal TAG_CUT = -4\nlocal BOX_IN = 'value'\n", "bucket.lua"),
@@ -107,16 +107,6 @@ const BODIES: [&str; ALGORITHMS] = [
     body!("local UNDO_WINDOWS = 2\nlocal TAG_CUT = -5\nlocal BOX_IN = 'value'\n", "sliding_window_counter.lua"),
     body!("local UNDO_WINDOWS = 1\nlocal TAG_CUT = -3\nlocal BOX_IN = 'aside'\n", "concurrency.lua"),
 ];
-
-/// How `algorithm`'s key holds a penalty box (`layout` in box.lua): in
-/// its string state, as a member of its log, or with its slots aside.
-pub(super) fn box_layout(algorithm: Algorithm) -> &'static str {
-    match algorithm {
-        Algorithm::SlidingWindowLog => "member",
-        Algorithm::Concurrency => "aside",
-        _ => "value",
-    }
-}
 
 /// How many algorithms have a script.
 pub(super) const ALGORITHMS: usize = 6;
