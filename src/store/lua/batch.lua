@@ -193,7 +193,6 @@ local function run(args)
     end
     local ok, a, b, d, r, y, k, g, l = true, 1, 0, 0, 0, 0, 0
     local again = false
-    box_tail = nil
     if undo then ok, again = try(applied_before, undo) end
     if not ok then
       a = again
@@ -207,14 +206,16 @@ local function run(args)
     end
     -- `decide` answers IN_BOX itself for a key whose read found a box, and
     -- counts nothing then (give-backs and renewals give back all the same).
-    if not ok and BOX_IN == 'aside' and wrong_type(a) then ok, a, b, d, r, y, k, g, l = try(aside_box) end
-    if ok and a == 0 and penalty > 0 and mode == 1 and cost > 0 then
+    -- (`a == 0` first: an admitted check, the common case, asks no more.)
+    if a == 0 and ok and penalty > 0 and mode == 1 and cost > 0 then
       local struck, entered = try(strike)
       if struck and entered then
         r = penalty * 1000000
         if d < r then d = r end
         a = ENTERED
       end
+    elseif not ok and BOX_IN == 'aside' and wrong_type(a) then
+      ok, a, b, d, r, y, k, g, l = try(aside_box)
     end
     if a == FRESH then
       out[o + 1] = 20

@@ -1,7 +1,7 @@
 -- The penalty box (src/store/redis/blocks.rs): a key refused by its rule
 -- until a moment, whatever its counters say. Included after prelude.lua in
--- every script, and in the admin API's scripts (blocks.rs), which bind the
--- same names (`call`, `now`, ...) first.
+-- every script, and in the admin API's script (blocks.rs, with
+-- box_admin.lua), which binds the same names (`call`, `now`, ...) first.
 --
 -- A box is kept in the bucket's own key, so that the read a check does
 -- anyway finds it and a check with nothing in the box costs no command
@@ -81,56 +81,10 @@ local function enter_box(k, ends, kind, reason, layout)
   call('SET', k, box, 'PX', format('%d', max(ms, keep)))
 end
 
--- The box of `k`: the value or member holding it (without the log's '!'),
--- or nil.
-local function find_box(k)
-  local t = call('TYPE', k)['ok']
-  local v
-  if t == 'string' then
-    v = call('GET', k)
-  elseif t == 'zset' then
-    v = call('ZRANGEBYSCORE', k, 0, 0, 'LIMIT', 0, 1)[1]
-    if v and byte(v, 1) == 33 then return sub(v, 2), v end
-    return nil
-  end
-  if v and #v % 2 == 1 then return v end
-  return nil
-end
-
--- Takes `k` out of the box (its `layout` as in `enter_box`), its state
--- left as it was; whether the box was not over yet.
-local function lift_box(k, layout)
-  local v, member = find_box(k)
-  if not v then return 0 end
-  local state, _, ends = split_box(v)
-  if member then
-    call('ZREM', k, member)
-  elseif layout == 'aside' then
-    local held = k .. ':held'
-    if call('EXISTS', held) == 1 then call('RENAME', held, k) else call('DEL', k) end
-  elseif state == '' then
-    call('DEL', k)
-  else
-    call('SET', k, state, 'KEEPTTL')
-  end
-  if ends > now then return 1 end
-  return 0
-end
-
--- `k`'s box as the listing shows it: {µs left, kind, reason}, or false
--- when there is none or it is over.
-local function peek_box(k)
-  local v = find_box(k)
-  if not v then return false end
-  local _, box, ends = split_box(v)
-  if ends <= now then return false end
-  local r = byte(v, #v - 1) + 256 * byte(v, #v)
-  return {format('%d', ends - now), sub(box, 1, 1), sub(box, 2, 1 + r)}
-end
-
 -- Of the check being decided (check scripts only): the box its string
 -- state holds while it lasts, and how long it has left (ms), for what a
--- give-back writes to keep; nil for none (batch.lua clears it per check).
+-- give-back writes to keep; nil for none (set or cleared where the
+-- algorithm reads its state, before any write).
 local box_tail, box_ms
 
 -- The state of a string value of odd length (one holding a box), nil when
@@ -139,7 +93,7 @@ local box_tail, box_ms
 local function unbox(value)
   local state, box, ends = split_box(value)
   local left = ends - now
-  if left > 0 then box_tail, box_ms = box, ms_to(ends) end
+  if left > 0 then box_tail, box_ms = box, ms_to(ends) else box_tail = nil end
   if state == '' then state = nil end
   return state, left
 end

@@ -174,6 +174,8 @@ local function decide()
     local left
     state, left = unbox(state)
     if left > 0 and mode <= 1 then return IN_BOX, 0, left * 1000, left * 1000, 0, 0 end
+  else
+    box_tail = nil
   end
   if rate_spec ~= parsed_spec then
     rate, tol, rate_spec = limit / window, slack(capacity), parsed_spec

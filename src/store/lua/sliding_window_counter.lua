@@ -35,6 +35,8 @@ local function decide()
     local left
     state, left = unbox(state)
     if left > 0 and mode <= 1 then return IN_BOX, 0, left * 1000, left * 1000, 0, 0 end
+  else
+    box_tail = nil
   end
   if state then
     -- Under 24 bytes is no counter's state: unpack's error fails the check.

@@ -57,8 +57,8 @@ return n
 /// `block` (for `ARGV[2]` ms, the reason `ARGV[3]`), `lift` (answers 1 if
 /// the box was not over) or `peek` (`{µs left, kind, reason}`, or nil);
 /// the last value is how the key holds its box (`layout` in box.lua,
-/// [`box_layout`]). box.lua's functions, with the names they use
-/// bound as the check scripts bind them.
+/// [`box_layout`]). box.lua's and box_admin.lua's functions, with the
+/// names they use bound as the check scripts bind them.
 static BOX_SCRIPT: LazyLock<String> = LazyLock::new(|| {
     format!(
         "local max, ceil = math.max, math.ceil\n\
@@ -67,7 +67,7 @@ static BOX_SCRIPT: LazyLock<String> = LazyLock::new(|| {
          local key\n\
          local t = call('TIME')\n\
          local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n\
-         {}\n\
+         {}{}\n\
          local op, layout = ARGV[1], ARGV[#ARGV]\n\
          if op == 'block' then\n\
            enter_box(KEYS[1], now + tonumber(ARGV[2]) * 1000, 'a', ARGV[3], layout)\n\
@@ -76,7 +76,8 @@ static BOX_SCRIPT: LazyLock<String> = LazyLock::new(|| {
            return lift_box(KEYS[1], layout)\n\
          end\n\
          return peek_box(KEYS[1])\n",
-        include_str!("../lua/box.lua")
+        include_str!("../lua/box.lua"),
+        include_str!("../lua/box_admin.lua")
     )
 });
 
