@@ -10,7 +10,7 @@
 
 Starts its own redis-server on a free loopback port, loads each algorithm's
 function library exactly as tollgate assembles it (the first lines,
-src/store/lua/prelude.lua, the algorithm, batch.lua; see
+src/store/lua/prelude.lua, box.lua, the algorithm, batch.lua; see
 src/store/redis/scripts.rs; --scripts: the script a server without
 functions gets), and sends redis-benchmark FCALL (EVALSHA) calls of N
 checks each on random keys of 100,000 clients (a rule of 100 per second with
@@ -64,14 +64,15 @@ import time
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 LUA = os.path.join(ROOT, "src", "store", "lua")
-# The first lines as scripts.rs writes them (`BOX_CUT`: where the key's
-# suffix starts, so that the script finds the penalty box key beside it).
+# The first lines as scripts.rs writes them (`TAG_CUT`: where the key's
+# suffix starts, so that the script finds the penalty strikes beside it;
+# `BOX_IN`: how the key holds its penalty box, see box.lua).
 ALGORITHMS = {
-    "token_bucket": ("local SHAPING = false\nlocal BOX_CUT = -4\n", "bucket.lua", "tb2"),
-    "leaky_bucket": ("local SHAPING = true\nlocal BOX_CUT = -4\n", "bucket.lua", "lb2"),
-    "fixed_window": ("local BOX_CUT = -4\n", "fixed_window.lua", "fw2"),
-    "sliding_window_counter": ("local BOX_CUT = -5\n", "sliding_window_counter.lua", "swc2"),
-    "sliding_window_log": ("local BOX_CUT = -5\n", "sliding_window_log.lua", "swlw"),
+    "token_bucket": ("local SHAPING = false\nlocal TAG_CUT = -4\nlocal BOX_IN = 'value'\n", "bucket.lua", "tb2"),
+    "leaky_bucket": ("local SHAPING = true\nlocal TAG_CUT = -4\nlocal BOX_IN = 'value'\n", "bucket.lua", "lb2"),
+    "fixed_window": ("local TAG_CUT = -4\nlocal BOX_IN = 'value'\n", "fixed_window.lua", "fw2"),
+    "sliding_window_counter": ("local TAG_CUT = -5\nlocal BOX_IN = 'value'\n", "sliding_window_counter.lua", "swc2"),
+    "sliding_window_log": ("local TAG_CUT = -5\nlocal BOX_IN = 'member'\n", "sliding_window_log.lua", "swlw"),
 }
 SPEC = "1:100:1000000:100:1"  # consume, 100 per 1 s, burst 100, cost 1
 
@@ -83,7 +84,7 @@ def read(name):
 
 def body(algorithm):
     first, code, _ = ALGORITHMS[algorithm]
-    return first + read("prelude.lua") + read(code) + read("batch.lua")
+    return first + read("prelude.lua") + read("box.lua") + read(code) + read("batch.lua")
 
 
 def source(algorithm):

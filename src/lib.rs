@@ -95,7 +95,7 @@
 //! | [`limit::path_index`] | which rules and routes can match a request path, by exact path and by prefix directory: a request looks only at those, whatever their number |
 //! | [`limit::top`] | the heaviest keys of each rule (`/top`, `tollgate top`, whose client is [`cli::top`]) in fixed-memory sketches |
 //! | [`store`] | the [`store::Store`] trait; [`store::memory`] keeps counters in this process, [`store::redis`] in a shared Redis (Cluster) |
-//! | [`store::penalty_box`] | keys refused whatever their counters say (a rule's `penalty`, a block through `/blocks`): the memory store's own; Redis keeps them beside each bucket |
+//! | [`store::penalty_box`] | keys refused whatever their counters say (a rule's `penalty`, a block through `/blocks`): the memory store's own; Redis keeps them in each bucket's own key |
 //! | [`upstream`] | one upstream's servers and a request's tries on them: servers in service (`eject_after`, `max_ejected_percent`, panic mode, backups, `max_inflight`), retries within one deadline and a budget, what each failure is answered with |
 //! | [`upstream::forward`] | hop-by-hop and `X-Forwarded-*` headers, request bodies (read ahead up to `buffer_body` and the connection's `connection_body_buffer`, `max_body`, `body_read_timeout`) |
 //! | [`upstream::tunnel`] | WebSocket and other upgrades: after the upstream's 101, bytes copied both ways; at shutdown's end a WebSocket close frame, 1001 |

@@ -334,3 +334,77 @@ async fn a_block_on_one_instance_holds_on_the_other_until_lifted_there() {
     tokio::time::sleep(Duration::from_millis(2_100).saturating_sub(blocked_at.elapsed())).await;
     support::eventually("the block ends", || async { from(&a, ip).await.status == 200 }).await;
 }
+
+/// Each algorithm keeps its key's box in its own bucket (see
+/// src/store/lua/box.lua): a block there refuses on the other instance,
+/// is listed with its reason, and lifts with the bucket's counts as they
+/// were; a penalty enters the buckets of a log and a token bucket alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_algorithm_keeps_the_box_in_its_bucket_on_a_redis_cluster() {
+    support::redis::require();
+    let up = Upstream::start().await;
+    let algorithms =
+        ["token_bucket", "leaky_bucket", "fixed_window", "sliding_window_counter", "sliding_window_log", "concurrency"];
+    let mut rules = String::new();
+    for alg in algorithms {
+        let limits = match alg {
+            "concurrency" => "limit = 1\n",
+            // A leaky bucket spaces what it admits: a window this long
+            // would hold the second request for minutes.
+            "leaky_bucket" => "limit = 1000\nwindow = \"1s\"\n",
+            _ => "limit = 2\nwindow = \"1d\"\n",
+        };
+        rules += &format!(
+            "[[rule]]\nname = \"box-{alg}\"\nmatch = {{ path = \"/{alg}\" }}\nkey = [\"ip\"]\nalgorithm = \"{alg}\"\n{limits}"
+        );
+    }
+    for alg in ["sliding_window_log", "token_bucket"] {
+        rules += &format!(
+            "[[rule]]\nname = \"pen-{alg}\"\nmatch = {{ path = \"/pen-{alg}\" }}\nkey = [\"ip\"]\nalgorithm = \"{alg}\"\nlimit = 1\nwindow = \"1s\"\npenalty = \"1h\"\n"
+        );
+    }
+    let config = tollgate_config(up.addr, &cluster().url(), "on_error = \"deny\"\nlease_percent = 0");
+    let a = Tollgate::with(&config, &[("rules.toml", &rules)]).await;
+    let b = Tollgate::with(&config, &[("rules.toml", &rules)]).await;
+    let ip = "198.51.100.43";
+    let on = |t: &Tollgate, path: String| t.get(&path).from_ip(ip).send();
+    for alg in algorithms {
+        let (rule, key) = (format!("box-{alg}"), format!("box-{alg}|ip={ip}"));
+        assert_eq!(on(&a, format!("/{alg}")).await.status, 200, "{alg}");
+        let body = json!({"rule": rule, "key": key, "for": "1h", "reason": format!("INC-{alg}")});
+        let blocked = post_block(&a, body).await;
+        assert_eq!(blocked.status, 200, "{alg}: {}", blocked.text());
+        let refused = on(&b, format!("/{alg}")).await;
+        assert_eq!((refused.status.as_u16(), refused.json()["rule"].as_str()), (429, Some(rule.as_str())), "{alg}");
+        // A concurrency refusal says to retry in a second whatever refused
+        // it (slots come back as requests end); its reset is the box's.
+        let header = if alg == "concurrency" { "x-ratelimit-reset" } else { "retry-after" };
+        assert!((3_599..=3_600).contains(&secs(&refused, header)), "{alg}: {:?}", refused.headers);
+        let listed = blocks(&b, &format!("?rule={rule}")).await;
+        assert_eq!(listed["blocks"][0]["reason"], format!("INC-{alg}"), "{listed}");
+        assert_eq!(listed["blocks"][0]["source"], "api", "{listed}");
+        let lifted = delete_block(&b, &format!("rule={rule}&key={}", key.replace('|', "%7C"))).await;
+        assert_eq!(lifted.status, 200, "{alg}: {}", lifted.text());
+        assert_eq!(blocks(&a, &format!("?rule={rule}")).await["rules"][0]["total"], 0, "{alg}");
+        assert_eq!(on(&b, format!("/{alg}")).await.status, 200, "{alg}: admitted once lifted");
+        if !matches!(alg, "leaky_bucket" | "concurrency") {
+            // The request before the block still counts: the third is refused.
+            let third = on(&a, format!("/{alg}")).await;
+            assert_eq!(third.status, 429, "{alg}: the counts outlived the box");
+            assert!(secs(&third, "retry-after") > 60, "{alg}: refused by its window: {:?}", third.headers);
+        }
+    }
+    for alg in ["sliding_window_log", "token_bucket"] {
+        let (rule, path) = (format!("pen-{alg}"), format!("/pen-{alg}"));
+        assert_eq!(on(&b, path.clone()).await.status, 200, "{alg}");
+        let entered = on(&b, path.clone()).await;
+        assert_eq!((entered.status.as_u16(), secs(&entered, "retry-after")), (429, 3_600), "{alg}");
+        let on_a = on(&a, path.clone()).await;
+        assert_eq!(on_a.status, 429, "{alg}");
+        assert!((3_599..=3_600).contains(&secs(&on_a, "retry-after")), "{alg}: {:?}", on_a.headers);
+        support::eventually("a lists the penalty b gave", || async {
+            blocks(&a, &format!("?rule={rule}")).await["blocks"][0]["source"] == "penalty"
+        })
+        .await;
+    }
+}

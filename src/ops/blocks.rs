@@ -84,7 +84,11 @@ impl Admin {
             )));
         }
         let key = bucket_key(rule, &req.key)?;
-        self.proxy.store().block(rule.key_prefix(), &key, ttl, reason).await.map_err(store_failed)?;
+        self.proxy
+            .store()
+            .block(rule.key_prefix(), &key, rule.spec.algorithm, ttl, reason)
+            .await
+            .map_err(store_failed)?;
         tracing::warn!(rule = %rule.name(), key, duration = %req.duration, reason, "key blocked through the admin API");
         let expires_at = epoch_secs(SystemTime::now() + ttl);
         Ok(json_response(
@@ -101,7 +105,8 @@ impl Admin {
         let set = self.proxy.rules().load();
         let rule = find_rule(&set.rules, rule)?;
         let key = bucket_key(rule, key)?;
-        let was_in = self.proxy.store().unblock(rule.key_prefix(), &key).await.map_err(store_failed)?;
+        let was_in =
+            self.proxy.store().unblock(rule.key_prefix(), &key, rule.spec.algorithm).await.map_err(store_failed)?;
         if !was_in {
             return Err(AdminError::NotBlocked { rule: rule.name().to_string(), key });
         }
@@ -140,7 +145,8 @@ impl Admin {
         let now = SystemTime::now();
         let (mut blocks, mut totals) = (Vec::new(), Vec::new());
         for rule in rules {
-            let (listed, total) = self.proxy.store().boxed(rule.key_prefix(), n).await.map_err(store_failed)?;
+            let (listed, total) =
+                self.proxy.store().boxed(rule.key_prefix(), rule.spec.algorithm, n).await.map_err(store_failed)?;
             totals.push(json!({"rule": rule.name(), "listed": listed.len(), "total": total}));
             blocks.extend(listed.into_iter().map(|e| {
                 let left = Duration::from_nanos(e.left);

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::limiter::Verdict;
+use crate::limiter::{Algorithm, Verdict};
 use crate::store::check::{Answer, Check, Mode, Store};
 use crate::store::error::StoreError;
 use crate::store::memory::{self, MemoryStore};
@@ -177,24 +177,32 @@ impl AnyStore {
 /// process's own.
 impl AnyStore {
     /// Puts `key`, a bucket key of the rule whose keys start with
-    /// `rule_prefix`, in the penalty box for `ttl`, whatever its counters
-    /// say, with the operator's `reason`.
-    pub async fn block(&self, rule_prefix: &str, key: &str, ttl: Duration, reason: &str) -> Result<(), StoreError> {
+    /// `rule_prefix` (and whose algorithm is `algorithm`: Redis keeps the
+    /// box in the bucket), in the penalty box for `ttl`, whatever its
+    /// counters say, with the operator's `reason`.
+    pub async fn block(
+        &self,
+        rule_prefix: &str,
+        key: &str,
+        algorithm: Algorithm,
+        ttl: Duration,
+        reason: &str,
+    ) -> Result<(), StoreError> {
         match self {
             AnyStore::Memory(s) => {
                 let until = s.now().saturating_add(u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX));
                 s.penalty_box().block(key, until, Source::Api(reason.to_string()));
                 Ok(())
             }
-            AnyStore::Redis(s) => s.block(rule_prefix, key, ttl, reason).await,
+            AnyStore::Redis(s) => s.block(rule_prefix, key, algorithm, ttl, reason).await,
         }
     }
 
     /// Takes `key` out of the penalty box; whether it was in.
-    pub async fn unblock(&self, rule_prefix: &str, key: &str) -> Result<bool, StoreError> {
+    pub async fn unblock(&self, rule_prefix: &str, key: &str, algorithm: Algorithm) -> Result<bool, StoreError> {
         match self {
             AnyStore::Memory(s) => Ok(s.penalty_box().lift(key, s.now())),
-            AnyStore::Redis(s) => s.unblock(rule_prefix, key).await,
+            AnyStore::Redis(s) => s.unblock(rule_prefix, key, algorithm).await,
         }
     }
 
@@ -202,10 +210,15 @@ impl AnyStore {
     /// penalty box, those that stay longest first, at most `max`; and how
     /// many there are (with Redis, as many as its registry lists: see
     /// [`redis::MAX_LISTED`]).
-    pub async fn boxed(&self, rule_prefix: &str, max: usize) -> Result<(Vec<Listed>, usize), StoreError> {
+    pub async fn boxed(
+        &self,
+        rule_prefix: &str,
+        algorithm: Algorithm,
+        max: usize,
+    ) -> Result<(Vec<Listed>, usize), StoreError> {
         match self {
             AnyStore::Memory(s) => Ok(s.penalty_box().list(rule_prefix, s.now(), max)),
-            AnyStore::Redis(s) => s.boxed(rule_prefix, max).await,
+            AnyStore::Redis(s) => s.boxed(rule_prefix, algorithm, max).await,
         }
     }
 }

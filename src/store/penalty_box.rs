@@ -4,9 +4,9 @@
 //! or when an operator blocks it through the admin API (`POST /blocks`);
 //! it leaves when its time is up, or when the block is lifted.
 //!
-//! The Redis store keeps the same entries in Redis, next to the bucket's
-//! counters (see `box_key` in `redis::scripts`); this one is this
-//! process's own.
+//! The Redis store keeps the same entries in Redis, in the buckets
+//! themselves (see `redis::blocks` and `src/store/lua/box.lua`); this one
+//! is this process's own.
 //!
 //! The request path pays for the box only when it holds something: one
 //! atomic load says it is empty, which it is for a rule set without

@@ -89,26 +89,14 @@ local function applied_before(id)
   if ms < 1 then ms = 1 end
   return not call('SET', key .. ':undo:' .. id, '', 'NX', 'PX', format('%d', ms))
 end
--- The penalty box: `<key's tag>:box`, in the slot of the bucket's key
--- (BOX_CUT, set by the script's first line, cuts the algorithm's suffix
--- off the key), so that the same call reads it. While it exists the key is
--- refused by its rule, whatever its counters say, and its check counts
--- nothing: a rule's `penalty` puts it there when it refuses the key (the
--- `after`-th time within one window, counted in `<tag>:strikes`), the
--- admin API when an operator blocks the key (its value then `a:` and the
--- reason; a penalty's is `p`). It expires by itself.
-local IN_BOX, ENTERED = 3, 4
--- The time left in the box (ms), 0 when the key is not there.
-local function box_left()
-  local left = call('PTTL', sub(key, 1, BOX_CUT) .. 'box')
-  if left > 0 then return left end
-  return 0
-end
--- A refusal of a rule with a penalty: whether it puts the key in the box.
+-- A refusal of a rule with a penalty: whether it puts the key in the box
+-- (see box.lua), the `after`-th time within one window, counted in
+-- `<key's tag>:strikes` (TAG_CUT, set by the script's first line, cuts the
+-- algorithm's suffix off the key, so that the count is the rule's and key's
+-- whatever the algorithm).
 local function strike()
-  local tag = sub(key, 1, BOX_CUT)
   if after > 1 then
-    local strikes = tag .. 'strikes'
+    local strikes = sub(key, 1, TAG_CUT) .. 'strikes'
     local n = call('INCR', strikes)
     if n == 1 then
       local ms = ceil(window / 1000)
@@ -118,8 +106,33 @@ local function strike()
     if n < after then return false end
     call('DEL', strikes)
   end
-  call('SET', tag .. 'box', 'p', 'PX', format('%d', penalty))
+  enter_box(key, now + penalty * 1000, 'p', '', BOX_IN)
   return true
+end
+-- A concurrency check whose key turned out not to be a sorted set (see
+-- box.lua): the key is in the box, its slots aside. Peeks and consumes are
+-- refused while it lasts; give-backs and renewals reach the slots aside,
+-- and the box lives as long as they do. Once it is over, the slots come
+-- back and the check is decided as any other.
+local function aside_box()
+  local _, _, ends = split_box(call('GET', key))
+  local held = key .. ':held'
+  if ends > now then
+    if mode <= 1 then return IN_BOX, 0, (ends - now) * 1000, (ends - now) * 1000, 0, 0 end
+    local own = key
+    key = held
+    local a, b, d, r, y, k = decide()
+    key = own
+    local ms = call('PTTL', held)
+    if ms > call('PTTL', key) then call('PEXPIRE', key, ms) end
+    return a, b, d, r, y, k
+  end
+  if call('EXISTS', held) == 1 then call('RENAME', held, key) else call('DEL', key) end
+  return decide()
+end
+local function wrong_type(e)
+  if kind(e) == 'table' then e = e.err end
+  return find(tostr(e), 'WRONGTYPE', 1, true)
 end
 -- One call: binds the library's names, reads the clock, and decides the
 -- checks in `args` (ARGV).
@@ -179,36 +192,30 @@ local function run(args)
       leased = false
     end
     local ok, a, b, d, r, y, k, g, l = true, 1, 0, 0, 0, 0, 0
-    local again, left = false, 0
-    -- Peeks and consumes look in the box first (refunds, renewals and
-    -- settles give back what was counted before, box or not). A lease
-    -- this consume would have settled stays unsettled: its unspent units
-    -- stay counted, towards refusing.
-    if mode <= 1 then ok, left = try(box_left) end
+    local again = false
+    if undo then ok, again = try(applied_before, undo) end
     if not ok then
-      a = left
-    elseif left > 0 then
-      a, b, d, r = IN_BOX, 0, left * 1000000, left * 1000000
-    else
-      if undo then ok, again = try(applied_before, undo) end
-      if not ok then
-        a = again
-      elseif again and mode == 1 then
-        -- A consume that also settled a lease: counted again (towards
-        -- refusing), the settle not applied again.
-        settle_at, taken, unspent, leased = 0, 0, 0, true
-        ok, a, b, d, r, y, k, g, l = try(decide)
-      elseif not again then
-        ok, a, b, d, r, y, k, g, l = try(decide)
+      a = again
+    elseif again and mode == 1 then
+      -- A consume that also settled a lease: counted again (towards
+      -- refusing), the settle not applied again.
+      settle_at, taken, unspent, leased = 0, 0, 0, true
+      ok, a, b, d, r, y, k, g, l = try(decide)
+    elseif not again then
+      ok, a, b, d, r, y, k, g, l = try(decide)
+    end
+    -- `decide` answers IN_BOX itself for a key whose read found a box, and
+    -- counts nothing then (give-backs and renewals give back all the same).
+    -- (`a == 0` first: an admitted check, the common case, asks no more.)
+    if a == 0 and ok and penalty > 0 and mode == 1 and cost > 0 then
+      local struck, entered = try(strike)
+      if struck and entered then
+        r = penalty * 1000000
+        if d < r then d = r end
+        a = ENTERED
       end
-      if ok and a == 0 and penalty > 0 and mode == 1 and cost > 0 then
-        local struck, entered = try(strike)
-        if struck and entered then
-          r = penalty * 1000000
-          if d < r then d = r end
-          a = ENTERED
-        end
-      end
+    elseif not ok and BOX_IN == 'aside' and wrong_type(a) then
+      ok, a, b, d, r, y, k, g, l = try(aside_box)
     end
     if a == FRESH then
       out[o + 1] = 20

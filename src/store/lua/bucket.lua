@@ -78,6 +78,7 @@ end
 local function save(t, new_level, drain)
   local a, b = nlive >= 1 and ua > 0, nlive == 2 and ub > 0
   if new_level <= tol and not a and not b then
+    if box_tail then return put_boxed(nil, nil) end
     call('DEL', key)
     return
   end
@@ -96,6 +97,7 @@ local function save(t, new_level, drain)
   else
     value = pack('<dd', t, new_level)
   end
+  if box_tail then return put_boxed(value, ttl_ms) end
   call('SET', key, value, 'PX', format('%d', ttl_ms))
 end
 
@@ -167,6 +169,14 @@ local function decide()
     end
   end
   if state == nil then state = call('GET', key) end
+  -- States are 16, 32 or 48 bytes: an odd length holds a box (box.lua).
+  if state and #state % 2 == 1 then
+    local left
+    state, left = unbox(state)
+    if left > 0 and mode <= 1 then return IN_BOX, 0, left * 1000, left * 1000, 0, 0 end
+  else
+    box_tail = nil
+  end
   if rate_spec ~= parsed_spec then
     rate, tol, rate_spec = limit / window, slack(capacity), parsed_spec
   end

@@ -19,9 +19,31 @@
 -- The values, `now` (server clock, µs), slack and ns_ceil come from
 -- prelude.lua, which Rust prepends.
 
+-- Stores what a give-back leaves of the window starting `start`, its
+-- time to live kept (and its box, if it is in one).
+local function give_back(start, count)
+  if box_tail then
+    if count == 0 then return put_boxed(nil, nil) end
+    return put_boxed(pack('<dd', start, count), nil)
+  end
+  if count == 0 then
+    call('DEL', key)
+  else
+    call('SET', key, pack('<dd', start, count), 'KEEPTTL')
+  end
+end
+
 local function decide()
   local stored_start, stored_count = -1, 0
   local state = call('GET', key)
+  -- 16 bytes: an odd length holds a box (box.lua).
+  if state and #state % 2 == 1 then
+    local left
+    state, left = unbox(state)
+    if left > 0 and mode <= 1 then return IN_BOX, 0, left * 1000, left * 1000, 0, 0 end
+  else
+    box_tail = nil
+  end
   if state then
     -- Under 16 bytes is no window's state: unpack's error fails the check.
     stored_start, stored_count = unpack('<dd', state)
@@ -39,16 +61,15 @@ local function decide()
       local count = cost
       if stored_start == start then count = stored_count + cost end
       local ttl_ms = max(ceil((start + window - now) / 1000), 1)
-      call('SET', key, pack('<dd', start, count), 'PX', format('%d', ttl_ms))
+      if box_tail then
+        put_boxed(pack('<dd', start, count), ttl_ms)
+      else
+        call('SET', key, pack('<dd', start, count), 'PX', format('%d', ttl_ms))
+      end
     elseif sign == '-' then
       local at = now - tonum(since)
       if stored_start == start and stored_start == at - fmod(at - origin, window) then
-        local count = max(stored_count - cost, 0)
-        if count == 0 then
-          call('DEL', key)
-        else
-          call('SET', key, pack('<dd', stored_start, count), 'KEEPTTL')
-        end
+        give_back(stored_start, max(stored_count - cost, 0))
       end
     end
     return 1, 0, 0, 0, 0, 0
@@ -57,12 +78,7 @@ local function decide()
   if mode == 2 then
     -- Refund, only if the window it was counted in is still the stored one.
     if stored_start == tonum(extra) then
-      local count = max(stored_count - cost, 0)
-      if count == 0 then
-        call('DEL', key)
-      else
-        call('SET', key, pack('<dd', stored_start, count), 'KEEPTTL')
-      end
+      give_back(stored_start, max(stored_count - cost, 0))
     end
     return 1, 0, 0, 0, 0, 0
   end

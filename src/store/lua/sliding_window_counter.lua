@@ -19,6 +19,7 @@
 
 local function save(start, prev, curr, px)
   local value = pack('<ddd', start, prev, curr)
+  if box_tail then return put_boxed(value, px) end
   if px then
     call('SET', key, value, 'PX', format('%d', px))
   else
@@ -29,6 +30,14 @@ end
 local function decide()
   local stored_start, stored_prev, stored_curr = -1, 0, 0
   local state = call('GET', key)
+  -- 24 bytes: an odd length holds a box (box.lua).
+  if state and #state % 2 == 1 then
+    local left
+    state, left = unbox(state)
+    if left > 0 and mode <= 1 then return IN_BOX, 0, left * 1000, left * 1000, 0, 0 end
+  else
+    box_tail = nil
+  end
   if state then
     -- Under 24 bytes is no counter's state: unpack's error fails the check.
     stored_start, stored_prev, stored_curr = unpack('<ddd', state)

@@ -54,6 +54,14 @@ local function decide()
   local edge = format('%d', now - window)
   local total = stored_total()
   local expired = call('ZRANGEBYSCORE', key, 0, edge)
+  -- A box is the member '!' and the box, scored 0 (box.lua): first of
+  -- these when there is one. Once over, it leaves with them (its cost 0:
+  -- it never ends in ':' and digits).
+  local first = expired[1]
+  if first and byte(first, 1) == 33 then
+    local _, _, ends = split_box(sub(first, 2))
+    if ends > now then return IN_BOX, 0, (ends - now) * 1000, (ends - now) * 1000, 0, 0 end
+  end
   for _, member in ipairs(expired) do
     total = total - cost_of(member)
   end

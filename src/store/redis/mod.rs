@@ -127,11 +127,11 @@ use tokio::task::JoinHandle;
 
 use crate::config::StoreConfig;
 use crate::limiter::clock::SharedClock;
-use crate::limiter::{Nanos, Verdict};
+use crate::limiter::{Algorithm, Nanos, Verdict};
 use crate::obs::metrics::Metrics;
 use crate::store::{Answer, Check, MemoryStore, Mode, Store, StoreError, memory};
 
-pub use blocks::{MAX_LISTED, box_key};
+pub use blocks::MAX_LISTED;
 use connection::{START_WAIT, keep_connected, log_errors, redact};
 use ids::RequestIds;
 pub use scripts::{Outcome, Reply, fresh_bucket, parse_batch, redis_key, source as script_source, suffix};
@@ -324,15 +324,23 @@ impl RedisStore {
     }
 
     /// Puts `key` (a bucket key of the rule whose keys start with
-    /// `rule_prefix`) in the penalty box for `ttl`: refused by its rule on
-    /// every instance until then (see `blocks`).
-    pub async fn block(&self, rule_prefix: &str, key: &str, ttl: Duration, reason: &str) -> Result<(), StoreError> {
-        self.shared.block(rule_prefix, key, ttl, reason).await
+    /// `rule_prefix` and whose algorithm is `algorithm`) in the penalty box
+    /// for `ttl`: refused by its rule on every instance until then (see
+    /// `blocks`).
+    pub async fn block(
+        &self,
+        rule_prefix: &str,
+        key: &str,
+        algorithm: Algorithm,
+        ttl: Duration,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        self.shared.block(rule_prefix, key, algorithm, ttl, reason).await
     }
 
     /// Takes `key` out of the penalty box; whether it was in.
-    pub async fn unblock(&self, rule_prefix: &str, key: &str) -> Result<bool, StoreError> {
-        self.shared.unblock(rule_prefix, key).await
+    pub async fn unblock(&self, rule_prefix: &str, key: &str, algorithm: Algorithm) -> Result<bool, StoreError> {
+        self.shared.unblock(rule_prefix, key, algorithm).await
     }
 
     /// The keys of a rule in the penalty box, at most `max`, and how many
@@ -340,9 +348,10 @@ impl RedisStore {
     pub async fn boxed(
         &self,
         rule_prefix: &str,
+        algorithm: Algorithm,
         max: usize,
     ) -> Result<(Vec<crate::store::penalty_box::Listed>, usize), StoreError> {
-        self.shared.boxed(rule_prefix, max).await
+        self.shared.boxed(rule_prefix, algorithm, max).await
     }
 
     /// The fred client, for tests and tools that inspect Redis directly.

@@ -2,9 +2,9 @@
 //!
 //! One script per algorithm, in `src/store/lua/` (the token and leaky
 //! buckets share `bucket.lua`, as they share `bucket` in `src/limiter.rs`;
-//! every script starts with `prelude.lua` and ends with `batch.lua`), each
-//! deciding a batch of keys atomically on the server with the server's
-//! clock. All five take the same values per check and answer in the same
+//! every script starts with `prelude.lua` and `box.lua`, the penalty box,
+//! and ends with `batch.lua`), each deciding a batch of keys atomically on
+//! the server with the server's clock. All five take the same values per check and answer in the same
 //! forms (eight values packed as doubles, four integers when the last
 //! four are zero, or one for a fresh bucket: see `batch.lua`), so the Rust
 //! side treats them alike.
@@ -44,12 +44,14 @@ macro_rules! cross_slot {
 }
 
 /// An algorithm's code: its first lines (the buckets' `SHAPING`), the
-/// prelude, the algorithm's `decide`, and the batch loop `run`.
+/// prelude, the penalty box, the algorithm's `decide`, and the batch loop
+/// `run`.
 macro_rules! body {
     ($first:expr, $algorithm:literal) => {
         concat!(
             $first,
             include_str!("../lua/prelude.lua"),
+            include_str!("../lua/box.lua"),
             include_str!(concat!("../lua/", $algorithm)),
             include_str!("../lua/batch.lua")
         )
@@ -92,17 +94,18 @@ impl Script {
 
 /// Every algorithm's code, in the order of [`index`].
 /// `UNDO_WINDOWS`: for how many windows an undo can still change a key
-/// (0: a bucket's level, see `applied_before` in batch.lua). `BOX_CUT`:
+/// (0: a bucket's level, see `applied_before` in batch.lua). `TAG_CUT`:
 /// where the key's [`suffix`] starts, counted from its end (`-1 -
-/// suffix.len()`), so that the script finds the box key beside it
-/// (`box_key` in `blocks`).
+/// suffix.len()`), so that the script finds the key's penalty strikes
+/// beside it (`strike` in batch.lua). `BOX_IN`: how the key holds its
+/// penalty box (see box.lua and `box_layout` in `blocks`).
 const BODIES: [&str; ALGORITHMS] = [
-    body!("local SHAPING = false\nlocal UNDO_WINDOWS = 0\nlocal BOX_CUT = -4\n", "bucket.lua"),
-    body!("local SHAPING = true\nlocal UNDO_WINDOWS = 0\nlocal BOX_CUT = -4\n", "bucket.lua"),
-    body!("local UNDO_WINDOWS = 1\nlocal BOX_CUT = -4\n", "fixed_window.lua"),
-    body!("local UNDO_WINDOWS = 1\nlocal BOX_CUT = -5\n", "sliding_window_log.lua"),
-    body!("local UNDO_WINDOWS = 2\nlocal BOX_CUT = -5\n", "sliding_window_counter.lua"),
-    body!("local UNDO_WINDOWS = 1\nlocal BOX_CUT = -3\n", "concurrency.lua"),
+    body!("local SHAPING = false\nlocal UNDO_WINDOWS = 0\nlocal TAG_CUT = -4\nlocal BOX_IN = 'value'\n", "bucket.lua"),
+    body!("local SHAPING = true\nlocal UNDO_WINDOWS = 0\nlocal TAG_CUT = -4\nlocal BOX_IN = 'value'\n", "bucket.lua"),
+    body!("local UNDO_WINDOWS = 1\nlocal TAG_CUT = -4\nlocal BOX_IN = 'value'\n", "fixed_window.lua"),
+    body!("local UNDO_WINDOWS = 1\nlocal TAG_CUT = -5\nlocal BOX_IN = 'member'\n", "sliding_window_log.lua"),
+    body!("local UNDO_WINDOWS = 2\nlocal TAG_CUT = -5\nlocal BOX_IN = 'value'\n", "sliding_window_counter.lua"),
+    body!("local UNDO_WINDOWS = 1\nlocal TAG_CUT = -3\nlocal BOX_IN = 'aside'\n", "concurrency.lua"),
 ];
 
 /// How many algorithms have a script.
@@ -198,7 +201,7 @@ const SHORT: usize = 4;
 /// What a short answer adds to its `allowed`.
 const SHORT_MARK: i64 = 10;
 /// `allowed` of a refusal by the penalty box: the key was there, or this
-/// refusal put it there (`IN_BOX` and `ENTERED` in batch.lua).
+/// refusal put it there (`IN_BOX` and `ENTERED` in box.lua).
 const IN_BOX: i64 = 3;
 const ENTERED: i64 = 4;
 /// A whole answer of one value: the script admitted a consume on a fresh
