@@ -35,7 +35,6 @@ use std::path::{Path, PathBuf};
 
 use super::main_file::Config;
 use super::raw::RawRulesFile;
-use super::rules_file::RulesFile;
 use super::spec::{RuleSpec, TierSource};
 use super::validate::Validator;
 
@@ -69,31 +68,34 @@ impl RulesCache {
         self.files.clear();
     }
 
-    /// Validates `source`, the text of `file`: from its last look and the
-    /// part that changed since when it can, else as a whole (see
-    /// [`super::rules_file::validate_rules_file`]). Remembers the result
-    /// for the next look when it is made of rules only and has no error.
-    pub(super) fn validate(
+    /// `file`'s rules, validated, from its last look and the part of
+    /// `source` that changed since; `None` when the whole file must be
+    /// read. Each rule comes with the span of its name.
+    pub(super) fn reuse(
         &mut self,
         file: &Path,
         source: &str,
         config: &Config,
-    ) -> (RulesFile, Vec<super::error::ConfigError>) {
-        if let Some(seen) = self.files.remove(file)
-            && let Some(rules) = seen.reuse(file, source, config)
-        {
-            let parsed = RulesFile {
-                rules: rules.iter().map(|k| (k.spec.clone(), k.name.clone())).collect(),
-                ..RulesFile::default()
-            };
-            self.files.insert(file.to_path_buf(), Seen { source: source.to_string(), rules });
-            return (parsed, Vec::new());
-        }
-        let (parsed, errors) = super::rules_file::validate_rules_file(file, source, config);
-        if let Some(seen) = errors.is_empty().then(|| Seen::of(source, &parsed)).flatten() {
-            self.files.insert(file.to_path_buf(), seen);
-        }
-        (parsed, errors)
+    ) -> Option<Vec<(RuleSpec, Range<usize>)>> {
+        let rules = self.files.remove(file)?.reuse(file, source, config)?;
+        let out = rules.iter().map(|k| (k.spec.clone(), k.name.clone())).collect();
+        self.files.insert(file.to_path_buf(), Seen { source: source.to_string(), rules });
+        Some(out)
+    }
+
+    /// Remembers `rules`, the whole of `source` read without error, for
+    /// the next look at `file`; `only_rules` is false when the file also
+    /// had `[[deny]]` or `[[envoy]]` entries, which are never remembered.
+    pub(super) fn remember(&mut self, file: &Path, source: &str, rules: &[(RuleSpec, Range<usize>)], only_rules: bool) {
+        match Seen::of(source, rules).filter(|_| only_rules) {
+            Some(seen) => self.files.insert(file.to_path_buf(), seen),
+            None => self.files.remove(file),
+        };
+    }
+
+    /// Forgets `file` (it did not read without error).
+    pub(super) fn forget(&mut self, file: &Path) {
+        self.files.remove(file);
     }
 
     /// Forgets the files not in `files` (gone from the rules directory).
@@ -103,13 +105,13 @@ impl RulesCache {
 }
 
 impl Seen {
-    fn of(source: &str, parsed: &RulesFile) -> Option<Seen> {
-        if !parsed.denies.is_empty() || !parsed.envoy.is_empty() || multiline_strings(source) {
+    fn of(source: &str, parsed: &[(RuleSpec, Range<usize>)]) -> Option<Seen> {
+        if multiline_strings(source) {
             return None;
         }
-        let mut rules = Vec::with_capacity(parsed.rules.len());
+        let mut rules = Vec::with_capacity(parsed.len());
         let mut from = 0;
-        for (spec, name) in &parsed.rules {
+        for (spec, name) in parsed {
             let header = header_before(source, from, name.start)?;
             rules.push(Kept { spec: spec.clone(), name: name.clone(), header });
             from = name.end;

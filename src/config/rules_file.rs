@@ -95,7 +95,7 @@ pub fn load_rules_cached(
         // A file's valid rules take part in the duplicate check even when
         // other rules of it are broken: `tollgate check` lists every problem.
         let (parsed, mut file_errors) = match cache.as_deref_mut() {
-            Some(c) => c.validate(file, &source, config),
+            Some(c) => validate_cached(file, &source, config, c),
             None => validate_rules_file(file, &source, config),
         };
         denies.extend(parsed.denies);
@@ -142,6 +142,26 @@ pub fn parse_rules_file(file: &Path, source: &str, config: &Config) -> Result<Ru
         errors.sort_by_key(|e| (e.line, e.column));
         Err(ConfigErrors(errors))
     }
+}
+
+/// [`validate_rules_file`], taking from `cache` what did not change since
+/// the last look, and remembering what it read for the next.
+fn validate_cached(
+    file: &Path,
+    source: &str,
+    config: &Config,
+    cache: &mut RulesCache,
+) -> (RulesFile, Vec<ConfigError>) {
+    if let Some(rules) = cache.reuse(file, source, config) {
+        return (RulesFile { rules, ..RulesFile::default() }, Vec::new());
+    }
+    let (parsed, errors) = validate_rules_file(file, source, config);
+    if errors.is_empty() {
+        cache.remember(file, source, &parsed.rules, parsed.denies.is_empty() && parsed.envoy.is_empty());
+    } else {
+        cache.forget(file);
+    }
+    (parsed, errors)
 }
 
 /// Validates one rules file: what is valid in it, and every problem.
