@@ -354,3 +354,29 @@ async fn check_running_names_the_sections_that_need_a_restart() {
     assert!(out.contains("[store] differs from the running tollgate"), "{out}");
     assert!(!out.contains("[client]") && !out.contains("[log]") && !out.contains("[rules] path"), "{out}");
 }
+
+/// A reload where one rule changed: the others are kept as they were (the
+/// compiled rule itself is shared, see `RuleSet::from_loaded_reusing`),
+/// with their counts and decision counters; the changed one takes its new
+/// limit over the counts of its name, as any edit does.
+#[tokio::test]
+async fn rules_a_reload_leaves_unchanged_keep_their_counts_and_counters() {
+    let upstream = Upstream::start().await;
+    let both = |b_limit: u64| {
+        format!("{}match = {{ path = \"/a\" }}\n\n{}match = {{ path = \"/b\" }}\n", rule("a", 5), rule("b", b_limit))
+    };
+    let tg = Tollgate::start(&upstream, &both(5)).await;
+    let file = tg.rules_dir().join("rules.toml");
+    assert_eq!(statuses(2, || tg.get("/a")).await, [200, 200]);
+    assert_eq!(statuses(2, || tg.get("/b")).await, [200, 200]);
+
+    write_atomic(&file, &both(10));
+    wait_rules(&tg, "b's limit 10 in force", |r| active(r) == named(&[("a", 5), ("b", 10)])).await;
+    // a: 3 counted of 5; b: 3 counted of its new 10.
+    assert_eq!(tg.get("/a").send().await.header("ratelimit"), Some("\"a\";r=2;t=60"));
+    assert_eq!(tg.get("/b").send().await.header("ratelimit"), Some("\"b\";r=7;t=60"));
+    let rules = tg.rules().await;
+    let decided = |i: usize| (rules["rules"][i]["allowed"].as_u64(), rules["rules"][i]["limited"].as_u64());
+    assert_eq!(decided(0), (Some(3), Some(0)));
+    assert_eq!(decided(1), (Some(3), Some(0)));
+}

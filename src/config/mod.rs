@@ -27,6 +27,7 @@ mod raw;
 mod routes;
 mod rule;
 mod rule_match;
+mod rules_cache;
 mod rules_file;
 mod spec;
 mod status_set;
@@ -50,8 +51,10 @@ pub use otel::{AcceptTraceparent, DEFAULT_SAMPLE_RATIO, TracingConfig};
 pub use pem::{Certificate, ClientAuth};
 pub use raw::Backend;
 pub use routes::Route;
+pub use rules_cache::RulesCache;
 pub use rules_file::{
-    LoadedRules, RulesFile, load_rules, parse_rules, parse_rules_file, rule_files, rule_files_or_empty,
+    LoadedRules, RulesFile, load_rules, load_rules_cached, parse_rules, parse_rules_file, rule_files,
+    rule_files_or_empty,
 };
 pub use spec::{
     CalendarSpec, ClientSet, Cost, DenySpec, InvalidToken, KeyPart, MatchSpec, OnError, OverrideSpec, PathPattern,

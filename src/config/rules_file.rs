@@ -12,6 +12,7 @@ use super::envoy::EnvoyMapping;
 use super::error::{ConfigError, ConfigErrors};
 use super::main_file::Config;
 use super::raw::{RawEnvoy, RawRulesFile};
+use super::rules_cache::RulesCache;
 use super::spec::{DenySpec, RuleSpec, TierSource};
 use super::validate::Validator;
 
@@ -62,7 +63,21 @@ pub fn rule_files(path: &Path) -> Result<Vec<PathBuf>, ConfigError> {
 /// must be unique across files. Returns them with the files read, or every
 /// problem.
 pub fn load_rules(path: &Path, config: &Config) -> Result<LoadedRules, ConfigErrors> {
+    load_rules_cached(path, config, None)
+}
+
+/// [`load_rules`] for a reload: with `cache`, a file's rules whose text did
+/// not change since the last look are taken from it rather than parsed
+/// again (see [`RulesCache`]).
+pub fn load_rules_cached(
+    path: &Path,
+    config: &Config,
+    mut cache: Option<&mut RulesCache>,
+) -> Result<LoadedRules, ConfigErrors> {
     let files = rule_files(path)?;
+    if let Some(c) = cache.as_deref_mut() {
+        c.keep_only(&files);
+    }
     let mut specs: Vec<RuleSpec> = Vec::new();
     // Rule names to their place in `specs`, across files.
     let mut named: HashMap<String, usize> = HashMap::new();
@@ -79,7 +94,10 @@ pub fn load_rules(path: &Path, config: &Config) -> Result<LoadedRules, ConfigErr
         };
         // A file's valid rules take part in the duplicate check even when
         // other rules of it are broken: `tollgate check` lists every problem.
-        let (parsed, mut file_errors) = validate_rules_file(file, &source, config);
+        let (parsed, mut file_errors) = match cache.as_deref_mut() {
+            Some(c) => validate_cached(file, &source, config, c),
+            None => validate_rules_file(file, &source, config),
+        };
         denies.extend(parsed.denies);
         for (rule, span) in parsed.rules {
             if let Some(why) = claim_conflict(specs.iter(), &rule) {
@@ -126,8 +144,28 @@ pub fn parse_rules_file(file: &Path, source: &str, config: &Config) -> Result<Ru
     }
 }
 
+/// [`validate_rules_file`], taking from `cache` what did not change since
+/// the last look, and remembering what it read for the next.
+fn validate_cached(
+    file: &Path,
+    source: &str,
+    config: &Config,
+    cache: &mut RulesCache,
+) -> (RulesFile, Vec<ConfigError>) {
+    if let Some(rules) = cache.reuse(file, source, config) {
+        return (RulesFile { rules, ..RulesFile::default() }, Vec::new());
+    }
+    let (parsed, errors) = validate_rules_file(file, source, config);
+    if errors.is_empty() {
+        cache.remember(file, source, &parsed.rules, parsed.denies.is_empty() && parsed.envoy.is_empty());
+    } else {
+        cache.forget(file);
+    }
+    (parsed, errors)
+}
+
 /// Validates one rules file: what is valid in it, and every problem.
-fn validate_rules_file(file: &Path, source: &str, config: &Config) -> (RulesFile, Vec<ConfigError>) {
+pub(super) fn validate_rules_file(file: &Path, source: &str, config: &Config) -> (RulesFile, Vec<ConfigError>) {
     let raw: RawRulesFile = match toml::from_str(source) {
         Ok(raw) => raw,
         Err(e) => return (RulesFile::default(), vec![ConfigError::from_toml(file, source, &e)]),

@@ -175,8 +175,18 @@ pub struct CalendarSpec {
     pub zone: jiff::tz::TimeZone,
 }
 
-/// A validated rule.
-#[derive(Debug, Clone)]
+/// The zone is read from the tz database by `timezone`'s name, so the name
+/// and the period say everything.
+impl PartialEq for CalendarSpec {
+    fn eq(&self, other: &CalendarSpec) -> bool {
+        self.period == other.period && self.timezone == other.timezone
+    }
+}
+
+/// A validated rule. Equal specs compile to the same rule: a reload keeps
+/// the compiled rule of a spec it finds unchanged (see
+/// [`crate::limit::rules::RuleSet::from_loaded_reusing`]).
+#[derive(Debug, Clone, PartialEq)]
 pub struct RuleSpec {
     pub name: String,
     /// The file it came from and the line of its `[[rule]]`.

@@ -1,7 +1,8 @@
 //! The one file watcher: notify events, debounced, and a poll of the
-//! files' metadata as a backstop, each look at the files on a background
-//! thread of lower priority. Used for the rules and main file ([`crate::ops::reload`]) and the
-//! listener's certificates ([`crate::edge::tls`]).
+//! files' metadata as a backstop, each look at the files on the one
+//! background thread, under SCHED_IDLE (see [`background`]). Used for the
+//! rules and main file ([`crate::ops::reload`]) and the listener's
+//! certificates ([`crate::edge::tls`]).
 //!
 //! A watch can silently go stale when the watched directory is replaced,
 //! so the files' fingerprint is also polled every few seconds. The
@@ -79,43 +80,102 @@ async fn off_runtime<F: Fn() + Send + Sync + 'static>(what: &str, poll: &Arc<F>)
     }
 }
 
-/// The nice value of [`background`] threads: a reload of 10,000 rules
-/// takes about a tenth of a second of CPU, which on a core shared with the
-/// runtime (a proxy pinned to one CPU) would otherwise delay every request
-/// that arrives meanwhile. At 10 the runtime thread preempts it when a
-/// request arrives and gets about nine tenths of a saturated core.
+/// The nice value of the [`background`] thread where SCHED_IDLE is
+/// refused: a reload of 10,000 rules takes tens of milliseconds of CPU,
+/// which on a core shared with the runtime (a proxy pinned to one CPU)
+/// would otherwise delay every request that arrives meanwhile.
 pub const BACKGROUND_NICE: i32 = 10;
 
-/// Runs `work` on a new thread of lower priority ([`BACKGROUND_NICE`]):
-/// file reads, parsing and validation of reloads, never the request path.
-/// The receiver completes when `work` returns, and fails if it panicked
-/// or no thread could be started (logged).
+/// A piece of work for the [`background`] thread.
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The [`background`] thread's queue, started on first use; `None` when it
+/// could not be started.
+static WORKER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<Job>>> = std::sync::OnceLock::new();
+
+/// Runs `work` on the one background thread, of the lowest priority
+/// (see [`lower_priority`]): file reads, parsing and validation of
+/// reloads, never the request path. Work runs in the order given, one at a
+/// time, so two reloads (a SIGHUP during a poll) take turns. The receiver
+/// completes when `work` returns, and fails if it panicked (the thread
+/// goes on with the next) or the thread could not be started (logged).
 pub fn background<F: FnOnce() + Send + 'static>(work: F) -> tokio::sync::oneshot::Receiver<()> {
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let spawned = std::thread::Builder::new().name("tollgate-reload".into()).spawn(move || {
-        lower_priority();
+    let job: Job = Box::new(move || {
         work();
         let _ = tx.send(());
     });
-    if let Err(e) = spawned {
-        tracing::error!(error = %e, "cannot start a thread for a reload");
+    // A send fails only if the thread is gone, which it never is once
+    // started (panics are caught): the job and its sender are dropped, and
+    // the receiver fails.
+    if let Some(queue) = WORKER.get_or_init(start_worker) {
+        let _ = queue.send(job);
     }
     rx
 }
 
-/// Lowers the calling thread's priority. Linux keeps the nice value per
-/// thread, so `setpriority(PRIO_PROCESS, 0)` changes only this one; other
-/// systems apply it to the whole process, so there it is left alone.
+/// Starts the [`background`] thread: one for the process's life, rather
+/// than one per poll (a thread's start is cheap, but not free, every two
+/// seconds forever).
+fn start_worker() -> Option<std::sync::mpsc::Sender<Job>> {
+    let (tx, rx) = std::sync::mpsc::channel::<Job>();
+    let spawned = std::thread::Builder::new().name("tollgate-reload".into()).spawn(move || {
+        lower_priority();
+        for job in rx {
+            // The panic is reported to the job's caller (its sender is
+            // dropped unsent) and by the panic hook; the next job runs.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+        }
+    });
+    match spawned {
+        Ok(_) => Some(tx),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start a thread for reloads");
+            None
+        }
+    }
+}
+
+/// Puts the calling thread under SCHED_IDLE, or where that is refused, at
+/// [`BACKGROUND_NICE`]. Linux keeps both per thread, so only this one
+/// changes; other systems apply a nice value to the whole process, so
+/// there it is left alone.
+///
+/// Why SCHED_IDLE rather than a nice value: CFS and EEVDF preempt a
+/// SCHED_IDLE task as soon as a normal task wakes on its CPU, whereas a
+/// nice-10 task keeps the slice it was given (milliseconds), and every
+/// request that arrives meanwhile waits for it. A SCHED_IDLE task runs
+/// when nothing else wants the CPU, so a reload takes longer on a busy core
+/// (it still gets a sliver: a weight of 3 against a normal task's 1,024)
+/// and costs requests nothing. What it could hold up is a lock a request
+/// waits for; it holds none of the request path's (rules are swapped in
+/// through an `ArcSwap`, metric handles resolved before). Threads started
+/// from it inherit the policy.
 fn lower_priority() {
     #[cfg(any(target_os = "linux", target_os = "android"))]
     {
-        use rustix::process::{getpriority_process, setpriority_process};
-        // Only ever lower: a process started under `nice 19` stays there.
-        let below = getpriority_process(None).is_ok_and(|now| now < BACKGROUND_NICE);
-        if below && let Err(e) = setpriority_process(None, BACKGROUND_NICE) {
-            tracing::debug!(error = %e, "cannot lower the reload thread's priority");
+        if let Err(e) = sched_idle() {
+            tracing::debug!(error = %e, "SCHED_IDLE refused for the reload thread; lowering its nice value instead");
+            use rustix::process::{getpriority_process, setpriority_process};
+            // Only ever lower: a process started under `nice 19` stays there.
+            let below = getpriority_process(None).is_ok_and(|now| now < BACKGROUND_NICE);
+            if below && let Err(e) = setpriority_process(None, BACKGROUND_NICE) {
+                tracing::debug!(error = %e, "cannot lower the reload thread's priority");
+            }
         }
     }
+}
+
+/// `sched_setscheduler(0, SCHED_IDLE)`: pid 0 is the calling thread.
+/// Neither std nor rustix wraps it.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+#[allow(unsafe_code)]
+fn sched_idle() -> std::io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `param` is a valid, initialised sched_param that outlives
+    // the call; pid 0 names the calling thread.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
 }
 
 /// A notify watcher on `targets`; `None` when none could be watched.
@@ -210,25 +270,41 @@ fn write_metadata(h: &mut impl std::hash::Hasher, meta: &std::fs::Metadata) {
 mod tests {
     use super::*;
 
-    /// A reload's thread yields the core to the runtime's: its nice value
-    /// is [`BACKGROUND_NICE`], and the caller's thread keeps its own.
+    /// A reload's thread yields the core to the runtime's: it runs under
+    /// SCHED_IDLE (or, refused, at [`BACKGROUND_NICE`]), and the caller's
+    /// thread keeps its own policy and nice value. Every job runs on the
+    /// same thread.
     #[cfg(target_os = "linux")]
+    #[allow(unsafe_code)]
     #[tokio::test]
-    async fn background_work_runs_at_a_lower_priority_than_the_runtime() {
-        let before = rustix::process::getpriority_process(None).expect("getpriority");
-        let seen = Arc::new(parking_lot::Mutex::new(None));
-        let into = seen.clone();
-        background(move || *into.lock() = Some(rustix::process::getpriority_process(None)))
-            .await
-            .expect("the work ran");
-        let seen = seen.lock().take().expect("the work ran").expect("getpriority");
-        assert_eq!(seen, BACKGROUND_NICE.max(before));
-        assert_eq!(rustix::process::getpriority_process(None).expect("getpriority"), before);
+    async fn background_work_runs_on_one_thread_under_sched_idle() {
+        let policy = || {
+            // SAFETY: no arguments beyond the pid; 0 is the calling thread.
+            let p = unsafe { libc::sched_getscheduler(0) };
+            (p, rustix::process::getpriority_process(None).expect("getpriority"))
+        };
+        let before = policy();
+        let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        for _ in 0..2 {
+            let into = seen.clone();
+            background(move || into.lock().push((policy(), std::thread::current().id()))).await.expect("the work ran");
+        }
+        let seen = seen.lock().clone();
+        assert_eq!(seen.len(), 2);
+        assert_eq!(seen[0].1, seen[1].1, "one thread for every job");
+        let ((p, nice), _) = seen[0];
+        assert!(
+            p == libc::SCHED_IDLE || (p == before.0 && nice == BACKGROUND_NICE.max(before.1)),
+            "policy {p}, nice {nice}"
+        );
+        assert_eq!(policy(), before);
     }
 
-    /// A panic in the work reaches the caller as an error, not a hang.
+    /// A panic in the work reaches the caller as an error, not a hang, and
+    /// the thread goes on with the next job.
     #[tokio::test]
     async fn background_work_that_panics_is_reported() {
         assert!(background(|| panic!("a broken reload")).await.is_err());
+        assert!(background(|| ()).await.is_ok());
     }
 }

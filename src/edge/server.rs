@@ -21,7 +21,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::config::{Backend, Config, ConfigErrors, Listen, load_rules};
+use crate::config::{Backend, Config, ConfigErrors, Listen, RulesCache, load_rules_cached};
 use crate::edge::connection::{ConnectionSetup, Slot, serve_connection};
 use crate::edge::drain::Drain;
 use crate::edge::process::Stop;
@@ -109,7 +109,11 @@ impl Server {
     /// Loads the rules, builds the store and binds every listener.
     pub async fn bind(config: Config, clock: SharedClock) -> Result<Server, StartError> {
         let metrics = Arc::new(Metrics::new());
-        let rules = RuleSet::from_loaded(load_rules(&config.rules_path, &config)?, &metrics);
+        // What start-up reads of the rules files is what the first reload
+        // compares them with.
+        let mut cache = RulesCache::default();
+        let loaded = load_rules_cached(&config.rules_path, &config, Some(&mut cache))?;
+        let rules = RuleSet::from_loaded(loaded, &metrics);
         let top = crate::limit::top::TopKeys::new(config.admin.top_keys, clock.clone());
         let store = match config.store.backend {
             Backend::Memory => AnyStore::Memory(
@@ -120,7 +124,7 @@ impl Server {
             ),
         };
         let proxy = Arc::new(Proxy::new(&config, rules, store, metrics, top));
-        let reloader = Arc::new(Reloader::new(config.clone(), proxy.clone()));
+        let reloader = Arc::new(Reloader::new(config.clone(), proxy.clone(), cache));
         let tls = match config.listen.tls.is_empty() {
             true => None,
             false => {

@@ -183,7 +183,7 @@ impl Admin {
     fn rules(&self) -> Response<Full<Bytes>> {
         let set = self.proxy.rules().load();
         let status = self.reloader.status.lock().clone();
-        let rules: Vec<_> = set.rules.iter().map(rule_json).collect();
+        let rules: Vec<_> = set.rules.iter().map(|r| rule_json(r)).collect();
         json_response(
             StatusCode::OK,
             &json!({
@@ -249,9 +249,15 @@ impl Admin {
         };
         let rules: Vec<&crate::limit::rules::Rule> = match &rule {
             Some(name) => {
-                vec![set.rules.iter().find(|r| r.name() == name).ok_or(AdminError::UnknownRule(name.clone()))?]
+                vec![
+                    set.rules
+                        .iter()
+                        .map(|r| &**r)
+                        .find(|r| r.name() == name)
+                        .ok_or(AdminError::UnknownRule(name.clone()))?,
+                ]
             }
-            None => set.rules.iter().collect(),
+            None => set.rules.iter().map(|r| &**r).collect(),
         };
         let mut reports: Vec<serde_json::Value> = rules.iter().map(|r| report(r)).collect();
         for (r, report) in rules.iter().zip(&mut reports) {

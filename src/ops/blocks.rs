@@ -126,7 +126,7 @@ impl Admin {
         let set = self.proxy.rules().load();
         let rules: Vec<&Rule> = match params.get("rule") {
             Some(name) => vec![find_rule(&set.rules, name)?],
-            None => set.rules.iter().collect(),
+            None => set.rules.iter().map(|r| &**r).collect(),
         };
         let (blocks, totals) = self.boxed(&rules, n).await?;
         Ok(json_response(
@@ -164,8 +164,8 @@ impl Admin {
     }
 }
 
-fn find_rule<'r>(rules: &'r [Rule], name: &str) -> Result<&'r Rule, AdminError> {
-    rules.iter().find(|r| r.name() == name).ok_or_else(|| AdminError::UnknownRule(name.to_string()))
+fn find_rule<'r>(rules: &'r [std::sync::Arc<Rule>], name: &str) -> Result<&'r Rule, AdminError> {
+    rules.iter().map(|r| &**r).find(|r| r.name() == name).ok_or_else(|| AdminError::UnknownRule(name.to_string()))
 }
 
 /// The bucket key `key` names in `rule`: as `explain` and `/top` show it,

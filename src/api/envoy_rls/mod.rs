@@ -158,7 +158,7 @@ fn find<'r>(rules: &'r RuleSet, req: &'r RateLimitRequest) -> Result<Vec<Option<
         };
         let covered = rules.envoy.iter().find_map(|m| {
             let (key, tier) = m.key_of(&req.domain, d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())))?;
-            Some((rules.rules.iter().find(|r| r.name() == m.rule)?, key, tier))
+            Some((&**rules.rules.iter().find(|r| r.name() == m.rule)?, key, tier))
         });
         let Some((rule, key, tier)) = covered else {
             found.push(None);

@@ -2,6 +2,7 @@
 //! any rule reads, and the index that finds the rules a request matches.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::facts::RequestFacts;
@@ -14,7 +15,9 @@ use crate::obs::metrics::Metrics;
 
 /// The rules in force.
 pub struct RuleSet {
-    pub rules: Vec<Rule>,
+    /// Shared with the rule set a reload replaced where a rule's spec did
+    /// not change (see [`RuleSet::from_loaded_reusing`]).
+    pub rules: Vec<Arc<Rule>>,
     /// `[[deny]]` entries: answered 403 before any rule counts.
     pub denies: Vec<DenySpec>,
     /// Whether any rule keys on `user`.
@@ -60,10 +63,26 @@ pub struct RuleSet {
 impl RuleSet {
     /// Compiles validated specs, resolving their metric handles.
     pub fn build(specs: Vec<RuleSpec>, files: Vec<PathBuf>, metrics: &Metrics) -> RuleSet {
-        let rules: Vec<Rule> = specs.into_iter().map(|s| Rule::build(s, metrics)).collect();
+        RuleSet::build_reusing(specs, files, metrics, None)
+    }
+
+    /// [`RuleSet::build`], taking from `previous` every rule whose spec is
+    /// unchanged.
+    fn build_reusing(
+        specs: Vec<RuleSpec>,
+        files: Vec<PathBuf>,
+        metrics: &Metrics,
+        previous: Option<&RuleSet>,
+    ) -> RuleSet {
+        let mut kept = Kept::new(previous);
+        let rules: Vec<Arc<Rule>> = specs
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| kept.take(i, &s).unwrap_or_else(|| Arc::new(Rule::build(s, metrics))))
+            .collect();
         let idle_horizon = rules
             .iter()
-            .flat_map(Rule::plans)
+            .flat_map(|r| r.plans())
             .map(|p| {
                 // Soft and elastic throttling raise limit and burst together,
                 // which keeps the horizon; the 2x covers them anyway.
@@ -92,7 +111,7 @@ impl RuleSet {
                 }
             }
         }
-        let any_needs_user = rules.iter().any(Rule::needs_user);
+        let any_needs_user = rules.iter().any(|r| r.needs_user());
         let any_settles = rules.iter().any(|r| r.spec.settles_from_response());
         let any_reads_api_key =
             rules.iter().any(|r| r.spec.key.contains(&KeyPart::ApiKey) || !r.spec.exempt.api_keys.is_empty());
@@ -124,7 +143,19 @@ impl RuleSet {
 
     /// Compiles everything a rules path held.
     pub fn from_loaded(loaded: LoadedRules, metrics: &Metrics) -> RuleSet {
-        let mut set = RuleSet::build(loaded.rules, loaded.files, metrics);
+        RuleSet::from_loaded_reusing(loaded, metrics, None)
+    }
+
+    /// [`RuleSet::from_loaded`] for a reload: a rule whose spec equals that
+    /// of the rule of its name in `previous` (the set in force) is that
+    /// rule, shared rather than compiled again. A spec is everything a rule
+    /// is compiled from, and a rule's metric series and `/top` sketches go
+    /// by its name whether it changed or not, so a kept rule is exactly
+    /// what compiling it again would give; only it costs nothing, and
+    /// freeing the replaced set frees only the rules that changed or went.
+    /// A reload of 10,000 rules where one changed compiles one.
+    pub fn from_loaded_reusing(loaded: LoadedRules, metrics: &Metrics, previous: Option<&RuleSet>) -> RuleSet {
+        let mut set = RuleSet::build_reusing(loaded.rules, loaded.files, metrics, previous);
         set.denies = loaded.denies;
         set.envoy = loaded.envoy;
         set.denies_name_users = set.denies.iter().any(|d| !d.clients.users.is_empty());
@@ -161,14 +192,49 @@ impl RuleSet {
     /// examined, so a thousand per-endpoint rules (exact paths or
     /// prefixes) cost a few hash lookups, not a thousand comparisons.
     pub fn matching<'s: 'f, 'f>(&'s self, facts: &'f RequestFacts<'_>) -> impl Iterator<Item = &'s Rule> + 'f {
-        self.paths.candidates(facts.path).map(|i| &self.rules[i]).filter(move |r| r.matches(facts))
+        self.paths.candidates(facts.path).map(|i| &*self.rules[i]).filter(move |r| r.matches(facts))
+    }
+}
+
+/// The rules of the set a reload replaces, for [`RuleSet::from_loaded_reusing`].
+struct Kept<'p> {
+    previous: &'p [Arc<Rule>],
+    /// By name, made on the first rule not found at its own place (rules
+    /// added or removed before it).
+    by_name: Option<std::collections::HashMap<&'p str, &'p Arc<Rule>, foldhash::fast::RandomState>>,
+}
+
+impl<'p> Kept<'p> {
+    fn new(previous: Option<&'p RuleSet>) -> Kept<'p> {
+        Kept { previous: previous.map_or(&[], |p| &p.rules[..]), by_name: None }
+    }
+
+    /// The previous rule named as `spec` is, at `index` in the new set, if
+    /// its spec is the same.
+    fn take(&mut self, index: usize, spec: &RuleSpec) -> Option<Arc<Rule>> {
+        let old = match self.previous.get(index) {
+            Some(r) if r.spec.name == spec.name => r,
+            _ if self.previous.is_empty() => return None,
+            _ => {
+                let previous = self.previous;
+                let by_name =
+                    self.by_name.get_or_insert_with(|| previous.iter().map(|r| (r.spec.name.as_str(), r)).collect());
+                by_name.get(spec.name.as_str())?
+            }
+        };
+        (old.spec == *spec).then(|| Arc::clone(old))
     }
 }
 
 impl crate::limit::top::Sketched for RuleSet {
     fn each_sketch(&mut self, f: &mut dyn FnMut(&str, &mut Option<std::sync::Arc<crate::limit::top::RuleTop>>)) {
         for rule in &mut self.rules {
-            f(&rule.spec.name, &mut rule.top);
+            match Arc::get_mut(rule) {
+                Some(fresh) => f(&fresh.spec.name, &mut fresh.top),
+                // A rule kept from the set in force: its sketches are those
+                // its name maps to, which `f` gives it again.
+                None => f(&rule.spec.name, &mut rule.top.clone()),
+            }
         }
     }
 }

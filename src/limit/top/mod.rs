@@ -102,7 +102,7 @@ pub struct TopKeys {
     clock: SharedClock,
     /// The current period, as of the last [`TopKeys::tick`].
     period: AtomicU64,
-    by_rule: Mutex<HashMap<String, Arc<RuleTop>>>,
+    by_rule: Mutex<HashMap<String, Arc<RuleTop>, foldhash::fast::RandomState>>,
 }
 
 /// One rule's sketches.
@@ -160,7 +160,7 @@ impl TopKeys {
             shards: shards.clamp(1, MAX_SHARDS),
             period: AtomicU64::new(clock.now() / PERIOD_NANOS),
             clock,
-            by_rule: Mutex::new(HashMap::new()),
+            by_rule: Mutex::new(HashMap::default()),
         })
     }
 
@@ -186,14 +186,18 @@ impl TopKeys {
     /// memory follows the rules in force.
     pub fn attach(&self, set: &mut impl Sketched) {
         let mut by_rule = self.by_rule.lock();
-        let mut next = HashMap::new();
+        let mut next = HashMap::with_capacity_and_hasher(by_rule.len(), Default::default());
         set.each_sketch(&mut |name, slot| {
-            let top = match by_rule.remove(name).or_else(|| next.get(name).cloned()) {
-                Some(top) => top,
-                None => Arc::new(RuleTop::new(self.capacity, self.shards)),
+            // A kept rule's entry moves over with its name, not a copy of it.
+            let (name, top) = match by_rule.remove_entry(name) {
+                Some(kept) => kept,
+                None => match next.get(name) {
+                    Some(top) => (name.to_string(), Arc::clone(top)),
+                    None => (name.to_string(), Arc::new(RuleTop::new(self.capacity, self.shards))),
+                },
             };
-            next.insert(name.to_string(), top.clone());
-            *slot = Some(top);
+            *slot = Some(top.clone());
+            next.insert(name, top);
         });
         *by_rule = next;
     }

@@ -165,3 +165,20 @@ fn a_reload_keeps_the_counts_of_rules_kept_and_drops_the_others() {
     assert_eq!(t.by_rule.lock().len(), 2);
     assert!(!t.by_rule.lock().contains_key("gone"));
 }
+
+#[test]
+fn a_rule_a_reload_shares_keeps_its_sketch() {
+    let clock = ManualClock::new(T0);
+    let t = top(4, &clock);
+    let mut first = rules(&["kept", "gone"]);
+    t.attach(&mut first);
+    let specs = first.rules.iter().map(|r| r.spec.clone()).take(1).collect();
+    let loaded = crate::config::LoadedRules { rules: specs, ..Default::default() };
+    let mut second = RuleSet::from_loaded_reusing(loaded, &Metrics::new(), Some(&first));
+    assert!(Arc::ptr_eq(&first.rules[0], &second.rules[0]), "the rule is shared");
+    t.attach(&mut second);
+    let (a, b) = (first.rules[0].top.as_ref().expect("attached"), second.rules[0].top.as_ref().expect("attached"));
+    assert!(Arc::ptr_eq(a, b));
+    assert!(Arc::ptr_eq(b, &t.by_rule.lock()["kept"]));
+    assert_eq!(t.by_rule.lock().len(), 1);
+}

@@ -939,3 +939,4 @@ fn the_user_and_api_key_are_read_only_when_something_reads_them() {
 }
 
 mod plans;
+mod reuse;

@@ -1,0 +1,81 @@
+//! A reload keeps the compiled rules whose specs did not change
+//! ([`RuleSet::from_loaded_reusing`]) and compiles the others.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::config;
+use crate::config::{LoadedRules, parse_rules};
+use crate::limit::rules::RuleSet;
+use crate::obs::metrics::Metrics;
+
+fn loaded(source: &str) -> LoadedRules {
+    let rules = parse_rules(Path::new("r.toml"), source, &config()).expect("valid rules");
+    LoadedRules { rules: rules.into_iter().map(|(s, _)| s).collect(), ..Default::default() }
+}
+
+fn rule(name: &str, limit: u64) -> String {
+    format!("[[rule]]\nname = \"{name}\"\nlimit = {limit}\nwindow = \"1s\"\n\n")
+}
+
+/// The rule named `name` in `set`.
+fn named<'s>(set: &'s RuleSet, name: &str) -> &'s Arc<crate::limit::rules::Rule> {
+    set.rules.iter().find(|r| r.name() == name).expect("rule in the set")
+}
+
+#[test]
+fn a_reload_shares_unchanged_rules_and_compiles_changed_and_new_ones() {
+    let m = Metrics::new();
+    let first = RuleSet::from_loaded(loaded(&(rule("a", 1) + &rule("b", 2) + &rule("c", 3))), &m);
+    // b's limit changes, c goes, d comes; the lines of a and b stay.
+    let second =
+        RuleSet::from_loaded_reusing(loaded(&(rule("a", 1) + &rule("b", 20) + &rule("d", 4))), &m, Some(&first));
+    assert!(Arc::ptr_eq(named(&first, "a"), named(&second, "a")));
+    assert!(!Arc::ptr_eq(named(&first, "b"), named(&second, "b")));
+    assert_eq!(named(&second, "b").spec.limit, 20);
+    assert_eq!(named(&second, "b").plan.policy, "\"b\";q=20;w=1");
+    assert_eq!(second.rules.iter().map(|r| r.name()).collect::<Vec<_>>(), ["a", "b", "d"]);
+    // Freeing the old set leaves the shared rule to the new one.
+    drop(first);
+    assert_eq!(Arc::strong_count(named(&second, "a")), 1);
+}
+
+#[test]
+fn a_rule_is_found_by_name_when_others_go_and_rebuilt_when_its_line_moves() {
+    let m = Metrics::new();
+    let first = RuleSet::from_loaded(loaded(&(rule("a", 1) + &rule("b", 2) + &rule("c", 3))), &m);
+    // a goes, its lines left blank: b and c are at other places in the set
+    // but at the same lines.
+    let blank = "\n".repeat(rule("a", 1).lines().count());
+    let second = RuleSet::from_loaded_reusing(loaded(&(blank + &rule("b", 2) + &rule("c", 3))), &m, Some(&first));
+    assert!(Arc::ptr_eq(named(&first, "b"), named(&second, "b")));
+    assert!(Arc::ptr_eq(named(&first, "c"), named(&second, "c")));
+    // A rule at another line is another spec (`/rules` shows the line).
+    let swapped = RuleSet::from_loaded_reusing(loaded(&(rule("b", 2) + &rule("a", 1))), &m, Some(&first));
+    assert_eq!(swapped.rules.iter().map(|r| r.name()).collect::<Vec<_>>(), ["b", "a"]);
+    assert!(!Arc::ptr_eq(named(&first, "b"), named(&swapped, "b")));
+    assert_eq!(named(&swapped, "b").spec.line, 1);
+}
+
+#[test]
+fn the_set_wide_facts_follow_the_new_rules() {
+    let m = Metrics::new();
+    let first = RuleSet::from_loaded(loaded(&rule("a", 1)), &m);
+    assert!(!first.keys_on_user);
+    let keyed = "[[rule]]\nname = \"u\"\nkey = [\"header:x-user\"]\nlimit = 1\nwindow = \"1h\"\n";
+    let second = RuleSet::from_loaded_reusing(loaded(&(rule("a", 1) + keyed)), &m, Some(&first));
+    assert!(Arc::ptr_eq(named(&first, "a"), named(&second, "a")));
+    assert_eq!(second.read_headers, [http::HeaderName::from_static("x-user")]);
+    assert!(second.idle_horizon > first.idle_horizon);
+}
+
+#[test]
+fn an_unchanged_calendar_rule_is_shared_and_a_new_time_zone_is_not() {
+    let m = Metrics::new();
+    let cal = |tz: &str| format!("[[rule]]\nname = \"c\"\nlimit = 5\ncalendar = \"day\"\ntimezone = \"{tz}\"\n");
+    let first = RuleSet::from_loaded(loaded(&cal("Europe/Berlin")), &m);
+    let same = RuleSet::from_loaded_reusing(loaded(&cal("Europe/Berlin")), &m, Some(&first));
+    assert!(Arc::ptr_eq(&first.rules[0], &same.rules[0]));
+    let other = RuleSet::from_loaded_reusing(loaded(&cal("Asia/Tokyo")), &m, Some(&first));
+    assert!(!Arc::ptr_eq(&first.rules[0], &other.rules[0]));
+}
