@@ -12,9 +12,11 @@ use bytes::{Buf, BytesMut};
 
 use std::io;
 
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use tokio::io::AsyncRead;
+use tokio::io::{AsyncRead, ReadBuf};
+use tokio_util::codec::Decoder;
 use tokio_util::codec::FramedRead as InnerFramedRead;
 use tokio_util::codec::{LengthDelimitedCodec, LengthDelimitedCodecError};
 
@@ -26,7 +28,27 @@ pub struct FramedRead<T> {
     inner: InnerFramedRead<T, LengthDelimitedCodec>,
 
     decoder: FrameDecoder,
+
+    /// TOLLGATE PATCH: the read buffer is released (`release_idle_buffer`);
+    /// the next bytes are read on the stack, then put in a new one.
+    released: bool,
+
+    /// TOLLGATE PATCH: a frame was returned since `take_activity`.
+    active: bool,
+
+    /// TOLLGATE PATCH: the read buffer holds bytes put there by
+    /// `poll_frame_bytes`, which `inner` has not seen: they are framed
+    /// before `inner` reads more.
+    unframed: bool,
 }
+
+/// TOLLGATE PATCH: the read buffer allocated when bytes come to a released
+/// one (tokio-util's initial capacity).
+const READ_BUFFER: usize = 8 * 1024;
+
+/// TOLLGATE PATCH: the most a released buffer's first read takes, on the
+/// stack; what is left is read by `inner`, into the new buffer.
+const WAKE_READ: usize = 4 * 1024;
 
 #[derive(Debug)]
 struct FrameDecoder {
@@ -61,7 +83,31 @@ enum Continuable {
 impl<T> FramedRead<T> {
     pub fn new(inner: InnerFramedRead<T, LengthDelimitedCodec>) -> FramedRead<T> {
         let decoder = FrameDecoder::new(inner.decoder().max_frame_length());
-        FramedRead { inner, decoder }
+        FramedRead {
+            inner,
+            decoder,
+            released: false,
+            active: false,
+            unframed: false,
+        }
+    }
+
+    /// TOLLGATE PATCH: whether a frame was returned since the last call.
+    pub fn take_activity(&mut self) -> bool {
+        std::mem::take(&mut self.active)
+    }
+
+    /// TOLLGATE PATCH: frees the read buffer when it holds nothing, and the
+    /// HPACK decoder's Huffman buffer when nothing uses it, so that an idle
+    /// connection does not keep them; the next bytes read allocate a new
+    /// read buffer.
+    pub fn release_idle_buffer(&mut self) {
+        let buf = self.inner.read_buffer();
+        if buf.is_empty() && buf.capacity() != 0 {
+            *self.inner.read_buffer_mut() = BytesMut::new();
+            self.released = true;
+        }
+        self.decoder.hpack.release_idle_buffer();
     }
 
     pub fn get_ref(&self) -> &T {
@@ -410,6 +456,44 @@ fn decode_frame(decoder: &mut FrameDecoder, mut bytes: BytesMut) -> Result<Optio
     Ok(Some(frame))
 }
 
+impl<T> FramedRead<T>
+where
+    T: AsyncRead + Unpin,
+{
+    /// TOLLGATE PATCH: the next frame's bytes, as `inner.poll_next` gives
+    /// them, from a released read buffer too: the first bytes that come are
+    /// read on the stack and put in a new buffer, whose whole frames are
+    /// taken before `inner` reads again (it would wait for more bytes
+    /// first).
+    fn poll_frame_bytes(&mut self, cx: &mut Context<'_>) -> Poll<Option<io::Result<BytesMut>>> {
+        if self.released {
+            let mut stack = [MaybeUninit::<u8>::uninit(); WAKE_READ];
+            let mut read = ReadBuf::uninit(&mut stack);
+            ready!(Pin::new(self.inner.get_mut()).poll_read(cx, &mut read))?;
+            if read.filled().is_empty() {
+                // End of stream, with nothing buffered: what `inner` says.
+                return Poll::Ready(None);
+            }
+            let mut buf = BytesMut::with_capacity(READ_BUFFER.max(read.filled().len()));
+            buf.extend_from_slice(read.filled());
+            *self.inner.read_buffer_mut() = buf;
+            self.released = false;
+            self.unframed = true;
+        }
+        if self.unframed {
+            let mut buf = std::mem::take(self.inner.read_buffer_mut());
+            let frame = self.inner.decoder_mut().decode(&mut buf);
+            *self.inner.read_buffer_mut() = buf;
+            match frame {
+                Ok(Some(bytes)) => return Poll::Ready(Some(Ok(bytes))),
+                Ok(None) => self.unframed = false,
+                Err(e) => return Poll::Ready(Some(Err(e))),
+            }
+        }
+        Pin::new(&mut self.inner).poll_next(cx)
+    }
+}
+
 impl<T> Stream for FramedRead<T>
 where
     T: AsyncRead + Unpin,
@@ -421,13 +505,16 @@ where
         let _e = span.enter();
         loop {
             tracing::trace!("poll");
-            let bytes = match ready!(Pin::new(&mut self.inner).poll_next(cx)) {
+            // TOLLGATE PATCH: through `poll_frame_bytes`, for a released buffer.
+            let bytes = match ready!(self.poll_frame_bytes(cx)) {
                 Some(Ok(bytes)) => bytes,
                 Some(Err(e)) => return Poll::Ready(Some(Err(map_err(e)))),
                 None => return Poll::Ready(None),
             };
 
             tracing::trace!(read.bytes = bytes.len());
+            // TOLLGATE PATCH: see `take_activity`.
+            self.active = true;
             if let Some(frame) = self.decoder.decode(bytes)? {
                 tracing::debug!(?frame, "received");
                 return Poll::Ready(Some(Ok(frame)));

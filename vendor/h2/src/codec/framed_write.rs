@@ -52,6 +52,9 @@ struct Encoder<B> {
 
     /// Min buffer required to attempt to write a frame
     min_buffer_capacity: usize,
+
+    /// TOLLGATE PATCH: a frame was buffered since `take_activity`.
+    active: bool,
 }
 
 #[derive(Debug)]
@@ -99,6 +102,7 @@ where
                 max_frame_size: frame::DEFAULT_MAX_FRAME_SIZE,
                 chain_threshold,
                 min_buffer_capacity: chain_threshold + frame::HEADER_LEN,
+                active: false,
             },
         }
     }
@@ -223,6 +227,12 @@ where
     fn buffer(&mut self, item: Frame<B>) -> Result<(), UserError> {
         // Ensure that we have enough capacity to accept the write.
         assert!(self.has_capacity());
+        // TOLLGATE PATCH: the first frame after `release_idle_buffer`
+        // allocates the buffer again; see `take_activity` too.
+        self.active = true;
+        if self.buf.get_ref().capacity() == 0 {
+            self.buf = Cursor::new(BytesMut::with_capacity(DEFAULT_BUFFER_CAPACITY));
+        }
         let span = tracing::trace_span!("FramedWrite::buffer", frame = ?item);
         let _e = span.enter();
 
@@ -307,9 +317,12 @@ where
     }
 
     fn has_capacity(&self) -> bool {
+        // TOLLGATE PATCH: a released buffer (no capacity) has room: `buffer`
+        // allocates it again.
         self.next.is_none()
-            && (self.buf.get_ref().capacity() - self.buf.get_ref().len()
-                >= self.min_buffer_capacity)
+            && (self.buf.get_ref().capacity() == 0
+                || self.buf.get_ref().capacity() - self.buf.get_ref().len()
+                    >= self.min_buffer_capacity)
     }
 
     fn is_empty(&self) -> bool {
@@ -341,6 +354,24 @@ impl<T, B> FramedWrite<T, B> {
     /// Set the peer's header table size.
     pub fn set_header_table_size(&mut self, val: usize) {
         self.encoder.hpack.update_max_size(val);
+    }
+
+    /// TOLLGATE PATCH: whether a frame was buffered since the last call.
+    pub fn take_activity(&mut self) -> bool {
+        std::mem::take(&mut self.encoder.active)
+    }
+
+    /// TOLLGATE PATCH: frees the write buffer when it holds nothing to
+    /// write, so that an idle connection does not keep it; the next frame
+    /// buffered allocates it again.
+    pub fn release_idle_buffer(&mut self) {
+        let encoder = &mut self.encoder;
+        if encoder.next.is_none()
+            && !encoder.buf.has_remaining()
+            && encoder.buf.get_ref().capacity() != 0
+        {
+            encoder.buf = Cursor::new(BytesMut::new());
+        }
     }
 
     /// Retrieve the last data frame that has been sent

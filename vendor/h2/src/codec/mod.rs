@@ -121,6 +121,22 @@ impl<T, B> Codec<T, B> {
         self.framed_write().take_last_data_frame()
     }
 
+    /// TOLLGATE PATCH: whether a frame was read or buffered for writing
+    /// since the last call.
+    pub(crate) fn take_activity(&mut self) -> bool {
+        let read = self.inner.take_activity();
+        self.framed_write().take_activity() | read
+    }
+
+    /// TOLLGATE PATCH: frees the read and write buffers that hold nothing
+    /// (and the HPACK decoder's Huffman buffer if unused), for a connection
+    /// about to wait; they are allocated again by the next bytes read and
+    /// the next frame written.
+    pub(crate) fn release_idle_buffers(&mut self) {
+        self.inner.release_idle_buffer();
+        self.framed_write().release_idle_buffer();
+    }
+
     fn framed_write(&mut self) -> &mut FramedWrite<T, B> {
         self.inner.get_mut()
     }

@@ -149,6 +149,9 @@ struct StringMarker {
     string: Option<Bytes>,
 }
 
+/// TOLLGATE PATCH: the Huffman decoding buffer's size (upstream's constant).
+const HUFFMAN_BUFFER: usize = 4096;
+
 // ===== impl Decoder =====
 
 impl Decoder {
@@ -158,7 +161,19 @@ impl Decoder {
             max_size_update: None,
             last_max_update: size,
             table: Table::new(size),
-            buffer: BytesMut::with_capacity(4096),
+            // TOLLGATE PATCH: allocated by the first Huffman-coded string.
+            buffer: BytesMut::new(),
+        }
+    }
+
+    /// TOLLGATE PATCH: frees the Huffman decoding buffer when nothing
+    /// decoded from it is still alive (neither a request's headers nor the
+    /// dynamic table's entries), so that an idle connection does not keep
+    /// it. A buffer still shared is kept: dropping it would free nothing
+    /// and the next strings would start a new one.
+    pub fn release_idle_buffer(&mut self) {
+        if self.buffer.capacity() != 0 && self.buffer.try_reclaim(HUFFMAN_BUFFER) {
+            self.buffer = BytesMut::new();
         }
     }
 
@@ -333,6 +348,10 @@ impl Decoder {
 
         let offset = (buf.position() - old_pos) as usize;
         if huff {
+            // TOLLGATE PATCH: (re)allocated lazily, see `release_idle_buffer`.
+            if self.buffer.capacity() == 0 {
+                self.buffer = BytesMut::with_capacity(HUFFMAN_BUFFER);
+            }
             let ret = {
                 let raw = &buf.chunk()[..len];
                 huffman::decode(raw, &mut self.buffer).map(|buf| StringMarker {

@@ -337,6 +337,24 @@ impl Table {
     fn insert(&mut self, header: Header, hash: HashValue) {
         self.inserted = self.inserted.wrapping_add(1);
 
+        // TOLLGATE PATCH: the table keeps its own copy of a field's value. A
+        // value is often a slice of a larger buffer (a proxy's response
+        // header, parsed from its upstream connection's read buffer), which
+        // an entry kept for the connection's life would keep whole.
+        let header = match header {
+            Header::Field { name, value } => {
+                let value = match header::HeaderValue::from_bytes(value.as_bytes()) {
+                    Ok(mut copy) => {
+                        copy.set_sensitive(value.is_sensitive());
+                        copy
+                    }
+                    Err(_) => value,
+                };
+                Header::Field { name, value }
+            }
+            other => other,
+        };
+
         self.slots.push_front(Slot {
             hash,
             header,

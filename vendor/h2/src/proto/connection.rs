@@ -11,7 +11,7 @@ use std::io;
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::AsyncRead;
 
 /// An H2 connection
@@ -28,6 +28,12 @@ where
 
 // Extracted part of `Connection` which does not depend on `T`. Reduces the amount of duplicated
 // method instantiations.
+/// TOLLGATE PATCH: how long a connection moves no frame before a wake-up
+/// that finds nothing to do frees its buffers (see `Connection::poll`).
+/// Shorter than the second after which tollgate's idle timer wakes an
+/// HTTP/2 connection (`PARK_AFTER`, src/edge/connection.rs).
+const RELEASE_IDLE_AFTER: Duration = Duration::from_millis(500);
+
 #[derive(Debug)]
 struct ConnectionInner<P, B: Buf = Bytes>
 where
@@ -59,6 +65,9 @@ where
 
     /// A `tracing` span tracking the lifetime of the connection.
     span: tracing::Span,
+
+    /// TOLLGATE PATCH: when the connection last waited after moving a frame.
+    last_active: Instant,
 
     /// Client or server
     _phantom: PhantomData<P>,
@@ -168,6 +177,7 @@ where
                 settings: Settings::new(config.settings),
                 streams,
                 span,
+                last_active: Instant::now(),
                 _phantom: PhantomData,
             },
         }
@@ -332,6 +342,18 @@ where
                                 continue;
                             }
 
+                            // TOLLGATE PATCH: everything written and flushed,
+                            // no frame read or written since the connection
+                            // last waited, and none for `RELEASE_IDLE_AFTER`
+                            // (this wake-up is a timer's, say): it is idle, and
+                            // keeps no buffer while it waits. A busy
+                            // connection keeps them.
+                            if self.codec.take_activity() {
+                                self.inner.last_active = Instant::now();
+                            } else if self.inner.last_active.elapsed() >= RELEASE_IDLE_AFTER {
+                                self.codec.release_idle_buffers();
+                                self.inner.streams.release_idle_storage();
+                            }
                             return Poll::Pending;
                         }
                     };

@@ -33,6 +33,13 @@ impl<T> Buffer<T> {
     pub fn is_empty(&self) -> bool {
         self.slab.is_empty()
     }
+
+    /// TOLLGATE PATCH: frees the slab's storage when it holds no frame.
+    pub fn release_if_empty(&mut self) {
+        if self.slab.is_empty() && self.slab.capacity() != 0 {
+            self.slab = Slab::new();
+        }
+    }
 }
 
 impl Deque {

@@ -49,7 +49,8 @@ pub(super) struct Recv {
     reset_duration: Duration,
 
     /// Holds frames that are waiting to be read
-    buffer: Buffer<Event>,
+    /// TOLLGATE PATCH: `pub(super)`, for `Streams::release_idle_storage`.
+    pub(super) buffer: Buffer<Event>,
 
     /// If push promises are allowed to be received.
     is_push_enabled: bool,

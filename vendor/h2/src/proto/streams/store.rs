@@ -86,6 +86,15 @@ impl Store {
         }
     }
 
+    /// TOLLGATE PATCH: frees the slab's and the index's storage when no
+    /// stream is stored (then no key to them is held anywhere).
+    pub fn release_if_empty(&mut self) {
+        if self.slab.is_empty() && self.ids.is_empty() && self.slab.capacity() != 0 {
+            self.slab = slab::Slab::new();
+            self.ids = IndexMap::new();
+        }
+    }
+
     pub fn find_mut(&mut self, id: &StreamId) -> Option<Ptr<'_>> {
         let index = {
             let key = self.ids.get(id)?;

@@ -1139,6 +1139,19 @@ where
         me.store.num_active_streams()
     }
 
+    /// TOLLGATE PATCH: frees the storage of streams and of their queued
+    /// frames when none is left, so that an idle connection does not keep
+    /// it; the next stream allocates it again.
+    pub fn release_idle_storage(&self) {
+        {
+            let mut me = self.inner.lock().unwrap();
+            let me = &mut *me;
+            me.store.release_if_empty();
+            me.actions.recv.buffer.release_if_empty();
+        }
+        self.send_buffer.inner.lock().unwrap().release_if_empty();
+    }
+
     pub fn has_streams(&self) -> bool {
         let me = self.inner.lock().unwrap();
         me.counts.has_streams()
