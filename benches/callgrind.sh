@@ -10,6 +10,8 @@
 #   benches/callgrind.sh --decoys 1000 --only forward # 1,000 prefix rules
 #       (`match.path = "/decoyN/*"`) and 1,000 routes (`/decoyN/`) that
 #       the requests do not match, before the ones they do
+#   benches/callgrind.sh --h2                  # the client speaks HTTP/2 (h2c,
+#       prior knowledge): h2load, one stream at a time on one connection
 #
 # Prints one line per scenario:
 #   CALLGRIND scenario=forward decoys=0 requests=2000 instr_per_req=123456 ...
@@ -32,6 +34,7 @@ REQUESTS=2000
 KEEP=""
 DECOYS=0
 ONLY=""
+PROTO=h1
 while [ $# -gt 0 ]; do
   case "$1" in
     --tollgate) TOLLGATE="$2"; shift 2 ;;
@@ -39,13 +42,14 @@ while [ $# -gt 0 ]; do
     --keep) KEEP="$2"; shift 2 ;;
     --decoys) DECOYS="$2"; shift 2 ;;
     --only) ONLY="$2"; shift 2 ;;
-    -h|--help) sed -n 2,25p "$0"; exit 0 ;;
+    --h2) PROTO=h2; shift ;;
+    -h|--help) sed -n 2,27p "$0"; exit 0 ;;
     *) echo "callgrind.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-for tool in valgrind curl; do
+for tool in valgrind curl h2load; do
   if ! command -v "$tool" >/dev/null; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind curl >/dev/null
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind curl nghttp2-client >/dev/null
   fi
 done
 if [ -z "$TOLLGATE" ]; then
@@ -85,6 +89,19 @@ ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 EOF
 python3 "$WORK/upstream.py" "$UP" & PIDS+=($!)
 wait_port "$UP"
+
+# requests PORT PATH N: N requests one after another on one keep-alive
+# connection; prints the replies as COUNTxSTATUS (h2load's: COUNTxCLASS).
+requests() {
+  if [ "$PROTO" = h2 ]; then
+    # h2load's requests all go to one path; the connection is its own.
+    h2load -n "$3" -c 1 -m 1 -H 'x-user-id: u1' "http://127.0.0.1:$1/$2" \
+      | awk '/^status codes:/ {for (i = 3; i < NF; i += 2) if ($i > 0) {sub(",", "", $(i+1)); printf "%s%sx%s", (n++ ? "," : ""), $i, $(i+1)}}'
+  else
+    curl -s -o /dev/null -w '%{http_code}\n' -H 'x-user-id: u1' "http://127.0.0.1:$1/$2/[1-$3]" \
+      | sort | uniq -c | awk '{printf "%s%sx%s", (NR>1?",":""), $1, $2}'
+  fi
+}
 
 # scenario LIMIT: one tollgate under callgrind, warmed up, then REQUESTS
 # requests on one keep-alive connection, counted.
@@ -134,17 +151,17 @@ EOF
   local pid=$!
   PIDS+=("$pid")
   wait_port "$proxy"
-  curl -s -o /dev/null -H 'x-user-id: u1' "http://127.0.0.1:$proxy/warm/[1-200]"
+  requests "$proxy" warm 200 >/dev/null
   callgrind_control --zero "$pid" >/dev/null 2>&1
   local codes
-  codes=$(curl -s -o /dev/null -w '%{http_code}\n' -H 'x-user-id: u1' "http://127.0.0.1:$proxy/p/[1-$REQUESTS]" | sort | uniq -c | awk '{printf "%s%sx%s", (NR>1?",":""), $1, $2}')
+  codes=$(requests "$proxy" p "$REQUESTS")
   callgrind_control --dump=measured "$pid" >/dev/null 2>&1
   kill "$pid"; wait "$pid" 2>/dev/null || true
   # The dump asked for above is the first numbered one; the unnumbered
   # file is the program's end.
   local profile="$dir/callgrind.out.1" total
   total=$(grep -h '^summary:' "$profile" | awk '{print $2}')
-  echo "CALLGRIND scenario=$name decoys=$DECOYS requests=$REQUESTS instr_per_req=$((total / REQUESTS)) replies=${codes%,}"
+  echo "CALLGRIND scenario=$name proto=$PROTO decoys=$DECOYS requests=$REQUESTS instr_per_req=$((total / REQUESTS)) replies=${codes%,}"
   if [ -n "$KEEP" ]; then mkdir -p "$KEEP"; cp "$profile" "$KEEP/$name.callgrind"; fi
 }
 

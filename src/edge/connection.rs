@@ -47,8 +47,9 @@ const H2_MAX_STREAMS: u32 = 100;
 
 /// How long an HTTP/1.1 connection waits for its next request with
 /// hyper's buffers and state before it gives them back (see
-/// [`crate::edge::idle::park`]): long enough that a busy connection keeps
-/// them, request after request.
+/// [`crate::edge::idle::park`]), and an HTTP/2 connection before h2 gives
+/// back its buffers: long enough that a busy connection keeps them,
+/// request after request.
 const PARK_AFTER: Duration = Duration::from_secs(1);
 
 /// The server setup of both protocols (`tollgate-floor`'s, whose
@@ -224,7 +225,14 @@ pub(crate) async fn serve_connection<IO>(
     // out of line and its future (several KiB) copied on every request.
     let svc = service_fn(move |req| serve_request(conn.clone(), req));
     let served = match first_bytes(&mut io).await {
-        Some(true) => watcher.watch_retiring(setup.h2.serve_connection(TokioIo::new(io), svc), retire).await,
+        Some(true) => {
+            // h2 gives back its buffers when a wake-up finds nothing to read
+            // or write (vendor/h2/TOLLGATE-PATCH.md): the park timer's, once
+            // the connection has idled for `PARK_AFTER`, is that wake-up.
+            // Nothing takes the park itself: HTTP/2 is never parked.
+            io.park_when_idle(PARK_AFTER);
+            watcher.watch_retiring(setup.h2.serve_connection(TokioIo::new(io), svc), retire).await
+        }
         Some(false) => serve_h1(io, svc, &setup.h1, &inflight, watcher.signal(Some(retire))).await,
         // Closed, or timed out, before saying anything: how its shutdown
         // goes is of no interest.

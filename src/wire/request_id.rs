@@ -73,7 +73,12 @@ pub fn generate() -> HeaderValue {
     // One allocation holding the bytes and their count of owners: the
     // copies for the upstream request, an error body and the access log
     // share it. Hex digits and '-': always a valid header value.
-    HeaderValue::from_maybe_shared(Bytes::from_owner(buf)).unwrap_or(HeaderValue::from_static("-"))
+    let mut id = HeaderValue::from_maybe_shared(Bytes::from_owner(buf)).unwrap_or(HeaderValue::from_static("-"));
+    // Never indexed by HPACK: a value no later message repeats would only
+    // push useful entries out of an HTTP/2 connection's table, and cost an
+    // insertion per response (the same bytes on the wire otherwise).
+    id.set_sensitive(true);
+    id
 }
 
 /// Whether an id from a trusted proxy is kept: 1 to [`MAX_LEN`] bytes of
