@@ -22,7 +22,7 @@ use libmimalloc_sys::{
 };
 
 /// Turns transparent huge pages off for this process, unless the operator
-/// set `MIMALLOC_ALLOW_THP`. mimalloc is built never to ask for them
+/// set `MIMALLOC_ALLOW_THP` (the kernel's `always` mode then applies). mimalloc is built never to ask for them
 /// (`no_thp`: no `madvise` on the arenas it maps), which is enough on a
 /// kernel in `madvise` mode; this covers `always` mode, where the kernel
 /// would back every arena with 2 MiB pages anyway. A huge page stays
