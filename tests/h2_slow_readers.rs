@@ -16,6 +16,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use support::big_upstream::{BigUpstream, kernel_queued};
+use support::process::Process;
 use support::{Call, eventually};
 
 const MIB: usize = 1024 * 1024;
@@ -26,70 +27,26 @@ const STREAMS: usize = 256;
 /// the noise of a process of this size.
 const CONNECTIONS: usize = 4;
 
-/// A tollgate process; killed on drop.
-struct Process {
-    child: Child,
-    proxy: SocketAddr,
-    _dir: tempfile::TempDir,
+/// The binary in front of `upstream` with `listen` added to its
+/// `[listen]` section.
+fn start(upstream: &BigUpstream, listen: &str) -> Process {
+    start_with(upstream, listen, "")
 }
 
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// [`start`] with `route` added to its route.
+fn start_with(upstream: &BigUpstream, listen: &str, route: &str) -> Process {
+    let config = format!(
+        "[listen]\nproxy = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n{listen}\n\n[rules]\npath = \"rules\"\n\n\
+         [[upstream]]\nname = \"big\"\nurl = \"http://{}\"\ntimeout = \"10s\"\n\n\
+         [[route]]\npath_prefix = \"/\"\nupstream = \"big\"\n{route}\n",
+        upstream.addr
+    );
+    Process::start(&config, "", &[])
 }
 
-impl Process {
-    /// Starts the binary in front of `upstream` with `listen` added to its
-    /// `[listen]` section, and reads its address from its JSON log line.
-    fn start(upstream: &BigUpstream, listen: &str) -> Process {
-        Process::start_with(upstream, listen, "")
-    }
-
-    /// [`Process::start`] with `route` added to its route.
-    fn start_with(upstream: &BigUpstream, listen: &str, route: &str) -> Process {
-        let dir = tempfile::tempdir().expect("temp dir");
-        std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
-        let cfg = format!(
-            "[listen]\nproxy = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n{listen}\n\n[rules]\npath = \"rules\"\n\n\
-             [[upstream]]\nname = \"big\"\nurl = \"http://{}\"\ntimeout = \"10s\"\n\n\
-             [[route]]\npath_prefix = \"/\"\nupstream = \"big\"\n{route}\n",
-            upstream.addr
-        );
-        std::fs::write(dir.path().join("tollgate.toml"), cfg).expect("config");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-            .arg("--config")
-            .arg(dir.path().join("tollgate.toml"))
-            .args(["--log-format", "json"])
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("tollgate starts");
-        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-        let proxy = loop {
-            let line = lines.next().expect("tollgate exited before listening").expect("log line");
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
-            if v["fields"]["message"] == "tollgate listening" {
-                break v["fields"]["proxy"].as_str().and_then(|s| s.parse().ok()).expect("address in log");
-            }
-        };
-        // Keep draining the log so the process never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
-        Process { child, proxy, _dir: dir }
-    }
-
-    /// The process's resident memory, from /proc (Linux).
-    fn rss(&self) -> usize {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("/proc status");
-        let kib: usize = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmRSS in /proc/<pid>/status");
-        kib * 1024
-    }
+/// The process's resident memory in bytes.
+fn rss(tg: &Process) -> usize {
+    tg.rss_kib() * 1024
 }
 
 /// One run of tests/support/h2_slow_client.py; it exits when dropped (its
@@ -167,18 +124,18 @@ struct Growth {
 
 async fn growth(mode: &str) -> Growth {
     let upstream = BigUpstream::start(16 * MIB).await;
-    let tg = Process::start(&upstream, "");
+    let tg = start(&upstream, "");
     // Warm up: one whole download over h2, so first-use allocations are made.
     let r = Call::new("GET", tg.proxy, "/warm").h2().send().await;
     assert_eq!(r.body.len(), 16 * MIB);
-    let before = tg.rss();
+    let before = rss(&tg);
     let mut clients = Vec::new();
     for _ in 0..CONNECTIONS {
         clients.push(SlowClient::start(tg.proxy, mode).await);
     }
     eventually("the upstream started writing", || async { upstream.written.load(Ordering::SeqCst) > 16 * MIB }).await;
     let pulled = settled(&upstream).await - 16 * MIB;
-    let grown = tg.rss().saturating_sub(before);
+    let grown = rss(&tg).saturating_sub(before);
     let queued = kernel_queued(&[upstream.addr.port(), tg.proxy.port()]);
     let held = pulled.saturating_sub(queued);
     println!(
@@ -239,7 +196,7 @@ async fn an_h2_connection_that_grants_no_window_holds_a_bounded_amount() {
 #[tokio::test]
 async fn an_h2_connection_that_grants_no_window_is_closed_after_send_timeout() {
     let upstream = BigUpstream::start(16 * MIB).await;
-    let tg = Process::start(&upstream, "send_timeout = \"1s\"");
+    let tg = start(&upstream, "send_timeout = \"1s\"");
     let started = Instant::now();
     let mut client = SlowClient::start(tg.proxy, "nowindow").await;
     let word = client.next_line(Duration::from_secs(8)).await;
@@ -251,7 +208,7 @@ async fn an_h2_connection_that_grants_no_window_is_closed_after_send_timeout() {
 #[tokio::test]
 async fn an_h2_connection_that_stops_reading_is_closed_after_send_timeout() {
     let upstream = BigUpstream::start(16 * MIB).await;
-    let tg = Process::start(&upstream, "send_timeout = \"1s\"");
+    let tg = start(&upstream, "send_timeout = \"1s\"");
     let _client = SlowClient::start(tg.proxy, "noread").await;
     // tollgate gives up on the client and drops the upstream responses it
     // was relaying: the upstream's writes fail.
@@ -265,7 +222,7 @@ async fn a_normal_h2_client_downloads_many_large_responses_on_one_connection() {
     use hyper_util::rt::TokioExecutor;
 
     let upstream = BigUpstream::start(16 * MIB).await;
-    let tg = Process::start(&upstream, "");
+    let tg = start(&upstream, "");
     let client: Client<_, Empty<bytes::Bytes>> = Client::builder(TokioExecutor::new()).http2_only(true).build_http();
     let started = Instant::now();
     let downloads: Vec<_> = (0..8)
@@ -290,10 +247,10 @@ async fn a_normal_h2_client_downloads_many_large_responses_on_one_connection() {
 /// route `buffer_body` of 128 KiB; and the bytes the clients got to send.
 async fn upload_growth(n: usize, per_stream: usize, listen: &str) -> (usize, usize) {
     let upstream = BigUpstream::start(MIB).await;
-    let tg = Process::start_with(&upstream, listen, "buffer_body = \"128KiB\"");
+    let tg = start_with(&upstream, listen, "buffer_body = \"128KiB\"");
     let r = Call::new("GET", tg.proxy, "/warm").h2().send().await;
     assert_eq!(r.body.len(), MIB);
-    let before = tg.rss();
+    let before = rss(&tg);
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/h2_upload_client.py");
     let mut clients = Vec::new();
     let mut sent = 0;
@@ -316,7 +273,7 @@ async fn upload_growth(n: usize, per_stream: usize, listen: &str) -> (usize, usi
         sent += bytes;
         clients.push(child);
     }
-    let grown = tg.rss().saturating_sub(before);
+    let grown = rss(&tg).saturating_sub(before);
     println!("uploads ({listen}): clients sent {} KiB, tollgate grew {} KiB", sent / 1024, grown / 1024);
     for mut c in clients {
         let _ = c.kill();

@@ -9,12 +9,12 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use support::Upstream;
+use support::process::Process;
 
 /// Connections each test opens: enough that the growth stands well above
 /// the noise of a process of this size, few enough to take a second or two.
@@ -40,84 +40,32 @@ const CONNECTIONS: usize = 2_000;
 const H1_BOUND_KIB: usize = 20;
 const H2_BOUND_KIB: usize = 16;
 
-/// A tollgate process; killed on drop.
-struct Process {
-    child: Child,
-    proxy: SocketAddr,
-    _dir: tempfile::TempDir,
+/// The binary in front of `upstream`, with timeouts long enough that no
+/// idle connection is closed during the test.
+fn start(upstream: SocketAddr) -> Process {
+    let config = format!(
+        "[listen]\nproxy = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\nidle_timeout = \"600s\"\n\
+         header_read_timeout = \"600s\"\nmax_connections = {}\n\n[rules]\npath = \"rules\"\n\n\
+         [[upstream]]\nname = \"svc\"\nurl = \"http://{upstream}\"\n\n\
+         [[route]]\npath_prefix = \"/\"\nupstream = \"svc\"\n",
+        CONNECTIONS * 2
+    );
+    let rules = "[[rule]]\nname = \"per-user\"\nkey = [\"header:x-user-id\"]\nlimit = 1000000000\nwindow = \"1s\"\n";
+    Process::start(&config, rules, &[])
 }
 
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Process {
-    /// The binary in front of `upstream`, with timeouts long enough that no
-    /// idle connection is closed during the test.
-    fn start(upstream: SocketAddr) -> Process {
-        let dir = tempfile::tempdir().expect("temp dir");
-        std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
-        let cfg = format!(
-            "[listen]\nproxy = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\nidle_timeout = \"600s\"\n\
-             header_read_timeout = \"600s\"\nmax_connections = {}\n\n[rules]\npath = \"rules\"\n\n\
-             [[upstream]]\nname = \"svc\"\nurl = \"http://{upstream}\"\n\n\
-             [[route]]\npath_prefix = \"/\"\nupstream = \"svc\"\n",
-            CONNECTIONS * 2
-        );
-        std::fs::write(dir.path().join("tollgate.toml"), cfg).expect("config");
-        std::fs::write(
-            dir.path().join("rules").join("rules.toml"),
-            "[[rule]]\nname = \"per-user\"\nkey = [\"header:x-user-id\"]\nlimit = 1000000000\nwindow = \"1s\"\n",
-        )
-        .expect("rules");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-            .arg("--config")
-            .arg(dir.path().join("tollgate.toml"))
-            .args(["--log-format", "json"])
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("tollgate starts");
-        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-        let proxy = loop {
-            let line = lines.next().expect("tollgate exited before listening").expect("log line");
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
-            if v["fields"]["message"] == "tollgate listening" {
-                break v["fields"]["proxy"].as_str().and_then(|s| s.parse().ok()).expect("address in log");
-            }
-        };
-        // Keep draining the log so the process never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
-        Process { child, proxy, _dir: dir }
-    }
-
-    /// The process's resident memory in KiB, from /proc (Linux).
-    fn rss_kib(&self) -> usize {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("/proc status");
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmRSS in /proc/<pid>/status")
-    }
-
-    /// RSS once it stops moving for a moment (memory is returned lazily).
-    fn settled_rss_kib(&self) -> usize {
-        let mut last = self.rss_kib();
-        for _ in 0..8 {
-            std::thread::sleep(Duration::from_millis(150));
-            let now = self.rss_kib();
-            if now == last {
-                break;
-            }
-            last = now;
+/// RSS once it stops moving for a moment (memory is returned lazily).
+fn settled_rss_kib(tg: &Process) -> usize {
+    let mut last = tg.rss_kib();
+    for _ in 0..8 {
+        std::thread::sleep(Duration::from_millis(150));
+        let now = tg.rss_kib();
+        if now == last {
+            break;
         }
-        last
+        last = now;
     }
+    last
 }
 
 #[derive(Clone, Copy)]
@@ -255,7 +203,7 @@ fn h2_stream(stream: u32, path: &str, body: &[u8]) -> Vec<u8> {
 /// costs, not what the allocator keeps from the burst that opened them.
 async fn kib_per_idle_connection(protocol: Protocol, connections: usize) -> f64 {
     let upstream = Upstream::start().await;
-    let tg = Process::start(upstream.addr);
+    let tg = start(upstream.addr);
     let proxy = tg.proxy;
     let (before, after) = tokio::task::spawn_blocking(move || {
         // An HTTP/1.1 connection gives back hyper's buffers after a second
@@ -264,10 +212,10 @@ async fn kib_per_idle_connection(protocol: Protocol, connections: usize) -> f64 
         let settle = Duration::from_millis(2_500);
         let first: Vec<TcpStream> = (0..connections).map(|_| one_request(proxy, protocol)).collect();
         std::thread::sleep(settle);
-        let before = tg.settled_rss_kib();
+        let before = settled_rss_kib(&tg);
         let idle: Vec<TcpStream> = (0..connections).map(|_| one_request(proxy, protocol)).collect();
         std::thread::sleep(settle);
-        let after = tg.settled_rss_kib();
+        let after = settled_rss_kib(&tg);
         drop((first, idle));
         (before, after)
     })
@@ -297,7 +245,7 @@ async fn an_idle_http2_connection_costs_little() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_http2_connection_serves_its_next_requests() {
     let upstream = Upstream::start().await;
-    let tg = Process::start(upstream.addr);
+    let tg = start(upstream.addr);
     let proxy = tg.proxy;
     tokio::task::spawn_blocking(move || {
         let mut s = one_request(proxy, Protocol::Http2);
@@ -321,7 +269,7 @@ async fn an_idle_http2_connection_serves_its_next_requests() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parked_connection_serves_its_next_request() {
     let upstream = Upstream::start().await;
-    let tg = Process::start(upstream.addr);
+    let tg = start(upstream.addr);
     let proxy = tg.proxy;
     tokio::task::spawn_blocking(move || {
         let mut s = one_request(proxy, Protocol::Http1);
@@ -345,4 +293,27 @@ async fn a_parked_connection_serves_its_next_request() {
     })
     .await
     .expect("client");
+}
+
+/// A minimal config for [`huge_pages_are_off_unless_the_operator_asks`].
+const THP_CONFIG: &str = "[listen]\nproxy = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\n[rules]\npath = \"rules\"\n\n\
+                      [[upstream]]\nname = \"svc\"\nurl = \"http://127.0.0.1:9\"\n\n\
+                      [[route]]\npath_prefix = \"/\"\nupstream = \"svc\"\n";
+const THP_RULES: &str = "[[rule]]\nname = \"per-ip\"\nkey = [\"ip\"]\nlimit = 10\nwindow = \"1s\"\n";
+
+/// tollgate keeps transparent huge pages off for itself: a huge page holds
+/// 2 MiB resident for what a few idle connections use of it (this file's
+/// subject; docs/benchmarks.md). An operator who wants them sets
+/// `MIMALLOC_ALLOW_THP`, which then decides.
+#[test]
+fn huge_pages_are_off_unless_the_operator_asks() {
+    let plain = Process::start(THP_CONFIG, THP_RULES, &[]);
+    // The kernel says whether THP is allowed for a process (Linux 5.0+).
+    let Some(enabled) = plain.status("THP_enabled") else {
+        eprintln!("this kernel does not report THP_enabled; nothing to check");
+        return;
+    };
+    assert_eq!(enabled, "0", "tollgate must turn transparent huge pages off for itself");
+    let asked = Process::start(THP_CONFIG, THP_RULES, &[("MIMALLOC_ALLOW_THP", "1")]);
+    assert_eq!(asked.status("THP_enabled").as_deref(), Some("1"), "MIMALLOC_ALLOW_THP=1 leaves them on");
 }
