@@ -3,7 +3,7 @@
 //! the user is the verified token's subject, never a header the client
 //! chose.
 
-mod support;
+use crate::support;
 
 use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
 use serde_json::json;

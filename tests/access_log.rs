@@ -5,7 +5,7 @@
 //! file, as logrotate needs; and a write cut short (a full disk) leaves no
 //! torn line behind.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

@@ -3,7 +3,7 @@
 //! TLS version, over plain HTTP/1.0, 1.1, h2c and TLS, and the redirect
 //! listener's lines.
 
-mod support;
+use crate::support;
 
 use serde_json::Value;
 use support::Tollgate;

@@ -2,7 +2,7 @@
 //! `promtool check metrics`, no per-client labels), `/healthz`, `/readyz`,
 //! `/rules`.
 
-mod support;
+use crate::support;
 
 use std::io::Write as _;
 use std::process::{Command, Stdio};

@@ -2,7 +2,7 @@
 //! limit, rejected requests never reach the upstream, and quota comes back
 //! exactly when the injected clock says it should.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! touched, slow clients are cut off with 408 after `body_read_timeout`, and
 //! a client's slowness never counts against the upstream.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -6,7 +6,7 @@
 //! `Retry-After` lands on the next first of the month in Berlin, computed
 //! here with the time-zone database on the real clock.
 
-mod support;
+use crate::support;
 
 use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};

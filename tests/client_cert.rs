@@ -3,7 +3,7 @@
 //! a real tollgate and rustls clients presenting certificates made by a CA
 //! of the test (and by another CA, which must not be accepted).
 
-mod support;
+use crate::support;
 
 use support::Upstream;
 use support::tls::{Issued, TestCa};

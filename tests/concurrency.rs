@@ -8,7 +8,7 @@
 //! in memory, and a shutdown gives back the slots of the requests its drain
 //! cuts.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

@@ -7,7 +7,7 @@
 //! The HTTP/2 client is Python's `h2` package over a raw socket
 //! (tests/support/h2_client.py), driven line by line.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

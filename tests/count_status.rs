@@ -4,7 +4,7 @@
 //! failure in a row is refused; on the memory store and on a real Redis
 //! Cluster shared by two instances.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::OnceLock;

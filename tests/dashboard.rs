@@ -5,7 +5,7 @@
 //! new traffic by itself, without a reload. Also the page's headers and the
 //! `/upstreams` endpoint it reads.
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 use std::process::Stdio;

@@ -3,7 +3,7 @@
 //! client limited through one is limited through the other; 400 for what
 //! the caller got wrong; on a real Redis Cluster too.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::process::Command;

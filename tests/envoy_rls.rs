@@ -5,7 +5,7 @@
 //! proxy's rules and store, so the proxy, the decision API and Envoy spend
 //! one counter; on a real Redis Cluster too.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

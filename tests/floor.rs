@@ -2,7 +2,7 @@
 //! and its upstream pool: the binary as edge-bench runs it, with tollgate's
 //! own config file, in front of a real upstream.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

@@ -7,7 +7,7 @@
 //! `RESOURCE_EXHAUSTED` with its retry delay in a `google.rpc.RetryInfo`
 //! (decoded by grpcio-status), never the `UNAVAILABLE` a client retries.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::Path;

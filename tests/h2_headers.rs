@@ -3,7 +3,7 @@
 //! whatever HTTP/2's own accounting (32 bytes more per field) says. Driven
 //! by the Python h2 package over h2c.
 
-mod support;
+use crate::support;
 
 use support::{DEADLINE, Tollgate, Upstream, config};
 use tokio::process::Command;

@@ -7,7 +7,7 @@
 //! (tests/support/h2_slow_client.py; `scripts/test` installs it), tollgate
 //! the real binary, whose resident memory is read from /proc (Linux).
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

@@ -3,7 +3,7 @@
 //! dead upstream leaves the others alone, and rules rewritten under load
 //! never fail a request.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! `RateLimit-Policy` / `RateLimit` for every matching rule, and the 429
 //! answer with `Retry-After` that is never early.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@
 //! tollgate is the real binary (debug build, its own allocator), so that
 //! the clients' memory is not counted; its RSS is read from /proc (Linux).
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

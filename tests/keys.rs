@@ -2,7 +2,7 @@
 //! the IP fallback when the identity is missing, trusted proxies and
 //! `X-Forwarded-For`, and IPv6 clients grouped by /64.
 
-mod support;
+use crate::support;
 
 use support::{Call, Tollgate, Upstream, config, statuses};
 

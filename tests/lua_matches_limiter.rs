@@ -11,7 +11,7 @@
 //! (`redis.call('TIME')` in prelude.lua) replaced by the test's instant, in
 //! whole microseconds, the server clock's resolution.
 
-mod support;
+use crate::support;
 
 use fred::clients::Client;
 use fred::interfaces::ClientLike;

@@ -4,7 +4,7 @@
 //! override's lower limit. Overrides and tiers reload with the rules, keep
 //! every other key's counter, and show in `/rules` and `tollgate explain`.
 
-mod support;
+use crate::support;
 
 use std::sync::OnceLock;
 

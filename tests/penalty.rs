@@ -5,7 +5,7 @@
 //! the time left. On the memory store (the test clock moves) and on a
 //! real Redis Cluster shared by two instances (real time passes).
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 use std::sync::OnceLock;

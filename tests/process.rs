@@ -2,7 +2,7 @@
 //! and exits 0, and (opt-in, `cargo test --test process -- --ignored`) a soak
 //! under constant load keeps memory and file descriptors flat.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

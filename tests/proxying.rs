@@ -2,7 +2,7 @@
 //! HTTP/1.1 and h2c clients, routing, and the answers tollgate gives itself
 //! when there is no route or the upstream fails.
 
-mod support;
+use crate::support;
 
 use bytes::Bytes;
 use http::Version;

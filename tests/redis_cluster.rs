@@ -7,7 +7,7 @@
 //!
 //! One cluster is shared by the whole file; every test uses its own rules.
 
-mod support;
+use crate::support;
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};

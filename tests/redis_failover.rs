@@ -7,7 +7,7 @@
 //! This file starts its own cluster: the kill must not disturb the tests
 //! of other files.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

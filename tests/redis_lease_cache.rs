@@ -11,7 +11,7 @@
 //! waits out the store timeout and the key admits one request per timeout
 //! (measured with benches/hot_key: 47 a second against a limit of 1,000).
 
-mod support;
+use crate::support;
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};

@@ -9,7 +9,7 @@
 //! One server is shared by the whole file; every test uses its own key
 //! prefix.
 
-mod support;
+use crate::support;
 
 use std::sync::OnceLock;
 

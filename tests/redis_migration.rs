@@ -4,7 +4,7 @@
 //! the limit holds exactly. Its own cluster: moving a slot would disturb
 //! the other cluster tests.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -9,7 +9,7 @@
 //! This file starts its own cluster: the paused node must not disturb the
 //! tests of other files.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

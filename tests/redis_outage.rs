@@ -3,7 +3,7 @@
 //! the policy is `deny`), `/healthz/store` (the store itself), and the store
 //! metrics. Each test runs its own `redis-server`, killed with `kill -9`.
 
-mod support;
+use crate::support;
 
 use support::redis::{RedisServer, tollgate_config};
 use support::{Tollgate, Upstream, eventually, metric};

@@ -6,7 +6,7 @@
 //! This file starts its own cluster: the frozen node must not disturb the
 //! tests of other files.
 
-mod support;
+use crate::support;
 
 use support::redis::{OwnCluster, ip_on_master};
 

@@ -7,7 +7,7 @@
 //! One server is shared by the whole file (started on first use, stopped
 //! when the test process exits); every test uses its own key prefix.
 
-mod support;
+use crate::support;
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

@@ -5,7 +5,7 @@
 //! Redis that asks for a client certificate gets one from `tls_cert_file`
 //! and `tls_key_file`, and refuses tollgate without it.
 
-mod support;
+use crate::support;
 
 use support::redis::{RedisTlsServer, tollgate_config};
 use support::{Tollgate, Upstream, eventually};

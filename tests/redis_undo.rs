@@ -10,7 +10,7 @@
 //!   cluster sync makes fred drop that connection: fred reports the refund
 //!   out of attempts and tollgate sends it again, to the same node.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use support::redis::{RedisCluster, RedisServer, tollgate_config};

@@ -3,7 +3,7 @@
 //! Kubernetes-style atomic symlink swap is picked up. Every wait polls
 //! `/rules` with a deadline; none sleeps a fixed time.
 
-mod support;
+use crate::support;
 
 use std::os::unix::fs::symlink;
 use std::path::Path;

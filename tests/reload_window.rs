@@ -2,7 +2,7 @@
 //! memory store as on Redis: the state is read with the new window from
 //! then on (see "Counters" in the README), never started afresh.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

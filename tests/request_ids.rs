@@ -3,7 +3,7 @@
 //! writes itself; tollgate names itself in `Via` both ways, with the
 //! protocol version of each hop.
 
-mod support;
+use crate::support;
 
 use std::collections::HashSet;
 

@@ -4,7 +4,7 @@
 //! charged on top into debt that the next requests wait out); on the memory
 //! store and on a real Redis Cluster shared by two instances.
 
-mod support;
+use crate::support;
 
 use std::sync::OnceLock;
 use std::time::Duration;

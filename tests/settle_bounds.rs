@@ -3,7 +3,7 @@
 //! counted in, and not what a token bucket has already drained of it. On
 //! the memory store and on a real Redis.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -3,7 +3,7 @@
 //! disconnects them after `send_timeout`. (Linux: one test reads
 //! /proc/self/status.)
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! floods and HPACK bombs end the abusive connection or are absorbed, and
 //! tollgate keeps serving.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

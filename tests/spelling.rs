@@ -6,7 +6,7 @@
 //! Requests go over raw TCP where the spelling matters: an HTTP client
 //! library would tidy it up before it left.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 

@@ -4,7 +4,7 @@
 //! upstream's own `RateLimit` / `RateLimit-Policy` items are kept beside
 //! tollgate's, and its `X-RateLimit-*` never become more permissive.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! and counted as an upstream timeout; trailers pass both ways; a client
 //! that goes away is counted as such, not as an upstream failure.
 
-mod support;
+use crate::support;
 
 use std::future::Future;
 use std::net::SocketAddr;

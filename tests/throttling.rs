@@ -1,7 +1,7 @@
 //! How hard a rule limits: shadow mode, soft and elastic throttling, and
 //! requests that cost more than one unit.
 
-mod support;
+use crate::support;
 
 use support::{Tollgate, Upstream, burst, count, decisions, expect_statuses, metric, statuses};
 

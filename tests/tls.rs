@@ -2,7 +2,7 @@
 //! h2load, Python's `ssl` and rustls. Certificates come from a CA made in
 //! each test.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::Path;

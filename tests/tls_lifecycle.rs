@@ -2,7 +2,7 @@
 //! current as they are renewed, and session tickets, with which a client
 //! resumes without a full handshake (Python's `ssl`, a real OpenSSL client).
 
-mod support;
+use crate::support;
 
 use support::tls::{TestCa, site};
 use support::{Tollgate, eventually, metric, write_atomic};

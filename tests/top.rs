@@ -3,7 +3,7 @@
 //! shown only hashed; on the memory store and on a real Redis Cluster;
 //! 400s for bad questions; nothing counted with `[admin] top_keys = 0`.
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 use std::time::Duration;

@@ -6,7 +6,7 @@
 //! the access log line its trace id; an untrusted `traceparent` starts a
 //! new trace; a collector that is down costs counted spans, not requests.
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 use std::process::Stdio;

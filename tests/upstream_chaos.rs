@@ -5,7 +5,7 @@
 //! at least one server is healthy); the test prints how many requests were
 //! sent, retried and answered 503.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -1,7 +1,7 @@
 //! The upstream connection pool (`tollgate::upstream::pool`): what hyper-util's pooled
 //! client did for us before, kept.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

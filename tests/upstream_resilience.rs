@@ -4,7 +4,7 @@
 //! settings and reloads that keep what they can. Real upstreams on
 //! loopback, some of them misbehaving on purpose at the TCP level.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -3,7 +3,7 @@
 //! another server, and their metrics, against real servers that can be
 //! killed and started again on the same port.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;

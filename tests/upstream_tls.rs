@@ -4,7 +4,7 @@
 //! (ALPN) and over cleartext (prior knowledge). The servers are real hyper
 //! servers behind rustls, with certificates from a CA made in the test.
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -6,7 +6,7 @@
 //! shutdown closing it, and
 //! upgrades that would carry HTTP past the limiter never tunnelled.
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 use std::process::Stdio;

@@ -1,0 +1,69 @@
+//! Every integration test in one binary: one link instead of one per file
+//! (the suite spent most of its CI time building). Each file under `tests/`
+//! stays a module of its own; `support` is what they share. Run one file's
+//! tests with `cargo nextest run -E 'test(/^access_log::/)'`.
+
+mod support;
+
+mod access;
+mod access_log;
+mod access_log_fields;
+mod admin;
+mod algorithms;
+mod bodies;
+mod calendar;
+mod cli_check;
+mod client_cert;
+mod concurrency;
+mod connection_lifetime;
+mod count_status;
+mod dashboard;
+mod decision_api;
+mod envoy_rls;
+mod examples;
+mod floor;
+mod grpc;
+mod h2_headers;
+mod h2_slow_readers;
+mod hardening;
+mod headers;
+mod idle_memory;
+mod keys;
+mod kubernetes;
+mod lua_matches_limiter;
+mod overrides;
+mod penalty;
+mod process;
+mod proxying;
+mod redis_cluster;
+mod redis_failover;
+mod redis_lease_cache;
+mod redis_leases;
+mod redis_migration;
+mod redis_node_health;
+mod redis_outage;
+mod redis_partial;
+mod redis_store;
+mod redis_tls;
+mod redis_undo;
+mod reload;
+mod reload_window;
+mod request_ids;
+mod settle;
+mod settle_bounds;
+mod slow_readers;
+mod smuggling;
+mod spelling;
+mod standards;
+mod streaming;
+mod throttling;
+mod tls;
+mod tls_lifecycle;
+mod top;
+mod tracing;
+mod upstream_chaos;
+mod upstream_pool;
+mod upstream_resilience;
+mod upstream_servers;
+mod upstream_tls;
+mod websocket;
