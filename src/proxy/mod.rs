@@ -300,9 +300,11 @@ impl Proxy {
         // sent when the body ends, or when it is dropped (so is a request
         // whose future is dropped before it has an answer).
         let Exchange { request_id, held, on_trailers, .. } = x;
-        if self.client.request_id_in_response {
+        if self.client.request_id_in_response && matches!(resp.body(), Either::Left(_)) {
             // Replaces an upstream's own: one id for the client, the
-            // upstream and the access log. tollgate's answers have it already.
+            // upstream and the access log. tollgate's own answers (the
+            // other side of the `Either`) were made with it: inserting it
+            // again would hash its name once more on every refusal.
             resp.headers_mut().insert(request_id::X_REQUEST_ID, request_id);
         }
         self.metrics.request_duration_seconds.observe(started.elapsed().as_secs_f64());
