@@ -4,6 +4,7 @@
 //! across rules: unique names, one JWT claim for tiers, `[[envoy]]`.
 
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
 
 use toml::Spanned;
@@ -79,8 +80,13 @@ pub fn load_rules_cached(
         c.keep_only(&files);
     }
     let mut specs: Vec<RuleSpec> = Vec::new();
-    // Rule names to their place in `specs`, across files.
-    let mut named: HashMap<String, usize> = HashMap::new();
+    // Places in `specs` by their rule's name, across files: indices hashed
+    // by the name they point at, rather than a copy of every name.
+    let names = foldhash::fast::FixedState::default();
+    let mut named: hashbrown::HashTable<usize> = hashbrown::HashTable::new();
+    // The first rule in `specs` that reads tiers from a claim: every other
+    // one there reads the same claim.
+    let mut claimed: Option<usize> = None;
     let mut denies: Vec<DenySpec> = Vec::new();
     let mut envoy = Vec::new();
     let mut errors = Vec::new();
@@ -99,10 +105,14 @@ pub fn load_rules_cached(
             None => validate_rules_file(file, &source, config),
         };
         denies.extend(parsed.denies);
+        // Reserved once: a push past the capacity moves every spec.
+        specs.reserve(parsed.rules.len());
+        named.reserve(parsed.rules.len(), |&i| names.hash_one(&specs[i].name));
         for (rule, span) in parsed.rules {
-            if let Some(why) = claim_conflict(specs.iter(), &rule) {
+            let hash = names.hash_one(&rule.name);
+            if let Some(why) = claimed.and_then(|first| claim_conflict(&specs[first], &rule)) {
                 file_errors.push(ConfigError::at(file, &source, Some(span), why));
-            } else if let Some(first) = named.get(&rule.name).map(|&i| &specs[i]) {
+            } else if let Some(first) = named.find(hash, |&i| specs[i].name == rule.name).map(|&i| &specs[i]) {
                 file_errors.push(ConfigError::at(
                     file,
                     &source,
@@ -110,7 +120,10 @@ pub fn load_rules_cached(
                     format!("rule name {:?} is already used at {}:{}", rule.name, first.source.display(), first.line),
                 ));
             } else {
-                named.insert(rule.name.clone(), specs.len());
+                if claimed.is_none() && claim_of(&rule).is_some() {
+                    claimed = Some(specs.len());
+                }
+                named.insert_unique(hash, specs.len(), |&i| names.hash_one(&specs[i].name));
                 specs.push(rule);
             }
         }
@@ -185,6 +198,9 @@ pub(super) fn validate_rules_file(file: &Path, source: &str, config: &Config) ->
     // Names seen so far, to their rule in `out`: a file of thousands of
     // rules is checked in one pass, not one per rule.
     let mut named: HashMap<String, usize> = HashMap::new();
+    // The first rule in `out` that reads tiers from a claim (as in
+    // `load_rules_cached`).
+    let mut claimed: Option<usize> = None;
     for r in raw.rule {
         let line = v.lines.line(r.span().start);
         let r = r.into_inner();
@@ -195,9 +211,12 @@ pub(super) fn validate_rules_file(file: &Path, source: &str, config: &Config) ->
             continue;
         }
         if let Some(spec) = v.rule(r, line, config) {
-            if let Some(why) = claim_conflict(out.iter().map(|(s, _)| s), &spec) {
+            if let Some(why) = claimed.and_then(|first| claim_conflict(&out[first].0, &spec)) {
                 v.error(name_span, why);
                 continue;
+            }
+            if claimed.is_none() && claim_of(&spec).is_some() {
+                claimed = Some(out.len());
             }
             named.insert(spec.name.clone(), out.len());
             out.push((spec, name_span));
@@ -206,23 +225,30 @@ pub(super) fn validate_rules_file(file: &Path, source: &str, config: &Config) ->
     (RulesFile { rules: out, denies, envoy: raw.envoy }, v.errors)
 }
 
-/// Why `rule` cannot join `earlier`, if it cannot: its tier reads another
-/// JWT claim than theirs. One claim is kept of each verified token, so that
-/// remembering a token costs one more string, not a copy of its claims.
-fn claim_conflict<'a>(mut earlier: impl Iterator<Item = &'a RuleSpec>, rule: &RuleSpec) -> Option<String> {
-    let claim = |s: &RuleSpec| match s.tiers.as_ref().map(|t| &t.source) {
-        Some(TierSource::Claim(c)) => Some(c.clone()),
+/// Why `rule` cannot join the rules before it, if it cannot: its tier reads
+/// another JWT claim than theirs, all of which read `first`'s (a rule that
+/// differs is refused, so comparing with the first that reads one is
+/// comparing with them all, in constant time). One claim is kept of each
+/// verified token, so that remembering a token costs one more string, not
+/// a copy of its claims.
+fn claim_conflict(first: &RuleSpec, rule: &RuleSpec) -> Option<String> {
+    let (mine, theirs) = (claim_of(rule)?, claim_of(first)?);
+    (mine != theirs).then(|| {
+        format!(
+            "tier \"claim:{mine}\": rule {:?} ({}:{}) reads tiers from claim {theirs:?}, and all rules must read the same claim",
+            first.name,
+            first.source.display(),
+            first.line,
+        )
+    })
+}
+
+/// The JWT claim a rule reads its tier from, if it does.
+fn claim_of(rule: &RuleSpec) -> Option<&str> {
+    match rule.tiers.as_ref().map(|t| &t.source) {
+        Some(TierSource::Claim(c)) => Some(c),
         _ => None,
-    };
-    let mine = claim(rule)?;
-    let other = earlier.find(|s| claim(s).is_some_and(|c| c != mine))?;
-    Some(format!(
-        "tier \"claim:{mine}\": rule {:?} ({}:{}) reads tiers from claim {:?}, and all rules must read the same claim",
-        other.name,
-        other.source.display(),
-        other.line,
-        claim(other).unwrap_or_default()
-    ))
+    }
 }
 
 /// [`rule_files`], or none when the path cannot be read (for change

@@ -229,6 +229,32 @@ fn all_claim_tiers_read_one_claim() {
     );
 }
 
+#[test]
+fn claim_tiers_across_files_are_checked_against_the_first_rule_that_reads_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let jwt = jwt_config(&dir);
+    let rules = dir.path().join("rules");
+    std::fs::create_dir(&rules).expect("rules dir");
+    let claim = |name: &str, claim: &str| {
+        format!(
+            "[[rule]]\nname = \"{name}\"\nlimit = 1\nwindow = \"1s\"\ntier = \"claim:{claim}\"\ntiers = {{ default = 1 }}\n"
+        )
+    };
+    let plain = "[[rule]]\nname = \"p\"\nlimit = 1\nwindow = \"1s\"\n";
+    std::fs::write(rules.join("a.toml"), format!("{plain}{}", claim("a", "plan"))).expect("write");
+    std::fs::write(rules.join("b.toml"), claim("c", "tier")).expect("write");
+    let e = crate::config::load_rules(&rules, &jwt).expect_err("two claims");
+    let lines: Vec<String> = e.0.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        lines,
+        [format!(
+            "{}:2:8: tier \"claim:tier\": rule \"a\" ({}:5) reads tiers from claim \"plan\", and all rules must read the same claim",
+            rules.join("b.toml").display(),
+            rules.join("a.toml").display()
+        )]
+    );
+}
+
 /// Issue 29: `ip=::ffff:127.0.0.1` and `ip=2001:db8:1::5` were accepted and
 /// never applied: requests are keyed by the IPv4 address and by the /64.
 #[test]

@@ -79,3 +79,30 @@ fn an_unchanged_calendar_rule_is_shared_and_a_new_time_zone_is_not() {
     let other = RuleSet::from_loaded_reusing(loaded(&cal("Asia/Tokyo")), &m, Some(&first));
     assert!(!Arc::ptr_eq(&first.rules[0], &other.rules[0]));
 }
+
+#[test]
+fn the_path_index_is_shared_while_every_path_stays_and_rebuilt_when_one_moves() {
+    let m = Metrics::new();
+    let at = |name: &str, path: &str, limit: u64| {
+        format!("[[rule]]\nname = \"{name}\"\nlimit = {limit}\nwindow = \"1s\"\nmatch = {{ path = \"{path}\" }}\n\n")
+    };
+    // More rules than the index looks at all of (rules 0-8), then b at 9.
+    let decoys: String = (0..9).map(|i| at(&format!("d{i}"), &format!("/d{i}/*"), 1)).collect();
+    let load = |tail: &str| loaded(&(decoys.clone() + tail));
+    let first = RuleSet::from_loaded(load(&at("b", "/b/*", 2)), &m);
+    // A limit edited: every path where it was, one index for both sets.
+    let limit = RuleSet::from_loaded_reusing(load(&at("b", "/b/*", 3)), &m, Some(&first));
+    assert!(!Arc::ptr_eq(named(&first, "b"), named(&limit, "b")));
+    assert!(Arc::ptr_eq(&first.paths, &limit.paths));
+    // A path edited: a new index, which files the rule under its new path.
+    let moved = RuleSet::from_loaded_reusing(load(&at("b", "/c/*", 3)), &m, Some(&limit));
+    assert!(!Arc::ptr_eq(&limit.paths, &moved.paths));
+    let candidates = |set: &RuleSet, path: &str| set.paths.candidates(path).collect::<Vec<_>>();
+    assert_eq!(candidates(&limit, "/b/x"), [9]);
+    assert_eq!(candidates(&moved, "/b/x"), Vec::<usize>::new());
+    assert_eq!(candidates(&moved, "/c/x"), [9]);
+    // A rule added: more entries than the index has.
+    let added = RuleSet::from_loaded_reusing(load(&(at("b", "/c/*", 3) + &at("e", "/e/*", 4))), &m, Some(&moved));
+    assert!(!Arc::ptr_eq(&moved.paths, &added.paths));
+    assert_eq!(candidates(&added, "/e/x"), [10]);
+}
