@@ -30,7 +30,7 @@ done
 [ -x "$TOLLGATE" ] || { echo "reload_stall: give --tollgate PATH (a release build)" >&2; exit 2; }
 PATH="$PATH:/usr/sbin"
 USERS_LUA="$HERE/../../shared/bench/users.lua"
-[ -f "$USERS_LUA" ] || USERS_LUA="$HERE/fixtures/users.lua"
+[ -f "$USERS_LUA" ] || { echo "reload_stall: needs edge-bench's users.lua at $USERS_LUA" >&2; exit 2; }
 
 WORK="$(mktemp -d /tmp/reload-stall.XXXXXX)"
 PIDS=()
