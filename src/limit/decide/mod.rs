@@ -35,6 +35,10 @@ use crate::wire::headers;
 mod outcome;
 mod round;
 
+/// A request's rules, checks or reports: nearly every request matches one
+/// rule, kept inline instead of in an allocation of its own.
+pub type PerRule<T> = smallvec::SmallVec<[T; 1]>;
+
 pub use outcome::Outcome;
 
 /// The rules in force, the store, and what reading a verdict needs: shared
@@ -94,12 +98,12 @@ pub enum Ruling {
 /// A request's matching rules, their answers from one store round, and
 /// what those say.
 pub struct Decision<'r> {
-    pub pending: Vec<Pending<'r>>,
+    pub pending: PerRule<Pending<'r>>,
     /// One per pending rule, in order.
     pub answers: Vec<Answer>,
     /// What the client is told, one per enforced rule that answered (shadow
     /// rules are counted and measured, never shown).
-    pub reports: Vec<RuleReport<'r>>,
+    pub reports: PerRule<RuleReport<'r>>,
     pub ruling: Ruling,
     /// When the reservations of rules that settle were sent (`None` when
     /// no matching rule settles).
@@ -118,9 +122,9 @@ impl<'r> Decision<'r> {
     /// A decision yet to be made: no rules, admitted.
     pub fn new() -> Decision<'r> {
         Decision {
-            pending: Vec::new(),
+            pending: PerRule::new(),
             answers: Vec::new(),
-            reports: Vec::new(),
+            reports: PerRule::new(),
             ruling: Ruling::Admitted { delay: 0 },
             stamp: None,
             top: false,
@@ -281,7 +285,7 @@ impl Decider {
         if d.pending.is_empty() {
             return;
         }
-        let checks: Vec<Check<'_>> = d.pending.iter().map(|p| self.check_of(p)).collect();
+        let checks: PerRule<Check<'_>> = d.pending.iter().map(|p| self.check_of(p)).collect();
         let started = Instant::now();
         let answers = match &self.store {
             // The memory store answers synchronously: no timer needed.
@@ -319,8 +323,8 @@ impl Decider {
         rules: &'r RuleSet,
         facts: &RequestFacts<'_>,
         asked: Asked,
-    ) -> Result<Vec<Pending<'r>>, ProxyError> {
-        let mut pending: Vec<Pending<'r>> = Vec::new();
+    ) -> Result<PerRule<Pending<'r>>, ProxyError> {
+        let mut pending: PerRule<Pending<'r>> = PerRule::new();
         for rule in rules.matching(facts) {
             if let Some(reason) = asked.invalid_token
                 && rule.spec.on_invalid_token == InvalidToken::Reject
