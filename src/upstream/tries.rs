@@ -245,14 +245,18 @@ struct ClientHead {
     bytes: Vec<u8>,
 }
 
+/// Bytes set aside per field in [`ClientHead::of`]'s buffer.
+const FIELD_ROOM: usize = 48;
+
 impl ClientHead {
     fn of(parts: &http::request::Parts) -> ClientHead {
         let uri = &parts.uri;
         let (scheme, authority) = (uri.scheme_str().unwrap_or(""), uri.authority().map_or("", |a| a.as_str()));
         let path = uri.path_and_query().map_or("", |p| p.as_str());
         let target = scheme.len() + if scheme.is_empty() { 0 } else { 3 } + authority.len() + path.len();
-        let fields: usize = parts.headers.iter().map(|(n, v)| n.as_str().len() + v.len() + 2).sum();
-        let mut bytes = Vec::with_capacity(target + fields);
+        // Room for typical fields without walking them twice to measure
+        // them; a head with longer ones grows the buffer once or twice.
+        let mut bytes = Vec::with_capacity(target + FIELD_ROOM * parts.headers.len());
         if !scheme.is_empty() {
             bytes.extend_from_slice(scheme.as_bytes());
             bytes.extend_from_slice(b"://");
