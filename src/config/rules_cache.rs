@@ -35,7 +35,8 @@ use std::path::{Path, PathBuf};
 
 use super::main_file::Config;
 use super::raw::RawRulesFile;
-use super::spec::{RuleSpec, TierSource};
+use super::rules_file::claim_of;
+use super::spec::RuleSpec;
 use super::validate::Validator;
 
 /// The rules files as last read without error.
@@ -211,7 +212,7 @@ fn consistent(rules: &[Kept]) -> bool {
         if !names.insert(k.spec.name.as_str()) {
             return false;
         }
-        if let Some(TierSource::Claim(c)) = k.spec.tiers.as_ref().map(|t| &t.source) {
+        if let Some(c) = claim_of(&k.spec) {
             if claim.is_some_and(|first| first != c) {
                 return false;
             }

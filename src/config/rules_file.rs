@@ -244,7 +244,7 @@ fn claim_conflict(first: &RuleSpec, rule: &RuleSpec) -> Option<String> {
 }
 
 /// The JWT claim a rule reads its tier from, if it does.
-fn claim_of(rule: &RuleSpec) -> Option<&str> {
+pub(super) fn claim_of(rule: &RuleSpec) -> Option<&str> {
     match rule.tiers.as_ref().map(|t| &t.source) {
         Some(TierSource::Claim(c)) => Some(c),
         _ => None,
