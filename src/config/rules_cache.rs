@@ -35,7 +35,6 @@ use std::path::{Path, PathBuf};
 
 use super::main_file::Config;
 use super::raw::RawRulesFile;
-use super::rules_file::claim_of;
 use super::spec::RuleSpec;
 use super::validate::Validator;
 
@@ -212,7 +211,7 @@ fn consistent(rules: &[Kept]) -> bool {
         if !names.insert(k.spec.name.as_str()) {
             return false;
         }
-        if let Some(c) = claim_of(&k.spec) {
+        if let Some(c) = k.spec.claim() {
             if claim.is_some_and(|first| first != c) {
                 return false;
             }

@@ -14,7 +14,7 @@ use super::error::{ConfigError, ConfigErrors};
 use super::main_file::Config;
 use super::raw::{RawEnvoy, RawRulesFile};
 use super::rules_cache::RulesCache;
-use super::spec::{DenySpec, RuleSpec, TierSource};
+use super::spec::{DenySpec, RuleSpec};
 use super::validate::Validator;
 
 /// Everything the rules path holds, validated.
@@ -120,7 +120,7 @@ pub fn load_rules_cached(
                     format!("rule name {:?} is already used at {}:{}", rule.name, first.source.display(), first.line),
                 ));
             } else {
-                if claimed.is_none() && claim_of(&rule).is_some() {
+                if claimed.is_none() && rule.claim().is_some() {
                     claimed = Some(specs.len());
                 }
                 named.insert_unique(hash, specs.len(), |&i| names.hash_one(&specs[i].name));
@@ -215,7 +215,7 @@ pub(super) fn validate_rules_file(file: &Path, source: &str, config: &Config) ->
                 v.error(name_span, why);
                 continue;
             }
-            if claimed.is_none() && claim_of(&spec).is_some() {
+            if claimed.is_none() && spec.claim().is_some() {
                 claimed = Some(out.len());
             }
             named.insert(spec.name.clone(), out.len());
@@ -232,7 +232,7 @@ pub(super) fn validate_rules_file(file: &Path, source: &str, config: &Config) ->
 /// verified token, so that remembering a token costs one more string, not
 /// a copy of its claims.
 fn claim_conflict(first: &RuleSpec, rule: &RuleSpec) -> Option<String> {
-    let (mine, theirs) = (claim_of(rule)?, claim_of(first)?);
+    let (mine, theirs) = (rule.claim()?, first.claim()?);
     (mine != theirs).then(|| {
         format!(
             "tier \"claim:{mine}\": rule {:?} ({}:{}) reads tiers from claim {theirs:?}, and all rules must read the same claim",
@@ -241,14 +241,6 @@ fn claim_conflict(first: &RuleSpec, rule: &RuleSpec) -> Option<String> {
             first.line,
         )
     })
-}
-
-/// The JWT claim a rule reads its tier from, if it does.
-pub(super) fn claim_of(rule: &RuleSpec) -> Option<&str> {
-    match rule.tiers.as_ref().map(|t| &t.source) {
-        Some(TierSource::Claim(c)) => Some(c),
-        _ => None,
-    }
 }
 
 /// [`rule_files`], or none when the path cannot be read (for change

@@ -241,6 +241,14 @@ impl RuleSpec {
     pub fn settles_from_response(&self) -> bool {
         self.cost_response_header.is_some() || self.count_status.is_some()
     }
+
+    /// The JWT claim the rule reads its tier from, if it does.
+    pub fn claim(&self) -> Option<&str> {
+        match self.tiers.as_ref().map(|t| &t.source) {
+            Some(TierSource::Claim(c)) => Some(c),
+            _ => None,
+        }
+    }
 }
 
 /// One key's own limits (`[[rule.override]]`).
