@@ -307,22 +307,37 @@ fn split_authority(value: &[u8]) -> Option<(&str, Option<&str>)> {
     let (host, port) = if let Some(rest) = value.strip_prefix('[') {
         let (v6, after) = rest.split_once(']')?;
         v6.parse::<std::net::Ipv6Addr>().ok()?;
-        let port = match after {
-            "" => None,
-            p => Some(p.strip_prefix(':')?),
-        };
-        (v6, port)
+        (v6, after)
     } else {
-        match value.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (value, None),
+        // One pass on every request: the host runs to the first byte a
+        // reg-name cannot hold, which can only be the port's colon.
+        let end = value.bytes().position(|b| !REG_NAME[usize::from(b)]).unwrap_or(value.len());
+        if end == 0 {
+            return None;
         }
+        value.split_at(end)
     };
-    let reg_name = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~');
-    let host_ok = value.starts_with('[') || (!host.is_empty() && host.bytes().all(reg_name));
-    let port_ok = port.is_none_or(|p| !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()));
-    (host_ok && port_ok).then_some((host, port))
+    if port.is_empty() {
+        return Some((host, None));
+    }
+    let port = port.strip_prefix(':')?;
+    let port_ok = !port.is_empty() && port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit());
+    port_ok.then_some((host, Some(port)))
 }
+
+/// The bytes of an RFC 3986 reg-name that a host may hold here: letters,
+/// digits, `-`, `.`, `_` and `~` (percent-encoding and sub-delims are
+/// refused), by byte value.
+static REG_NAME: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        t[b] = c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~');
+        b += 1;
+    }
+    t
+};
 
 /// Whether two hosts name the same one (case and a trailing dot aside).
 fn same_host(a: &str, b: &str) -> bool {
@@ -387,10 +402,13 @@ pub fn method_override(headers: &HeaderMap) -> Result<(), &'static str> {
 /// `X_User_Id` as `X-User-Id`, a header tollgate never looked at under that
 /// name (nginx's `underscores_in_headers off`).
 pub fn drop_underscored(headers: &mut HeaderMap) {
-    if !headers.keys().any(|k| k.as_str().contains('_')) {
+    // A plain byte loop: names are short, and `str::contains` sets up a
+    // searcher for each.
+    let underscored = |k: &HeaderName| k.as_str().bytes().any(|b| b == b'_');
+    if !headers.keys().any(underscored) {
         return;
     }
-    let names: Vec<HeaderName> = headers.keys().filter(|k| k.as_str().contains('_')).cloned().collect();
+    let names: Vec<HeaderName> = headers.keys().filter(|k| underscored(k)).cloned().collect();
     for name in names {
         headers.remove(&name);
     }

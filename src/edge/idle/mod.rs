@@ -55,6 +55,14 @@ use crate::edge::send_budget::SendBudget;
 
 pub use inflight::{Inflight, InflightBody, InflightGuard};
 
+/// What bytes moved since [`IdleIo`]'s timestamps were last set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Moved {
+    Bytes,
+    /// Some for a request in flight, or since one ended.
+    ForRequest,
+}
+
 /// What a connection speaks, as far as its first bytes tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Protocol {
@@ -79,6 +87,10 @@ pub struct IdleIo<T> {
     last_request: Instant,
     /// Requests ended as of `last_request`.
     ended_seen: usize,
+    /// Bytes moved since the timestamps were last set, and whether they
+    /// moved for a request: the clock is read once the next read waits
+    /// (what the timestamps are for), not on every read and write.
+    unstamped: Option<Moved>,
     /// `listen.header_read_timeout`; `None`: heads are not timed.
     header_timeout: Option<Duration>,
     protocol: Protocol,
@@ -122,6 +134,7 @@ impl<T> IdleIo<T> {
             last_activity: now,
             last_request: now,
             ended_seen: 0,
+            unstamped: None,
             header_timeout: None,
             protocol: Protocol::Undecided(0),
             waiting: None,
@@ -233,19 +246,35 @@ impl<T> IdleIo<T> {
     }
 
     fn touch(&mut self) {
-        // Only the timestamps move here; the timer is re-armed lazily when it
-        // fires, so busy connections do not reset a timer on every read.
-        let now = Instant::now();
-        self.last_activity = now;
-        if self.park_told {
-            self.unparked(now);
-        }
+        // Only what moved is noted here; the timestamps are set when the
+        // next read waits ([`IdleIo::stamp`]), and the timer is re-armed
+        // lazily when it fires, so busy connections neither read the clock
+        // nor reset a timer on every read and write.
         // `ended` first: it never passes `started`.
         let ended = self.inflight.ended();
-        if ended != self.ended_seen || self.inflight.started() != ended {
-            self.ended_seen = ended;
-            self.last_request = now;
+        let for_request = ended != self.ended_seen || self.inflight.started() != ended;
+        self.ended_seen = ended;
+        let moved = self.unstamped.get_or_insert(Moved::Bytes);
+        if for_request {
+            *moved = Moved::ForRequest;
         }
+        if self.park_told {
+            let now = self.stamp();
+            self.unparked(now);
+        }
+    }
+
+    /// Sets the timestamps of the bytes moved since they were last set
+    /// (now: a read waits right after the bytes it follows); returns now.
+    fn stamp(&mut self) -> Instant {
+        let now = Instant::now();
+        if let Some(moved) = self.unstamped.take() {
+            self.last_activity = now;
+            if moved == Moved::ForRequest {
+                self.last_request = now;
+            }
+        }
+        now
     }
 
     /// Whether the connection has been idle for the timeout. Registers the
@@ -263,6 +292,9 @@ impl<T> IdleIo<T> {
         }
         if !self.timer_waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
             self.timer_waker = Some(cx.waker().clone());
+        }
+        if self.unstamped.is_some() {
+            self.stamp();
         }
         // A wait for a head that began since the timer was armed may end
         // before it: the timer is moved to it (once per wait, and only
