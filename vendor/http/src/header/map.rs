@@ -3737,7 +3737,8 @@ where
         }
         // Fast hash
         _ => {
-            let mut h = FnvHasher::new();
+            // TOLLGATE PATCH: was FNV-1a, one multiply per byte of the name.
+            let mut h = WordHasher::new();
             k.hash(&mut h);
             h.finish()
         }
@@ -3746,30 +3747,72 @@ where
     HashValue((hash & MASK) as u16)
 }
 
-struct FnvHasher(u64);
+// TOLLGATE PATCH: the fast hash takes the name eight bytes at a time, with
+// FxHash's multiply (rustc-hash 2), instead of FNV-1a's multiply per byte:
+// a proxy inserts and looks up a dozen names a request, most of them custom
+// ones of 10 to 20 bytes (vendor/http/TOLLGATE-PATCH.md). Like FNV it is
+// unkeyed; the map's switch to the keyed hash (`Danger::Red`) when probe
+// sequences grow long is what protects it, as before.
+//
+// Each write is taken as whole words and a last partial word: the hash is
+// the same for bytes written at once and written in pieces whose lengths,
+// all but the last, are multiples of eight. `MaybeLower` (a name looked up
+// in another case) writes its lower-cased bytes in such pieces.
+struct WordHasher(u64);
 
-impl FnvHasher {
+const WORD_HASH_K: u64 = 0xf135_7aea_2e62_a9c5;
+
+impl WordHasher {
     #[inline]
     fn new() -> Self {
-        FnvHasher(0xcbf29ce484222325)
+        WordHasher(0)
+    }
+
+    #[inline]
+    fn mix(&mut self, word: u64) {
+        self.0 = self.0.wrapping_add(word).wrapping_mul(WORD_HASH_K);
     }
 }
 
-impl std::hash::Hasher for FnvHasher {
+impl std::hash::Hasher for WordHasher {
     #[inline]
     fn finish(&self) -> u64 {
-        self.0
+        // The multiply leaves the best-mixed bits at the top; the map keeps
+        // the low ones.
+        self.0.rotate_left(26)
     }
 
     #[inline]
     fn write(&mut self, bytes: &[u8]) {
-        let mut hash = self.0;
-        for &b in bytes {
-            hash ^= b as u64;
-            hash = hash.wrapping_mul(0x100000001b3);
+        let mut words = bytes.chunks_exact(8);
+        for word in &mut words {
+            self.mix(u64::from_le_bytes(word8(word)));
         }
-        self.0 = hash;
+        let rest = words.remainder().len();
+        if rest == 0 {
+            return;
+        }
+        // The last partial word, zero-padded: read as the top bytes of the
+        // last eight when there are eight, else byte by byte.
+        let tail = if bytes.len() >= 8 {
+            u64::from_le_bytes(word8(&bytes[bytes.len() - 8..])) >> (8 * (8 - rest))
+        } else {
+            bytes
+                .iter()
+                .rev()
+                .fold(0u64, |w, &b| (w << 8) | u64::from(b))
+        };
+        self.mix(tail);
     }
+
+}
+
+/// The first eight bytes of `bytes`, which has eight or more.
+#[inline]
+fn word8(bytes: &[u8]) -> [u8; 8] {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&bytes[..8]);
+    w
 }
 
 /*
@@ -4041,4 +4084,49 @@ fn skip_duplicates_during_key_iteration() {
     map.try_append("a", HeaderValue::from_static("a")).unwrap();
     map.try_append("a", HeaderValue::from_static("b")).unwrap();
     assert_eq!(map.keys().count(), map.keys_len());
+}
+
+// TOLLGATE PATCH: the word-at-a-time hash is the same for bytes written at
+// once and in pieces of eight, and a map finds a name looked up in any case.
+#[cfg(test)]
+mod tollgate_patch_tests {
+    use super::*;
+    use std::hash::Hasher;
+
+    #[test]
+    fn the_hash_is_the_same_for_bytes_written_in_pieces_of_eight() {
+        let bytes: Vec<u8> = (0u8..64).map(|i| b'a' + i % 26).collect();
+        for len in 0..bytes.len() {
+            let whole = {
+                let mut h = WordHasher::new();
+                h.write_usize(1);
+                h.write(&bytes[..len]);
+                h.finish()
+            };
+            let mut pieces = WordHasher::new();
+            pieces.write_usize(1);
+            for piece in bytes[..len].chunks(8) {
+                pieces.write(piece);
+            }
+            assert_eq!(pieces.finish(), whole, "len {}", len);
+        }
+    }
+
+    #[test]
+    fn names_are_found_in_any_case() {
+        let names = [
+            "a", "via", "host", "x-user-id", "x-request-id", "x-ratelimit-remaining",
+            "ratelimit-policy", "content-length", "x-a-name-longer-than-thirty-two-bytes",
+        ];
+        let mut map = HeaderMap::new();
+        for (i, n) in names.iter().enumerate() {
+            map.insert(HeaderName::from_static(n), HeaderValue::from(i));
+        }
+        for (i, n) in names.iter().enumerate() {
+            let upper = n.to_ascii_uppercase();
+            assert_eq!(map.get(*n), Some(&HeaderValue::from(i)), "{}", n);
+            assert_eq!(map.get(upper.as_str()), Some(&HeaderValue::from(i)), "{}", upper);
+        }
+        assert_eq!(map.get("x-user"), None);
+    }
 }
