@@ -279,4 +279,26 @@ mod tests {
         }
         assert_eq!(SMALL_AT[SMALL as usize] as usize, SMALL_LEN);
     }
+
+    /// The patched `HeaderMap` hash (vendor/http/TOLLGATE-PATCH.md) finds a
+    /// name in whatever case it is asked for: names of up to 64 bytes are
+    /// lower-cased before hashing, longer ones hashed in pieces of eight.
+    /// Run here so that `scripts/test` covers the patch.
+    #[test]
+    fn header_names_are_found_in_any_case_and_length() {
+        let mut names: Vec<String> =
+            [X_RATELIMIT_REMAINING, RATELIMIT, http::header::HOST].iter().map(|n| n.as_str().to_string()).collect();
+        names.extend(
+            [1, 7, 8, 9, 64, 65, 71, 72, 73, 100].map(|len| (0..len).map(|i| (b'a' + i % 26) as char).collect()),
+        );
+        let mut map = HeaderMap::new();
+        for (i, n) in names.iter().enumerate() {
+            map.insert(HeaderName::from_bytes(n.as_bytes()).expect("a token"), HeaderValue::from(i));
+        }
+        for (i, n) in names.iter().enumerate() {
+            assert_eq!(map.get(n.as_str()), Some(&HeaderValue::from(i)), "{n}");
+            let upper = n.to_ascii_uppercase();
+            assert_eq!(map.get(upper.as_str()), Some(&HeaderValue::from(i)), "{upper}");
+        }
+    }
 }

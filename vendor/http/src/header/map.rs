@@ -3804,7 +3804,6 @@ impl std::hash::Hasher for WordHasher {
         };
         self.mix(tail);
     }
-
 }
 
 /// The first eight bytes of `bytes`, which has eight or more.
@@ -4112,19 +4111,28 @@ mod tollgate_patch_tests {
         }
     }
 
+    /// Names of up to 64 bytes looked up in another case are lower-cased
+    /// into a buffer and hashed at once; longer ones are hashed as they
+    /// come (`MaybeLower` with `lower: false`), in pieces of eight.
     #[test]
     fn names_are_found_in_any_case() {
-        let names = [
+        let mut names: Vec<String> = [
             "a", "via", "host", "x-user-id", "x-request-id", "x-ratelimit-remaining",
             "ratelimit-policy", "content-length", "x-a-name-longer-than-thirty-two-bytes",
-        ];
+        ]
+        .iter()
+        .map(|n| n.to_string())
+        .collect();
+        for len in [65, 71, 72, 73, 100, 128] {
+            names.push((0..len).map(|i| (b'a' + (i % 26) as u8) as char).collect());
+        }
         let mut map = HeaderMap::new();
         for (i, n) in names.iter().enumerate() {
-            map.insert(HeaderName::from_static(n), HeaderValue::from(i));
+            map.insert(HeaderName::from_bytes(n.as_bytes()).unwrap(), HeaderValue::from(i));
         }
         for (i, n) in names.iter().enumerate() {
             let upper = n.to_ascii_uppercase();
-            assert_eq!(map.get(*n), Some(&HeaderValue::from(i)), "{}", n);
+            assert_eq!(map.get(n.as_str()), Some(&HeaderValue::from(i)), "{}", n);
             assert_eq!(map.get(upper.as_str()), Some(&HeaderValue::from(i)), "{}", upper);
         }
         assert_eq!(map.get("x-user"), None);
