@@ -11,8 +11,11 @@
 #
 # The other shapes of edge-bench, through the environment: USERS (1; 10000
 # is `spread`'s), CONNS (64; 1 is `latency`'s closed loop) and STORE
-# (memory, redis: one Redis, cluster: three masters, started here):
+# (memory, redis: one Redis, cluster: three masters, started here), and
+# LIMIT (100 per second; edge-bench's `allow` and `latency` use 1000000,
+# which a Redis store serves mostly from leases):
 #   USERS=10000 STORE=cluster benches/callgrind_flood.sh PATH OUT   # spread
+#   USERS=10000 CONNS=1 LIMIT=1000000 STORE=cluster ...              # latency
 #
 # Needs valgrind, wrk and nginx (the upstream); redis-server and redis-cli
 # for STORE=redis or cluster.
@@ -35,7 +38,7 @@ while True:
     except OSError:
         pass'; }
 UP=$(free_port); P=$(free_port); A=$(free_port); D=$(mktemp -d)
-USERS=${USERS:-1}; CONNS=${CONNS:-64}; STORE=${STORE:-memory}
+USERS=${USERS:-1}; CONNS=${CONNS:-64}; STORE=${STORE:-memory}; LIMIT=${LIMIT:-100}
 REDIS=()
 case "$STORE" in
   memory) STORE_TOML='backend = "memory"' ;;
@@ -78,7 +81,7 @@ url = "http://127.0.0.1:$UP"
 path_prefix = "/"
 upstream = "bench"
 E2
-printf '[[rule]]\nname = "per-user"\nkey = ["header:x-user-id"]\nalgorithm = "token_bucket"\nlimit = 100\nwindow = "1s"\n' > $D/rules.toml
+printf '[[rule]]\nname = "per-user"\nkey = ["header:x-user-id"]\nalgorithm = "token_bucket"\nlimit = %s\nwindow = "1s"\n' "$LIMIT" > $D/rules.toml
 TOLLGATE_WORKERS=1 RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file=$OUTF $BIN --config $D/t.toml > $D/tg.log 2>&1 & TG=$!
 for i in $(seq 300); do (echo > /dev/tcp/127.0.0.1/$P) 2>/dev/null && break; sleep 0.1; done
 USERS=$USERS taskset -c 0 wrk -t1 -c"$CONNS" -d2s -s "$USERS_LUA" "http://127.0.0.1:$P" >/dev/null 2>&1 || true

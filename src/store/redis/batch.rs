@@ -109,7 +109,8 @@ impl Shared {
         lazy: bool,
     ) -> impl Future<Output = Result<Reply, Failure>> + use<> {
         let (reply, answer) = oneshot::channel();
-        let (queue, node) = self.queue_of(&key, algorithm);
+        let slot = fred::util::redis_keyslot(key.as_bytes());
+        let (queue, node) = self.queue_at(slot, algorithm);
         let key = Str::from(key);
         let (start, arm) = if node.is_down() {
             // Not sent: its policy answers at once (see `health`).
@@ -122,7 +123,7 @@ impl Shared {
                 state.queues.resize_with(queue + 1, Queue::default);
             }
             let q = &mut state.queues[queue];
-            q.waiting.push(Waiting { key, args, deadline, reply });
+            q.waiting.push(Waiting { key, slot, args, deadline, reply });
             // An idle queue sends at once (a lazy check waits for a call or
             // the timer); a busy one only a full batch.
             let full = q.waiting.len() >= MAX_BATCH;
@@ -165,14 +166,16 @@ impl Shared {
         }
     }
 
-    /// The queue of `key`'s node for `algorithm`, and that node.
-    fn queue_of(&self, key: &str, algorithm: Algorithm) -> (usize, Arc<Node>) {
-        let (index, node) = self.node_of(key);
+    /// The queue for `algorithm` of the node owning `slot`, and that node.
+    fn queue_at(&self, slot: u16, algorithm: Algorithm) -> (usize, Arc<Node>) {
+        let (index, node) = self.node_at(slot);
         (index * ALGORITHMS + scripts::index(algorithm), node)
     }
 
-    /// The node owning `key` now (as fred routes it), and its index.
-    pub(super) fn node_of(&self, key: &str) -> (usize, Arc<Node>) {
+    /// The node owning `slot` now (as fred routes it), and its index.
+    /// (Hashing a key to its slot costs as much as the rest of this: a
+    /// check's slot is hashed once, when it is queued.)
+    fn node_at(&self, slot: u16) -> (usize, Arc<Node>) {
         if self.batcher.clustered {
             let stale = {
                 let state = self.batcher.state.lock();
@@ -183,7 +186,7 @@ impl Shared {
             }
         }
         let state = self.batcher.state.lock();
-        let slot = usize::from(fred::util::redis_keyslot(key.as_bytes()));
+        let slot = usize::from(slot);
         let index = if self.batcher.clustered { usize::from(state.routes.get(slot).copied().unwrap_or(0)) } else { 0 };
         match state.nodes.get(index).or(state.nodes.first()) {
             Some(node) => (index, node.clone()),
@@ -195,7 +198,9 @@ impl Shared {
 
     /// Whether the node owning `key` is down (its checks are not sent).
     pub(super) fn node_down(&self, key: &str) -> bool {
-        self.node_of(key).1.is_down()
+        // With every node up (the count is kept with each node's flag), no
+        // key needs hashing to know.
+        self.health.is_degraded() && self.node_at(fred::util::redis_keyslot(key.as_bytes())).1.is_down()
     }
 
     /// Reads fred's slot map: each slot's primary, as an index, and the
@@ -282,12 +287,12 @@ impl Shared {
         }
         let (Some(deadline), Some(first)) = (batch.iter().map(|w| w.deadline).min(), batch.first()) else { return };
         // Where fred sends the call: the owner of its first key.
-        let node = self.node_of(&first.key).1;
+        let (node, slot) = (self.node_at(first.slot).1, first.slot);
         let jobs: Vec<call::Job<'_>> = batch.iter().map(|w| (&w.key, &w.args)).collect();
         let script = self.scripts.get(algorithm);
         self.metrics.redis_calls_total.inc();
         self.metrics.redis_call_checks_total.inc_by(jobs.len() as u64);
-        let result = call::run_batch(self.pool.next(), script, &jobs, deadline, self.timeout).await;
+        let result = call::run_batch(self.pool.next(), script, slot, &jobs, deadline, self.timeout).await;
         self.record(&node, result.as_ref().err());
         drop(jobs);
         let outcomes = match result {
@@ -326,7 +331,7 @@ impl Shared {
         self.metrics.redis_calls_total.inc_by(checks.len() as u64);
         self.metrics.redis_call_checks_total.inc_by(checks.len() as u64);
         let calls = checks.into_iter().map(|w| async move {
-            let node = shared.node_of(&w.key).1;
+            let node = shared.node_at(w.slot).1;
             let result = call::run(shared.pool.next(), script, &w.key, w.args, w.deadline, shared.timeout).await;
             shared.record(&node, result.as_ref().err());
             let _ = w.reply.send(result);

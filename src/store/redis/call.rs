@@ -30,7 +30,8 @@ pub(super) async fn run(
     deadline: Instant,
     timeout: Duration,
 ) -> Result<Reply, Failure> {
-    let outcome = run_batch(client, script, &[(&Str::from(key), &args)], deadline, timeout).await?.pop();
+    let slot = fred::util::redis_keyslot(key.as_bytes());
+    let outcome = run_batch(client, script, slot, &[(&Str::from(key), &args)], deadline, timeout).await?.pop();
     match outcome {
         Some(Outcome::Decided(reply)) => Ok(reply),
         // Routed by this very key: its node is moving (a slot migration).
@@ -44,23 +45,25 @@ pub(super) async fn run(
 }
 
 /// The checks of `jobs` in one call of `script` (at least one check), on
-/// the node owning the first one's key: its function (`FCALL`), loaded on
+/// the node owning the first one's key (in `slot`, hashed by the caller,
+/// which routed by it already): its function (`FCALL`), loaded on
 /// that node first if the node does not know it (first use, a restart
 /// without persistence, a node added), or on a server without functions
 /// the script by SHA, then by source if that node does not know it.
 pub(super) async fn run_batch(
     client: &Client,
     script: &Script,
+    slot: u16,
     jobs: &[Job<'_>],
     deadline: Instant,
     timeout: Duration,
 ) -> Result<Vec<Outcome>, Failure> {
     let mut result = Err(FredError::new(ErrorKind::Unknown, "no call made"));
     if script.functions.load(Ordering::Relaxed) {
-        result = eval(client, "FCALL", &script.function, jobs, deadline).await;
+        result = eval(client, "FCALL", &script.function, slot, jobs, deadline).await;
         if result.as_ref().is_err_and(|e| e.details().contains("Function not found")) {
-            match load(client, script, jobs, deadline).await {
-                Ok(()) => result = eval(client, "FCALL", &script.function, jobs, deadline).await,
+            match load(client, script, slot, jobs, deadline).await {
+                Ok(()) => result = eval(client, "FCALL", &script.function, slot, jobs, deadline).await,
                 Err(e) => result = Err(e),
             }
         }
@@ -70,9 +73,9 @@ pub(super) async fn run_batch(
         }
     }
     if !script.functions.load(Ordering::Relaxed) {
-        result = eval(client, "EVALSHA", &script.sha, jobs, deadline).await;
+        result = eval(client, "EVALSHA", &script.sha, slot, jobs, deadline).await;
         if result.as_ref().is_err_and(|e| e.details().starts_with("NOSCRIPT")) {
-            result = eval(client, "EVAL", &script.source, jobs, deadline).await;
+            result = eval(client, "EVAL", &script.source, slot, jobs, deadline).await;
         }
     }
     match result {
@@ -84,9 +87,16 @@ pub(super) async fn run_batch(
 /// `FUNCTION LOAD REPLACE` of `script`'s library on the node owning the
 /// first job's key (`REPLACE`: another instance may load it at the same
 /// time).
-async fn load(client: &Client, script: &Script, jobs: &[Job<'_>], deadline: Instant) -> Result<(), FredError> {
-    let Some(&(first, _)) = jobs.first() else { return Ok(()) };
-    let slot = fred::util::redis_keyslot(first.as_bytes());
+async fn load(
+    client: &Client,
+    script: &Script,
+    slot: u16,
+    jobs: &[Job<'_>],
+    deadline: Instant,
+) -> Result<(), FredError> {
+    if jobs.is_empty() {
+        return Ok(());
+    }
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
         return Err(FredError::new(ErrorKind::Timeout, "store timeout"));
@@ -106,11 +116,11 @@ async fn eval(
     client: &Client,
     command: &'static str,
     script: &str,
+    slot: u16,
     jobs: &[Job<'_>],
     deadline: Instant,
 ) -> Result<Value, FredError> {
     let Some(&(first, _)) = jobs.first() else { return Ok(Value::Array(Vec::new())) };
-    let slot = fred::util::redis_keyslot(first.as_bytes());
     let first: &str = first;
     let argv = || {
         let mut argv: Vec<Value> = Vec::with_capacity(3 + jobs.len() * (1 + scripts::ARGS));

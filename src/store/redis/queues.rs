@@ -48,6 +48,8 @@ pub(super) struct Queue {
 /// A check waiting for its call.
 pub(super) struct Waiting {
     pub(super) key: Str,
+    /// The key's cluster slot, hashed once when the check was queued.
+    pub(super) slot: u16,
     pub(super) args: [Value; scripts::ARGS],
     pub(super) deadline: Instant,
     pub(super) reply: oneshot::Sender<Result<Reply, Failure>>,
