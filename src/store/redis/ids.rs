@@ -1,5 +1,6 @@
-//! Request ids: the members of sliding-log entries and concurrency slots,
-//! distinct across every instance.
+//! Ids distinct across every instance: request ids (the members of
+//! sliding-log entries and concurrency slots) and undo ids (calls that
+//! take back, applied once).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -22,6 +23,20 @@ impl RequestIds {
     pub(super) fn next(&self) -> String {
         format!("{:016x}{:x}", self.prefix, self.next.fetch_add(1, Ordering::Relaxed))
     }
+}
+
+/// Length of an undo id: 32 hex digits.
+pub(super) const UNDO_ID: usize = 32;
+
+/// A new undo id: this process's 64 random bits and a counter, both as 16
+/// hex digits, so that no two calls of any instance share one.
+pub(super) fn undo_id() -> [u8; UNDO_ID] {
+    use std::sync::LazyLock;
+    static PREFIX: LazyLock<u64> = LazyLock::new(random_u64);
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let text = format!("{:016x}{:016x}", *PREFIX, NEXT.fetch_add(1, Ordering::Relaxed));
+    // Two u64 in 16 hex digits each: always 32 bytes.
+    text.as_bytes().try_into().unwrap_or([b'0'; UNDO_ID])
 }
 
 /// 64 random bits: a hash under the keys the standard library draws from

@@ -13,6 +13,7 @@ use std::sync::atomic::AtomicBool;
 
 use fred::types::Value;
 
+use super::ids;
 use crate::limiter::{Algorithm, Boxed, Limits, Penalty, Verdict};
 use crate::store::StoreError;
 
@@ -244,7 +245,7 @@ pub struct Settle {
 /// `|want:period:phase:slot:taken:unspent` (the units wanted, the escrow
 /// period and phase, and the lease settled; a slot of 0 settles nothing).
 /// A call that takes back (see [`takes_back`]) starts its tail with `~`
-/// and a fresh undo id (see [`undo_id`]): sent twice, it is applied once.
+/// and a fresh undo id (see [`ids::undo_id`]): sent twice, it is applied once.
 /// Few values, and a spec the checks of one rule share: reading values is
 /// most of what a check costs the server.
 pub fn args(mode: ScriptMode, limits: &Limits, cost: u64, extra: &str, lease: LeaseArgs) -> [Value; ARGS] {
@@ -294,10 +295,10 @@ pub fn args_with_penalty(
     if !undo && !leased {
         return [Value::String(spec.into()), Value::String(extra.into())];
     }
-    let mut tail = Vec::with_capacity(1 + UNDO_ID + LEASE_TAIL.max(extra.len()));
+    let mut tail = Vec::with_capacity(1 + ids::UNDO_ID + LEASE_TAIL.max(extra.len()));
     if undo {
         tail.push(b'~');
-        tail.extend_from_slice(&undo_id());
+        tail.extend_from_slice(&ids::undo_id());
     }
     if leased {
         let settle = lease.settle.unwrap_or(Settle { slot: 0, taken: 0, unspent: 0, carry: false });
@@ -332,21 +333,6 @@ pub fn args_with_penalty(
 fn takes_back(mode: ScriptMode, algorithm: Algorithm, lease: &LeaseArgs) -> bool {
     let undoes = matches!(mode, ScriptMode::Refund | ScriptMode::Settle) && !algorithm.names_requests();
     undoes || lease.settle.is_some()
-}
-
-/// Length of an undo id: 32 hex digits.
-const UNDO_ID: usize = 32;
-
-/// A new undo id: this process's 64 random bits and a counter, both as 16
-/// hex digits, so that no two calls of any instance share one.
-fn undo_id() -> [u8; UNDO_ID] {
-    use std::sync::LazyLock;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static PREFIX: LazyLock<u64> = LazyLock::new(super::ids::random_u64);
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let text = format!("{:016x}{:016x}", *PREFIX, NEXT.fetch_add(1, Ordering::Relaxed));
-    // Two u64 in 16 hex digits each: always 32 bytes.
-    text.as_bytes().try_into().unwrap_or([b'0'; UNDO_ID])
 }
 
 /// A script's answer: the verdict, the token a refund must quote (the
@@ -708,7 +694,7 @@ mod tests {
     /// The undo id at the head of `tail`, if any, and the rest.
     fn split_undo(tail: &[u8]) -> (Option<&[u8]>, &[u8]) {
         match tail.split_first() {
-            Some((b'~', rest)) => (Some(&rest[..UNDO_ID]), &rest[UNDO_ID..]),
+            Some((b'~', rest)) => (Some(&rest[..ids::UNDO_ID]), &rest[ids::UNDO_ID..]),
             _ => (None, tail),
         }
     }
