@@ -83,7 +83,7 @@ pub fn resolve(
     file: &Path,
     source: &str,
     raw: Vec<Spanned<RawEnvoy>>,
-    rules: &[RuleSpec],
+    rules: &[std::sync::Arc<RuleSpec>],
 ) -> (Vec<EnvoyMapping>, Vec<ConfigError>) {
     let mut out = Vec::with_capacity(raw.len());
     let mut errors = Vec::new();
@@ -108,7 +108,7 @@ fn mapping(
     file: &Path,
     line: usize,
     e: RawEnvoy,
-    rules: &[RuleSpec],
+    rules: &[std::sync::Arc<RuleSpec>],
     error: &mut impl FnMut(Range<usize>, String),
 ) -> Option<EnvoyMapping> {
     if e.domain.get_ref().is_empty() {

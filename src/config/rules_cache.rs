@@ -29,9 +29,10 @@
 //! errors are then reported as always. A changed main file clears the cache
 //! (validation reads its routes and `[client]`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::main_file::Config;
 use super::raw::RawRulesFile;
@@ -55,7 +56,7 @@ struct Seen {
 /// its `[[rule]]` header starts.
 #[derive(Debug, Clone)]
 struct Kept {
-    spec: RuleSpec,
+    spec: Arc<RuleSpec>,
     name: Range<usize>,
     header: usize,
 }
@@ -76,7 +77,7 @@ impl RulesCache {
         file: &Path,
         source: &str,
         config: &Config,
-    ) -> Option<Vec<(RuleSpec, Range<usize>)>> {
+    ) -> Option<Vec<(Arc<RuleSpec>, Range<usize>)>> {
         let rules = self.files.remove(file)?.reuse(file, source, config)?;
         let out = rules.iter().map(|k| (k.spec.clone(), k.name.clone())).collect();
         self.files.insert(file.to_path_buf(), Seen { source: source.to_string(), rules });
@@ -86,7 +87,13 @@ impl RulesCache {
     /// Remembers `rules`, the whole of `source` read without error, for
     /// the next look at `file`; `only_rules` is false when the file also
     /// had `[[deny]]` or `[[envoy]]` entries, which are never remembered.
-    pub(super) fn remember(&mut self, file: &Path, source: &str, rules: &[(RuleSpec, Range<usize>)], only_rules: bool) {
+    pub(super) fn remember(
+        &mut self,
+        file: &Path,
+        source: &str,
+        rules: &[(Arc<RuleSpec>, Range<usize>)],
+        only_rules: bool,
+    ) {
         match Seen::of(source, rules).filter(|_| only_rules) {
             Some(seen) => self.files.insert(file.to_path_buf(), seen),
             None => self.files.remove(file),
@@ -105,7 +112,7 @@ impl RulesCache {
 }
 
 impl Seen {
-    fn of(source: &str, parsed: &[(RuleSpec, Range<usize>)]) -> Option<Seen> {
+    fn of(source: &str, parsed: &[(Arc<RuleSpec>, Range<usize>)]) -> Option<Seen> {
         if multiline_strings(source) {
             return None;
         }
@@ -123,9 +130,9 @@ impl Seen {
 
     fn reuse(self, file: &Path, new: &str, config: &Config) -> Option<Vec<Kept>> {
         let old = self.source.as_str();
-        let prefix = old.bytes().zip(new.bytes()).take_while(|(a, b)| a == b).count();
+        let prefix = common_prefix(old.as_bytes(), new.as_bytes());
         let room = old.len().min(new.len()) - prefix;
-        let suffix = old.bytes().rev().zip(new.bytes().rev()).take(room).take_while(|(a, b)| a == b).count();
+        let suffix = common_suffix(&old.as_bytes()[prefix..], &new.as_bytes()[prefix..]).min(room);
         // The old text had no multi-line string: a new one overlaps the
         // bytes that changed.
         let changed = new.as_bytes().get(prefix.saturating_sub(2)..(new.len() - suffix + 2).min(new.len()))?;
@@ -181,7 +188,7 @@ fn parse_part(file: &Path, part: &str, config: &Config) -> Option<Vec<Kept>> {
         let line = v.lines.line(r.span().start);
         let r = r.into_inner();
         let name = r.name.span();
-        let spec = v.rule(r, line, config)?;
+        let spec = Arc::new(v.rule(r, line, config)?);
         let header = header_before(part, from, name.start)?;
         from = name.end;
         out.push(Kept { spec, name, header });
@@ -196,16 +203,22 @@ fn shift(k: &mut Kept, bytes: isize, lines: isize) {
     let at = |i: usize| i.saturating_add_signed(bytes);
     k.name = at(k.name.start)..at(k.name.end);
     k.header = at(k.header);
-    k.spec.line = k.spec.line.saturating_add_signed(lines);
-    for o in &mut k.spec.overrides {
-        o.line = o.line.saturating_add_signed(lines);
+    if lines != 0 {
+        // A rule whose lines did not move stays the very spec in force
+        // (see `RuleSet::from_loaded_reusing`).
+        let spec = Arc::make_mut(&mut k.spec);
+        spec.line = spec.line.saturating_add_signed(lines);
+        for o in &mut spec.overrides {
+            o.line = o.line.saturating_add_signed(lines);
+        }
     }
 }
 
 /// The checks a file's validation makes across its rules: no name twice,
 /// and one JWT claim for every rule with tiers from a claim.
 fn consistent(rules: &[Kept]) -> bool {
-    let mut names = std::collections::HashSet::with_capacity(rules.len());
+    let mut names: HashSet<&str, foldhash::fast::RandomState> =
+        HashSet::with_capacity_and_hasher(rules.len(), Default::default());
     let mut claim = None;
     for k in rules {
         if !names.insert(k.spec.name.as_str()) {
@@ -247,6 +260,32 @@ fn only_comments(text: &str) -> bool {
 /// look like a `[[rule]]` header.
 fn multiline_strings(text: &str) -> bool {
     text.contains("\"\"\"") || text.contains("'''")
+}
+
+/// How many bytes `a` and `b` share at their start: compared a block at a
+/// time (a slice comparison, `memcmp`), then byte by byte in the block
+/// that differs. A file of 10,000 rules is a megabyte, read on every
+/// reload.
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    const BLOCK: usize = 256;
+    let n = a.len().min(b.len());
+    let mut at = 0;
+    while at + BLOCK <= n && a[at..at + BLOCK] == b[at..at + BLOCK] {
+        at += BLOCK;
+    }
+    at + a[at..n].iter().zip(&b[at..n]).take_while(|(x, y)| x == y).count()
+}
+
+/// How many bytes `a` and `b` share at their end (as [`common_prefix`]).
+fn common_suffix(a: &[u8], b: &[u8]) -> usize {
+    const BLOCK: usize = 256;
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[a.len() - n..], &b[b.len() - n..]);
+    let mut end = n;
+    while end >= BLOCK && a[end - BLOCK..end] == b[end - BLOCK..end] {
+        end -= BLOCK;
+    }
+    n - end + a[..end].iter().rev().zip(b[..end].iter().rev()).take_while(|(x, y)| x == y).count()
 }
 
 fn newlines(text: &str) -> usize {

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use toml::Spanned;
 
@@ -20,7 +21,7 @@ use super::validate::Validator;
 /// Everything the rules path holds, validated.
 #[derive(Debug, Clone, Default)]
 pub struct LoadedRules {
-    pub rules: Vec<RuleSpec>,
+    pub rules: Vec<Arc<RuleSpec>>,
     pub denies: Vec<DenySpec>,
     /// The files read, in order.
     pub files: Vec<PathBuf>,
@@ -32,7 +33,9 @@ pub struct LoadedRules {
 /// duplicate-name errors across files), and its deny entries.
 #[derive(Debug, Clone, Default)]
 pub struct RulesFile {
-    pub rules: Vec<(RuleSpec, std::ops::Range<usize>)>,
+    /// Shared (`Arc`): a reload keeps the rules that did not change, from
+    /// the cache to the rule set in force, without copying them.
+    pub rules: Vec<(Arc<RuleSpec>, std::ops::Range<usize>)>,
     pub denies: Vec<DenySpec>,
     /// `[[envoy]]` entries, checked against the rules by [`load_rules`].
     pub envoy: Vec<Spanned<RawEnvoy>>,
@@ -79,7 +82,7 @@ pub fn load_rules_cached(
     if let Some(c) = cache.as_deref_mut() {
         c.keep_only(&files);
     }
-    let mut specs: Vec<RuleSpec> = Vec::new();
+    let mut specs: Vec<Arc<RuleSpec>> = Vec::new();
     // Places in `specs` by their rule's name, across files: indices hashed
     // by the name they point at, rather than a copy of every name.
     let names = foldhash::fast::FixedState::default();
@@ -105,26 +108,37 @@ pub fn load_rules_cached(
             None => validate_rules_file(file, &source, config),
         };
         denies.extend(parsed.denies);
-        // Reserved once: a push past the capacity moves every spec.
-        specs.reserve(parsed.rules.len());
-        named.reserve(parsed.rules.len(), |&i| names.hash_one(&specs[i].name));
-        for (rule, span) in parsed.rules {
-            let hash = names.hash_one(&rule.name);
-            if let Some(why) = claimed.and_then(|first| claim_conflict(&specs[first], &rule)) {
-                file_errors.push(ConfigError::at(file, &source, Some(span), why));
-            } else if let Some(first) = named.find(hash, |&i| specs[i].name == rule.name).map(|&i| &specs[i]) {
-                file_errors.push(ConfigError::at(
-                    file,
-                    &source,
-                    Some(span),
-                    format!("rule name {:?} is already used at {}:{}", rule.name, first.source.display(), first.line),
-                ));
-            } else {
-                if claimed.is_none() && rule.claim().is_some() {
-                    claimed = Some(specs.len());
+        if files.len() == 1 {
+            // One file: its names and claims were checked against each
+            // other already (here, or by the cache), and there is no other.
+            specs.extend(parsed.rules.into_iter().map(|(rule, _)| rule));
+        } else {
+            // Reserved once: a push past the capacity moves every spec.
+            specs.reserve(parsed.rules.len());
+            named.reserve(parsed.rules.len(), |&i| names.hash_one(&specs[i].name));
+            for (rule, span) in parsed.rules {
+                let hash = names.hash_one(&rule.name);
+                if let Some(why) = claimed.and_then(|first| claim_conflict(&specs[first], &rule)) {
+                    file_errors.push(ConfigError::at(file, &source, Some(span), why));
+                } else if let Some(first) = named.find(hash, |&i| specs[i].name == rule.name).map(|&i| &specs[i]) {
+                    file_errors.push(ConfigError::at(
+                        file,
+                        &source,
+                        Some(span),
+                        format!(
+                            "rule name {:?} is already used at {}:{}",
+                            rule.name,
+                            first.source.display(),
+                            first.line
+                        ),
+                    ));
+                } else {
+                    if claimed.is_none() && rule.claim().is_some() {
+                        claimed = Some(specs.len());
+                    }
+                    named.insert_unique(hash, specs.len(), |&i| names.hash_one(&specs[i].name));
+                    specs.push(rule);
                 }
-                named.insert_unique(hash, specs.len(), |&i| names.hash_one(&specs[i].name));
-                specs.push(rule);
             }
         }
         let (mappings, mut envoy_errors) = super::envoy::resolve(file, &source, parsed.envoy, &specs);
@@ -143,7 +157,8 @@ pub fn parse_rules(
     source: &str,
     config: &Config,
 ) -> Result<Vec<(RuleSpec, std::ops::Range<usize>)>, ConfigErrors> {
-    parse_rules_file(file, source, config).map(|f| f.rules)
+    parse_rules_file(file, source, config)
+        .map(|f| f.rules.into_iter().map(|(s, at)| (Arc::unwrap_or_clone(s), at)).collect())
 }
 
 /// Validates the text of one rules file.
@@ -194,7 +209,7 @@ pub(super) fn validate_rules_file(file: &Path, source: &str, config: &Config) ->
         }
         denies.push(DenySpec { name: d.name.into_inner(), source: file.to_path_buf(), line, clients });
     }
-    let mut out: Vec<(RuleSpec, std::ops::Range<usize>)> = Vec::new();
+    let mut out: Vec<(Arc<RuleSpec>, std::ops::Range<usize>)> = Vec::new();
     // Names seen so far, to their rule in `out`: a file of thousands of
     // rules is checked in one pass, not one per rule.
     let mut named: HashMap<String, usize> = HashMap::new();
@@ -219,7 +234,7 @@ pub(super) fn validate_rules_file(file: &Path, source: &str, config: &Config) ->
                 claimed = Some(out.len());
             }
             named.insert(spec.name.clone(), out.len());
-            out.push((spec, name_span));
+            out.push((Arc::new(spec), name_span));
         }
     }
     (RulesFile { rules: out, denies, envoy: raw.envoy }, v.errors)

@@ -159,3 +159,53 @@ fn random_edits_never_differ_from_the_full_parse() {
     }
     assert!(taken > 0 && digits > 0, "{taken} taken, {digits} digits");
 }
+
+/// A rule the edit did not touch, nor move to another line, comes back as
+/// the very spec the last look gave (so that the rule set in force is kept
+/// without comparing it, see `RuleSet::from_loaded_reusing`); one whose
+/// lines moved is a spec of its own at its new line.
+#[test]
+fn untouched_rules_come_back_as_the_same_specs() {
+    let (c, path) = (config(), Path::new("r.toml"));
+    let old = file(40);
+    let (first, _) = validate_rules_file(path, &old, &c);
+    let mut cache = RulesCache::default();
+    cache.remember(path, &old, &first.rules, true);
+    let new = old.replacen("name = \"r16\"\nlimit = 26", "name = \"r16\"\nlimit = 7", 1);
+    assert_ne!(new, old);
+    let again = cache.reuse(path, &new, &c).expect("one limit edited is taken from the cache");
+    for ((was, _), (now, _)) in first.rules.iter().zip(&again) {
+        assert_eq!(Arc::ptr_eq(was, now), now.name != "r16", "{}", now.name);
+    }
+    // A line added before r17: the rules from r17 on are at other lines.
+    let longer = new.replacen("# rule 17\n", "# rule 17\n# one more line\n", 1);
+    let (full, _) = validate_rules_file(path, &longer, &c);
+    let moved = cache.reuse(path, &longer, &c).expect("a comment added is taken from the cache");
+    assert_eq!(moved, full.rules);
+    let same = |name: &str| {
+        let at = |rules: &[(Arc<RuleSpec>, Range<usize>)]| rules.iter().position(|(s, _)| s.name == name);
+        Arc::ptr_eq(&again[at(&again).expect("in")].0, &moved[at(&moved).expect("in")].0)
+    };
+    assert!(same("r3") && !same("r20"));
+}
+
+/// The block-wise comparisons count what a byte-by-byte one counts, for
+/// differences at every distance from either end of texts of any length.
+#[test]
+fn common_prefix_and_suffix_count_as_byte_by_byte() {
+    let naive_prefix = |a: &[u8], b: &[u8]| a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    let naive_suffix = |a: &[u8], b: &[u8]| a.iter().rev().zip(b.iter().rev()).take_while(|(x, y)| x == y).count();
+    let mut rng = fastrand::Rng::with_seed(11);
+    for _ in 0..2000 {
+        let len = rng.usize(0..1200);
+        let a: Vec<u8> = (0..len).map(|_| rng.u8(b'a'..b'c')).collect();
+        let mut b = a.clone();
+        match rng.u8(..3) {
+            0 if len > 0 => b[rng.usize(..len)] ^= 1,
+            1 => b.insert(rng.usize(..=len), b'x'),
+            _ => b.truncate(rng.usize(..=len)),
+        }
+        assert_eq!(common_prefix(&a, &b), naive_prefix(&a, &b));
+        assert_eq!(common_suffix(&a, &b), naive_suffix(&a, &b));
+    }
+}

@@ -14,7 +14,8 @@ use crate::obs::metrics::{Metrics, RuleCounters};
 
 /// One compiled rule.
 pub struct Rule {
-    pub spec: RuleSpec,
+    /// Shared with the rules cache: see [`super::RuleSet::from_loaded_reusing`].
+    pub spec: std::sync::Arc<RuleSpec>,
     /// The rule's own limits, for every request no override or tier
     /// changes.
     pub plan: Plan,
@@ -43,7 +44,7 @@ pub struct Rule {
 pub const NO_UPSTREAM: usize = usize::MAX;
 
 impl Rule {
-    pub(super) fn build(spec: RuleSpec, metrics: &Metrics) -> Rule {
+    pub(super) fn build(spec: std::sync::Arc<RuleSpec>, metrics: &Metrics) -> Rule {
         let window = spec.window.as_nanos().min(u64::MAX as u128) as u64;
         let window_secs = crate::limiter::ceil_secs(window).max(1);
         let quoted_name = format!("\"{}\"", spec.name);

@@ -64,13 +64,13 @@ pub struct RuleSet {
 impl RuleSet {
     /// Compiles validated specs, resolving their metric handles.
     pub fn build(specs: Vec<RuleSpec>, files: Vec<PathBuf>, metrics: &Metrics) -> RuleSet {
-        RuleSet::build_reusing(specs, files, metrics, None)
+        RuleSet::build_reusing(specs.into_iter().map(Arc::new).collect(), files, metrics, None)
     }
 
     /// [`RuleSet::build`], taking from `previous` every rule whose spec is
     /// unchanged.
     fn build_reusing(
-        specs: Vec<RuleSpec>,
+        specs: Vec<Arc<RuleSpec>>,
         files: Vec<PathBuf>,
         metrics: &Metrics,
         previous: Option<&RuleSet>,
@@ -226,7 +226,7 @@ impl<'p> Kept<'p> {
 
     /// The previous rule named as `spec` is, at `index` in the new set, if
     /// its spec is the same.
-    fn take(&mut self, index: usize, spec: &RuleSpec) -> Option<Arc<Rule>> {
+    fn take(&mut self, index: usize, spec: &Arc<RuleSpec>) -> Option<Arc<Rule>> {
         let old = match self.previous.get(index) {
             Some(r) if r.spec.name == spec.name => r,
             _ if self.previous.is_empty() => return None,
@@ -237,7 +237,8 @@ impl<'p> Kept<'p> {
                 by_name.get(spec.name.as_str())?
             }
         };
-        (old.spec == *spec).then(|| Arc::clone(old))
+        // The same spec (one the rules cache kept) is equal without a look.
+        (Arc::ptr_eq(&old.spec, spec) || *old.spec == **spec).then(|| Arc::clone(old))
     }
 }
 

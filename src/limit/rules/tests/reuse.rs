@@ -11,7 +11,7 @@ use crate::obs::metrics::Metrics;
 
 fn loaded(source: &str) -> LoadedRules {
     let rules = parse_rules(Path::new("r.toml"), source, &config()).expect("valid rules");
-    LoadedRules { rules: rules.into_iter().map(|(s, _)| s).collect(), ..Default::default() }
+    LoadedRules { rules: rules.into_iter().map(|(s, _)| Arc::new(s)).collect(), ..Default::default() }
 }
 
 fn rule(name: &str, limit: u64) -> String {
