@@ -6,9 +6,16 @@
 #
 #   benches/reload_stall.sh --tollgate target/release/tollgate
 #   benches/reload_stall.sh --tollgate PATH --rules 10000 --rounds 3 --conns 4
+#   benches/reload_stall.sh --tollgate PATH --edit comment
 #
-# RELOAD_STALL rules=10000 reloads=no  rps=... p50_us=... p99_us=... requests=...
-# RELOAD_STALL rules=10000 reloads=yes rps=... p50_us=... p99_us=... requests=... reloaded=9
+# Each second the run with reloads edits the rules file in place: by
+# default the limit of the rule in the middle of the file (10 <-> 11: one
+# rule changes, as an operator's edit does); with `--edit comment` it
+# appends a comment line (a reload that changes no rule, as a touched or
+# re-synced file).
+#
+# RELOAD_STALL rules=10000 reloads=no  edit=limit rps=... p50_us=... p99_us=... requests=...
+# RELOAD_STALL rules=10000 reloads=yes edit=limit rps=... p50_us=... p99_us=... requests=... reloaded=9
 #
 # wrk runs closed loop with few connections, so CPU 1 has idle time, as in
 # a deployment that is not saturated: what a reload takes from requests
@@ -16,7 +23,7 @@
 # medians of the rounds. Needs wrk and nginx (the upstream).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-TOLLGATE=""; RULES=10000; ROUNDS=3; CONNS=4; DURATION=10
+TOLLGATE=""; RULES=10000; ROUNDS=3; CONNS=4; DURATION=10; EDIT=limit
 while [ $# -gt 0 ]; do
   case "$1" in
     --tollgate) TOLLGATE="$2"; shift 2 ;;
@@ -24,10 +31,12 @@ while [ $# -gt 0 ]; do
     --rounds) ROUNDS="$2"; shift 2 ;;
     --conns) CONNS="$2"; shift 2 ;;
     --duration) DURATION="$2"; shift 2 ;;
+    --edit) EDIT="$2"; shift 2 ;;
     *) echo "reload_stall: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 [ -x "$TOLLGATE" ] || { echo "reload_stall: give --tollgate PATH (a release build)" >&2; exit 2; }
+case "$EDIT" in limit|comment) ;; *) echo "reload_stall: --edit is limit or comment" >&2; exit 2 ;; esac
 PATH="$PATH:/usr/sbin"
 USERS_LUA="$HERE/../../shared/bench/users.lua"
 [ -f "$USERS_LUA" ] || { echo "reload_stall: needs edge-bench's users.lua at $USERS_LUA" >&2; exit 2; }
@@ -72,6 +81,13 @@ for i in range(int(sys.argv[1])):
     print(f'[[rule]]\nname = "decoy{i}"\nkey = ["ip"]\nlimit = 10\nwindow = "1s"\nmatch = {{ path = "/decoy{i}/*" }}\n')
 print('[[rule]]\nname = "per-user"\nkey = ["header:x-user-id"]\nalgorithm = "token_bucket"\nlimit = 1000000\nwindow = "1s"')
 EOF
+# Where the middle rule's `limit = 10` has its last digit: the edit writes
+# that one byte in place.
+DIGIT=$(python3 -c "import sys; s = open(sys.argv[1], 'rb').read(); i = s.index(b'name = \"decoy%d\"' % (int(sys.argv[2]) // 2)); print(s.index(b'limit = 10', i) + 9)" "$WORK/rules.toml" "$RULES")
+edit() { # $1 = the edit's number
+  if [ "$EDIT" = comment ]; then echo "# touched $1" >> "$WORK/rules.toml"
+  else printf '%d' $(($1 % 2)) | dd of="$WORK/rules.toml" bs=1 seek="$DIGIT" conv=notrunc status=none; fi
+}
 RUST_LOG=warn taskset -c 1 "$TOLLGATE" --config "$WORK/tollgate.toml" > "$WORK/tollgate.log" 2>&1 & PIDS+=($!)
 wait_port "$PROXY"
 
@@ -80,14 +96,14 @@ load() { # $1 = yes|no
   local before after line toucher=""
   before=$(reloads)
   if [ "$1" = yes ]; then
-    ( for i in $(seq 1 $((DURATION - 1))); do sleep 1; echo "# touched $i" >> "$WORK/rules.toml"; done ) &
+    ( for i in $(seq 1 $((DURATION - 1))); do sleep 1; edit "$i"; done ) &
     toucher=$!
   fi
   line=$(USERS=10000 taskset -c 0 wrk -t1 -c"$CONNS" -d"${DURATION}s" -s "$USERS_LUA" "http://127.0.0.1:$PROXY" 2>&1 | grep '^RESULT' || true)
   [ -n "$toucher" ] && wait "$toucher"
   sleep 1
   after=$(reloads)
-  echo "RELOAD_STALL rules=$RULES reloads=$1 ${line#RESULT } reloaded=$((${after%.*} - ${before%.*}))"
+  echo "RELOAD_STALL rules=$RULES reloads=$1 edit=$EDIT ${line#RESULT } reloaded=$((${after%.*} - ${before%.*}))"
 }
 USERS=10000 taskset -c 0 wrk -t1 -c"$CONNS" -d1s -s "$USERS_LUA" "http://127.0.0.1:$PROXY" >/dev/null 2>&1 || true
 for _ in $(seq 1 "$ROUNDS"); do

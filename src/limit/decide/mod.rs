@@ -221,7 +221,8 @@ impl Decider {
     /// Returns the rules replaced, for the caller to free off the runtime
     /// (thousands of rules take milliseconds to drop).
     pub fn swap_rules(&self, mut rules: RuleSet) -> Arc<RuleSet> {
-        if let Some(t) = &self.top {
+        // A set of the very rules in force has their sketches already.
+        if let Some(t) = self.top.as_ref().filter(|_| !rules.same_rules(&self.rules.load())) {
             t.attach(&mut rules);
         }
         let extra = self.extra_idle_horizon.lock();

@@ -106,3 +106,34 @@ fn the_path_index_is_shared_while_every_path_stays_and_rebuilt_when_one_moves() 
     assert!(!Arc::ptr_eq(&moved.paths, &added.paths));
     assert_eq!(candidates(&added, "/e/x"), [10]);
 }
+
+/// A reload that changed no rule (a comment, a file written again) keeps
+/// the set's derived facts without deriving them again: they are those a
+/// full compile of the same rules gives, and the set holds the very rules
+/// in force.
+#[test]
+fn a_reload_that_changed_no_rule_derives_what_a_full_compile_does() {
+    let m = Metrics::new();
+    let text = rule("a", 1)
+        + "[[rule]]\nname = \"k\"\nkey = [\"header:x-api-key\"]\nlimit = 3\nwindow = \"1h\"\nmatch = { path = \"/k/*\", methods = [\"POST\"] }\n\n"
+        + "[[rule]]\nname = \"s\"\nlimit = 100\nwindow = \"1m\"\ncost_response_header = \"x-cost\"\n";
+    let first = RuleSet::from_loaded(loaded(&text), &m);
+    let again = RuleSet::from_loaded_reusing(loaded(&(text.clone() + "# touched\n")), &m, Some(&first));
+    let full = RuleSet::from_loaded(loaded(&text), &m);
+    assert!(again.same_rules(&first) && !full.same_rules(&first));
+    let facts = |s: &RuleSet| {
+        (
+            s.keys_on_user,
+            s.tier_claim.clone(),
+            s.read_headers.clone(),
+            s.reads_method,
+            s.any_settles,
+            s.any_needs_user,
+            s.any_reads_api_key,
+            s.idle_horizon,
+        )
+    };
+    assert_eq!(facts(&again), facts(&full));
+    assert!(again.reads_method && again.any_settles && !again.read_headers.is_empty());
+    assert!(Arc::ptr_eq(&again.paths, &first.paths));
+}
