@@ -221,9 +221,14 @@ impl Decider {
     /// Returns the rules replaced, for the caller to free off the runtime
     /// (thousands of rules take milliseconds to drop).
     pub fn swap_rules(&self, mut rules: RuleSet) -> Arc<RuleSet> {
-        // A set of the very rules in force has their sketches already.
-        if let Some(t) = self.top.as_ref().filter(|_| !rules.same_rules(&self.rules.load())) {
-            t.attach(&mut rules);
+        if let Some(t) = &self.top {
+            let old = self.rules.load();
+            // A set of the very rules in force has their sketches already.
+            if rules.same_names(&old) {
+                t.attach_fresh(&mut rules);
+            } else {
+                t.attach(&mut rules);
+            }
         }
         let extra = self.extra_idle_horizon.lock();
         self.store.set_idle_horizon(rules.idle_horizon.max(*extra));

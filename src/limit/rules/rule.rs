@@ -36,6 +36,63 @@ pub struct Rule {
     /// Where `/top` counts this rule's keys; `None` with `[admin]
     /// top_keys = 0` (set by [`crate::limit::top::TopKeys::attach`]).
     pub top: Option<std::sync::Arc<crate::limit::top::RuleTop>>,
+    /// What its rule set derives from it (see [`Derived`]).
+    pub(super) derived: Derived,
+}
+
+/// What a rule set derives from each of its rules, worked out once, when
+/// the rule is compiled: a reload keeps the rules that did not change, and
+/// with them these, rather than working them out again over every rule
+/// (at 10,000 rules, 5 M instructions a reload).
+#[derive(Default)]
+pub(super) struct Derived {
+    /// The longest idle time after which a bucket of any of its plans is
+    /// fresh again, doubled (soft and elastic throttling raise limit and
+    /// burst together, which keeps the horizon; the 2x covers them anyway).
+    pub idle_horizon: Nanos,
+    pub keys_on_user: bool,
+    pub needs_user: bool,
+    /// It keys on the API key or `exempt` names keys.
+    pub reads_api_key: bool,
+    /// `match.methods` or a `method` key part.
+    pub reads_method: bool,
+    pub settles: bool,
+    /// The headers it reads: `header:` key parts, `cost_header`, a tier
+    /// header, `match.header`.
+    pub headers: Vec<http::HeaderName>,
+}
+
+impl Derived {
+    fn of(rule: &Rule) -> Derived {
+        let spec = &rule.spec;
+        let keyed = spec.key.iter().filter_map(|k| match k {
+            KeyPart::Header(h) => Some(h),
+            _ => None,
+        });
+        let cost = match &spec.cost {
+            Cost::Header(h) => Some(h),
+            Cost::Fixed(_) => None,
+        };
+        let tier = match spec.tiers.as_ref().map(|t| &t.source) {
+            Some(TierSource::Header(h)) => Some(h),
+            _ => None,
+        };
+        let mut headers: Vec<http::HeaderName> = Vec::new();
+        for h in keyed.chain(cost).chain(tier).chain(spec.matcher.header.as_ref().map(|(h, _)| h)) {
+            if !headers.contains(h) {
+                headers.push(h.clone());
+            }
+        }
+        Derived {
+            idle_horizon: rule.plans().map(|p| p.nominal.idle_horizon().saturating_mul(2)).max().unwrap_or(0),
+            keys_on_user: spec.key.contains(&KeyPart::User),
+            needs_user: rule.needs_user(),
+            reads_api_key: spec.key.contains(&KeyPart::ApiKey) || !spec.exempt.api_keys.is_empty(),
+            reads_method: !spec.matcher.methods.is_empty() || spec.key.contains(&KeyPart::Method),
+            settles: spec.settles_from_response(),
+            headers,
+        }
+    }
 }
 
 /// The in-flight count for a decision with no upstream behind it (the
@@ -80,7 +137,20 @@ impl Rule {
         }
         let calendar =
             spec.calendar.as_ref().map(|c| Box::new(crate::limiter::calendar::Calendar::new(c.period, c.zone.clone())));
-        Rule { spec, plan: own, variants, quoted_name, window_secs, calendar, key_prefix, counters, top: None }
+        let mut rule = Rule {
+            spec,
+            plan: own,
+            variants,
+            quoted_name,
+            window_secs,
+            calendar,
+            key_prefix,
+            counters,
+            top: None,
+            derived: Derived::default(),
+        };
+        rule.derived = Derived::of(&rule);
+        rule
     }
 
     /// The limits of Envoy's `limit` override of a descriptor:

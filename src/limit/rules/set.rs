@@ -8,7 +8,7 @@ use std::time::SystemTime;
 use super::facts::RequestFacts;
 use super::request::path_fits;
 use super::rule::Rule;
-use crate::config::{Cost, DenySpec, EnvoyMapping, KeyPart, LoadedRules, RuleSpec, TierSource};
+use crate::config::{DenySpec, EnvoyMapping, LoadedRules, RuleSpec, TierSource};
 use crate::limit::path_index::PathIndex;
 use crate::limiter::Nanos;
 use crate::obs::metrics::Metrics;
@@ -84,42 +84,23 @@ impl RuleSet {
         if let Some(p) = previous.filter(|p| same_rules(&p.rules, &rules)) {
             return RuleSet::derived_from(p, rules, files);
         }
-        let idle_horizon = rules
-            .iter()
-            .flat_map(|r| r.plans())
-            .map(|p| {
-                // Soft and elastic throttling raise limit and burst together,
-                // which keeps the horizon; the 2x covers them anyway.
-                p.nominal.idle_horizon().saturating_mul(2)
-            })
-            .max()
-            .unwrap_or(0);
-        let keys_on_user = rules.iter().any(|r| r.spec.key.contains(&KeyPart::User));
-        let mut read_headers: Vec<http::HeaderName> = Vec::new();
-        for r in &rules {
-            let keyed = r.spec.key.iter().filter_map(|k| match k {
-                KeyPart::Header(h) => Some(h),
-                _ => None,
-            });
-            let cost = match &r.spec.cost {
-                Cost::Header(h) => Some(h),
-                Cost::Fixed(_) => None,
-            };
-            let tier = match r.spec.tiers.as_ref().map(|t| &t.source) {
-                Some(TierSource::Header(h)) => Some(h),
-                _ => None,
-            };
-            for h in keyed.chain(cost).chain(tier).chain(r.spec.matcher.header.as_ref().map(|(h, _)| h)) {
+        // One pass over what each rule worked out when it was compiled.
+        let (mut idle_horizon, mut read_headers) = (0, Vec::<http::HeaderName>::new());
+        let (mut keys_on_user, mut any_needs_user, mut any_settles) = (false, false, false);
+        let (mut any_reads_api_key, mut reads_method) = (false, false);
+        for d in rules.iter().map(|r| &r.derived) {
+            idle_horizon = idle_horizon.max(d.idle_horizon);
+            keys_on_user |= d.keys_on_user;
+            any_needs_user |= d.needs_user;
+            any_settles |= d.settles;
+            any_reads_api_key |= d.reads_api_key;
+            reads_method |= d.reads_method;
+            for h in &d.headers {
                 if !read_headers.contains(h) {
                     read_headers.push(h.clone());
                 }
             }
         }
-        let any_needs_user = rules.iter().any(|r| r.needs_user());
-        let any_settles = rules.iter().any(|r| r.spec.settles_from_response());
-        let any_reads_api_key = rules.iter().any(|r| reads_api_key(r));
-        let reads_method =
-            rules.iter().any(|r| !r.spec.matcher.methods.is_empty() || r.spec.key.contains(&KeyPart::Method));
         let paths = match previous {
             Some(p) if same_paths(&p.rules, &rules) => Arc::clone(&p.paths),
             _ => Arc::new(PathIndex::new(rules.iter().map(|r| r.spec.matcher.path.as_ref()))),
@@ -154,8 +135,8 @@ impl RuleSet {
     /// derived again.
     fn derived_from(p: &RuleSet, rules: Vec<Arc<Rule>>, files: Vec<PathBuf>) -> RuleSet {
         RuleSet {
-            any_needs_user: rules.iter().any(|r| r.needs_user()),
-            any_reads_api_key: rules.iter().any(|r| reads_api_key(r)),
+            any_needs_user: rules.iter().any(|r| r.derived.needs_user),
+            any_reads_api_key: rules.iter().any(|r| r.derived.reads_api_key),
             rules,
             denies: Vec::new(),
             envoy: Vec::new(),
@@ -176,6 +157,13 @@ impl RuleSet {
     /// same order.
     pub fn same_rules(&self, other: &RuleSet) -> bool {
         same_rules(&self.rules, &other.rules)
+    }
+
+    /// Whether this set's rules have the names of `other`'s, in the same
+    /// order (the rules themselves may differ).
+    pub fn same_names(&self, other: &RuleSet) -> bool {
+        self.rules.len() == other.rules.len()
+            && self.rules.iter().zip(&other.rules).all(|(a, b)| Arc::ptr_eq(a, b) || a.spec.name == b.spec.name)
     }
 
     /// Compiles everything a rules path held.
@@ -247,11 +235,6 @@ fn same_paths(old: &[Arc<Rule>], new: &[Arc<Rule>]) -> bool {
 /// Whether `new` holds the rules of `old` themselves, in order.
 fn same_rules(old: &[Arc<Rule>], new: &[Arc<Rule>]) -> bool {
     old.len() == new.len() && old.iter().zip(new).all(|(o, n)| Arc::ptr_eq(o, n))
-}
-
-/// Whether `r` reads the request's API key (keys on it, or exempts keys).
-fn reads_api_key(r: &Rule) -> bool {
-    r.spec.key.contains(&KeyPart::ApiKey) || !r.spec.exempt.api_keys.is_empty()
 }
 
 /// The rules of the set a reload replaces, for [`RuleSet::from_loaded_reusing`].

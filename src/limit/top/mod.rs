@@ -202,6 +202,29 @@ impl TopKeys {
         *by_rule = next;
     }
 
+    /// [`attach`](Self::attach) for a set whose rules have the names of the
+    /// set in force, each at its place (a reload that edited rules and
+    /// added, removed or renamed none): no entry goes, and only the rules
+    /// compiled anew need their sketches, which their names hold (a kept
+    /// rule has its own already).
+    pub fn attach_fresh(&self, set: &mut impl Sketched) {
+        let mut by_rule = self.by_rule.lock();
+        set.each_sketch(&mut |name, slot| {
+            if slot.is_some() {
+                return;
+            }
+            let top = match by_rule.get(name) {
+                Some(top) => Arc::clone(top),
+                None => {
+                    let top = Arc::new(RuleTop::new(self.capacity, self.shards));
+                    by_rule.insert(name.to_string(), Arc::clone(&top));
+                    top
+                }
+            };
+            *slot = Some(top);
+        });
+    }
+
     /// The `n` heaviest keys of `top` by `by` over the last 30 to 60
     /// seconds, heaviest first.
     pub fn report(&self, top: &RuleTop, by: By, n: usize) -> Report {

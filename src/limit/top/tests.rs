@@ -182,3 +182,33 @@ fn a_rule_a_reload_shares_keeps_its_sketch() {
     assert!(Arc::ptr_eq(b, &t.by_rule.lock()["kept"]));
     assert_eq!(t.by_rule.lock().len(), 1);
 }
+
+/// A reload that edits rules and keeps every name where it was attaches
+/// only the rules compiled anew, each to the sketches of its name, and
+/// gives the same sketches as a full attach would.
+#[test]
+fn a_reload_with_the_same_names_attaches_only_the_rules_compiled_anew() {
+    let clock = ManualClock::new(T0);
+    let t = top(4, &clock);
+    let mut first = rules(&["a", "b"]);
+    t.attach(&mut first);
+    let p = t.period_now();
+    first.rules[1].top.as_ref().expect("attached").record(p, "k", false);
+    // a kept, b edited: compiled anew, under the same name.
+    let mut edited = (*first.rules[1].spec).clone();
+    edited.limit = 2;
+    let specs = vec![first.rules[0].spec.clone(), Arc::new(edited)];
+    let loaded = crate::config::LoadedRules { rules: specs, ..Default::default() };
+    let mut second = RuleSet::from_loaded_reusing(loaded, &Metrics::new(), Some(&first));
+    assert!(second.same_names(&first) && !second.same_rules(&first));
+    assert!(second.rules[1].top.is_none(), "b is compiled anew");
+    t.attach_fresh(&mut second);
+    for i in 0..2 {
+        let (was, now) =
+            (first.rules[i].top.as_ref().expect("attached"), second.rules[i].top.as_ref().expect("attached"));
+        assert!(Arc::ptr_eq(was, now), "rule {i}");
+    }
+    let report = t.report(second.rules[1].top.as_ref().expect("attached"), By::Requests, 4);
+    assert_eq!(keys(&report), [("k", 1, 0)]);
+    assert_eq!(t.by_rule.lock().len(), 2);
+}
