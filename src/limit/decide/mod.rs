@@ -223,7 +223,8 @@ impl Decider {
     pub fn swap_rules(&self, mut rules: RuleSet) -> Arc<RuleSet> {
         if let Some(t) = &self.top {
             let old = self.rules.load();
-            // A set of the very rules in force has their sketches already.
+            // Every name where it was: the rules kept have their sketches,
+            // and no rule's sketches go.
             if rules.same_names(&old) {
                 t.attach_fresh(&mut rules);
             } else {

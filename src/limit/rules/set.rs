@@ -81,9 +81,6 @@ impl RuleSet {
             .enumerate()
             .map(|(i, s)| kept.take(i, &s).unwrap_or_else(|| Arc::new(Rule::build(s, metrics))))
             .collect();
-        if let Some(p) = previous.filter(|p| same_rules(&p.rules, &rules)) {
-            return RuleSet::derived_from(p, rules, files);
-        }
         // One pass over what each rule worked out when it was compiled.
         let (mut idle_horizon, mut read_headers) = (0, Vec::<http::HeaderName>::new());
         let (mut keys_on_user, mut any_needs_user, mut any_settles) = (false, false, false);
@@ -126,37 +123,6 @@ impl RuleSet {
             idle_horizon,
             paths,
         }
-    }
-
-    /// A set of `rules` that are every one the rules of `p` (a reload that
-    /// changed no rule: a comment edited, a file touched or written again
-    /// whole, as a ConfigMap sync does): what a set derives from its rules
-    /// is what `p` derived, except what `[[deny]]` entries add to it,
-    /// derived again.
-    fn derived_from(p: &RuleSet, rules: Vec<Arc<Rule>>, files: Vec<PathBuf>) -> RuleSet {
-        RuleSet {
-            any_needs_user: rules.iter().any(|r| r.derived.needs_user),
-            any_reads_api_key: rules.iter().any(|r| r.derived.reads_api_key),
-            rules,
-            denies: Vec::new(),
-            envoy: Vec::new(),
-            keys_on_user: p.keys_on_user,
-            tier_claim: p.tier_claim.clone(),
-            read_headers: p.read_headers.clone(),
-            reads_method: p.reads_method,
-            any_settles: p.any_settles,
-            denies_name_users: false,
-            files,
-            loaded_at: SystemTime::now(),
-            idle_horizon: p.idle_horizon,
-            paths: Arc::clone(&p.paths),
-        }
-    }
-
-    /// Whether every rule of this set is the very rule of `other`, in the
-    /// same order.
-    pub fn same_rules(&self, other: &RuleSet) -> bool {
-        same_rules(&self.rules, &other.rules)
     }
 
     /// Whether this set's rules have the names of `other`'s, in the same
@@ -230,11 +196,6 @@ impl RuleSet {
 fn same_paths(old: &[Arc<Rule>], new: &[Arc<Rule>]) -> bool {
     old.len() == new.len()
         && old.iter().zip(new).all(|(o, n)| Arc::ptr_eq(o, n) || o.spec.matcher.path == n.spec.matcher.path)
-}
-
-/// Whether `new` holds the rules of `old` themselves, in order.
-fn same_rules(old: &[Arc<Rule>], new: &[Arc<Rule>]) -> bool {
-    old.len() == new.len() && old.iter().zip(new).all(|(o, n)| Arc::ptr_eq(o, n))
 }
 
 /// The rules of the set a reload replaces, for [`RuleSet::from_loaded_reusing`].

@@ -28,6 +28,18 @@ fn rules(names: &[&str]) -> RuleSet {
     RuleSet::build(specs.into_iter().map(|(s, _)| s).collect(), vec![], &Metrics::new())
 }
 
+/// `names` as a rule set attached to `t`, each rule's sketches having
+/// counted the key `k` once.
+fn attached_and_counted(t: &TopKeys, names: &[&str]) -> RuleSet {
+    let mut set = rules(names);
+    t.attach(&mut set);
+    let p = t.period_now();
+    for rule in &set.rules {
+        rule.top.as_ref().expect("attached").record(p, "k", false);
+    }
+    set
+}
+
 fn keys(report: &Report) -> Vec<(&str, u64, u64)> {
     report.keys.iter().map(|k| (k.key.as_str(), k.count, k.error)).collect()
 }
@@ -151,12 +163,7 @@ fn a_busy_shard_sends_the_count_to_another() {
 fn a_reload_keeps_the_counts_of_rules_kept_and_drops_the_others() {
     let clock = ManualClock::new(T0);
     let t = top(4, &clock);
-    let mut first = rules(&["kept", "gone"]);
-    t.attach(&mut first);
-    let p = t.period_now();
-    for rule in &first.rules {
-        rule.top.as_ref().expect("attached").record(p, "k", false);
-    }
+    let _first = attached_and_counted(&t, &["kept", "gone"]);
     let mut second = rules(&["kept", "new"]);
     t.attach(&mut second);
     let report = |set: &RuleSet, i: usize| t.report(set.rules[i].top.as_ref().expect("attached"), By::Requests, 4);
@@ -190,17 +197,14 @@ fn a_rule_a_reload_shares_keeps_its_sketch() {
 fn a_reload_with_the_same_names_attaches_only_the_rules_compiled_anew() {
     let clock = ManualClock::new(T0);
     let t = top(4, &clock);
-    let mut first = rules(&["a", "b"]);
-    t.attach(&mut first);
-    let p = t.period_now();
-    first.rules[1].top.as_ref().expect("attached").record(p, "k", false);
+    let first = attached_and_counted(&t, &["a", "b"]);
     // a kept, b edited: compiled anew, under the same name.
     let mut edited = (*first.rules[1].spec).clone();
     edited.limit = 2;
     let specs = vec![first.rules[0].spec.clone(), Arc::new(edited)];
     let loaded = crate::config::LoadedRules { rules: specs, ..Default::default() };
     let mut second = RuleSet::from_loaded_reusing(loaded, &Metrics::new(), Some(&first));
-    assert!(second.same_names(&first) && !second.same_rules(&first));
+    assert!(second.same_names(&first) && !Arc::ptr_eq(&first.rules[1], &second.rules[1]));
     assert!(second.rules[1].top.is_none(), "b is compiled anew");
     t.attach_fresh(&mut second);
     for i in 0..2 {
