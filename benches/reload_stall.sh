@@ -12,10 +12,15 @@
 # default the limit of the rule in the middle of the file (10 <-> 11: one
 # rule changes, as an operator's edit does); with `--edit comment` it
 # appends a comment line (a reload that changes no rule, as a touched or
-# re-synced file).
+# re-synced file). The quiet run makes the same edits to a copy of the
+# file that tollgate does not watch, so both runs carry the same writer:
+# one Python process on CPU 0 that writes without starting a process per
+# edit (a `dd` started each second cost wrk, the upstream or tollgate a
+# millisecond or two of CPU on whichever core it landed, and showed in
+# p99 as if the reload had).
 #
-# RELOAD_STALL rules=10000 reloads=no  edit=limit rps=... p50_us=... p99_us=... requests=...
-# RELOAD_STALL rules=10000 reloads=yes edit=limit rps=... p50_us=... p99_us=... requests=... reloaded=9
+# RELOAD_STALL rules=10000 reloads=no  edit=limit rps=... p50_us=... p99_us=... requests=... reloaded=0 cpu0_steal=0% cpu1_steal=0%
+# RELOAD_STALL rules=10000 reloads=yes edit=limit rps=... p50_us=... p99_us=... requests=... reloaded=9 cpu0_steal=0% cpu1_steal=0%
 #
 # wrk runs closed loop with few connections, so CPU 1 has idle time, as in
 # a deployment that is not saturated: what a reload takes from requests
@@ -84,26 +89,44 @@ EOF
 # Where the middle rule's `limit = 10` has its last digit: the edit writes
 # that one byte in place.
 DIGIT=$(python3 -c "import sys; s = open(sys.argv[1], 'rb').read(); i = s.index(b'name = \"decoy%d\"' % (int(sys.argv[2]) // 2)); print(s.index(b'limit = 10', i) + 9)" "$WORK/rules.toml" "$RULES")
-edit() { # $1 = the edit's number
-  if [ "$EDIT" = comment ]; then echo "# touched $1" >> "$WORK/rules.toml"
-  else printf '%d' $(($1 % 2)) | dd of="$WORK/rules.toml" bs=1 seek="$DIGIT" conv=notrunc status=none; fi
-}
+mkdir -p "$WORK/unwatched"
+cp "$WORK/rules.toml" "$WORK/unwatched/rules.toml"
+# The writer: N edits, one a second, of a file (the rules file, or the
+# copy in a directory tollgate does not watch).
+cat > "$WORK/writer.py" <<'EOF'
+import os, sys, time
+path, edit, digit, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+fd = os.open(path, os.O_WRONLY | (os.O_APPEND if edit == "comment" else 0))
+for i in range(1, n + 1):
+    time.sleep(1)
+    if edit == "comment":
+        os.write(fd, b"# touched %d\n" % i)
+    else:
+        os.pwrite(fd, b"%d" % (i % 2), digit)
+EOF
 RUST_LOG=warn taskset -c 1 "$TOLLGATE" --config "$WORK/tollgate.toml" > "$WORK/tollgate.log" 2>&1 & PIDS+=($!)
 wait_port "$PROXY"
 
+# Each CPU's steal and total jiffies so far (cpu0 then cpu1): a run where
+# the host took more than a few percent of either core (tollgate's, or
+# wrk's and the upstream's, whose delays are in the latency too) is not
+# comparable.
+steal_ticks() { awk '$1 == "cpu0" || $1 == "cpu1" { t = 0; for (i = 2; i <= 9; i++) t += $i; printf "%s %s ", $9, t }' /proc/stat; }
 reloads() { curl -s "http://127.0.0.1:$ADMIN/metrics" | awk '/^tollgate_rules_reloads_total\{result="success"\}/ {print $2}'; }
 load() { # $1 = yes|no
-  local before after line toucher=""
+  local before after line writer steal0 steal target="$WORK/unwatched/rules.toml"
+  [ "$1" = yes ] && target="$WORK/rules.toml"
   before=$(reloads)
-  if [ "$1" = yes ]; then
-    ( for i in $(seq 1 $((DURATION - 1))); do sleep 1; edit "$i"; done ) &
-    toucher=$!
-  fi
+  steal0=$(steal_ticks)
+  taskset -c 0 python3 "$WORK/writer.py" "$target" "$EDIT" "$DIGIT" $((DURATION - 1)) &
+  writer=$!
   line=$(USERS=10000 taskset -c 0 wrk -t1 -c"$CONNS" -d"${DURATION}s" -s "$USERS_LUA" "http://127.0.0.1:$PROXY" 2>&1 | grep '^RESULT' || true)
-  [ -n "$toucher" ] && wait "$toucher"
+  wait "$writer"
+  steal=$(awk -v a="$steal0" -v b="$(steal_ticks)" 'BEGIN { split(a, x); split(b, y)
+    for (c = 0; c < 2; c++) { t = y[2 * c + 2] - x[2 * c + 2]; printf "cpu%d_steal=%.0f%% ", c, (t > 0 ? 100 * (y[2 * c + 1] - x[2 * c + 1]) / t : 0) } }')
   sleep 1
   after=$(reloads)
-  echo "RELOAD_STALL rules=$RULES reloads=$1 edit=$EDIT ${line#RESULT } reloaded=$((${after%.*} - ${before%.*}))"
+  echo "RELOAD_STALL rules=$RULES reloads=$1 edit=$EDIT ${line#RESULT } reloaded=$((${after%.*} - ${before%.*})) ${steal% }"
 }
 USERS=10000 taskset -c 0 wrk -t1 -c"$CONNS" -d1s -s "$USERS_LUA" "http://127.0.0.1:$PROXY" >/dev/null 2>&1 || true
 for _ in $(seq 1 "$ROUNDS"); do
