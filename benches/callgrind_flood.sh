@@ -7,7 +7,7 @@
 # a 2 s warm-up; the counters are zeroed between them.
 #
 #   benches/callgrind_flood.sh PATH-TO-TOLLGATE OUTPUT-FILE
-#   -> requests=... non2xx=... instr=... per_req=...
+#   -> requests=... non2xx=... instr=... per_req=... [redis_calls=...]
 #
 # The other shapes of edge-bench, through the environment: USERS (1; 10000
 # is `spread`'s), CONNS (64; 1 is `latency`'s closed loop) and STORE
@@ -16,6 +16,15 @@
 # which a Redis store serves mostly from leases):
 #   USERS=10000 STORE=cluster benches/callgrind_flood.sh PATH OUT   # spread
 #   USERS=10000 CONNS=1 LIMIT=1000000 STORE=cluster ...              # latency
+#
+# RATE (requests per second) replaces wrk with benches/paced_client.py:
+# the same RATE x SECS (12) requests, users from a seeded generator, at
+# fixed times, after one second of the same pace (seed 7) as warm-up. Use
+# it to compare builds on a Redis store: under wrk each build is driven at
+# its own pace under valgrind, and what the store does per request (how
+# many refusals the over-limit cache answers, how often leases renew)
+# moves with the pace. 250 per second over CONNS=16 stays paced:
+#   RATE=250 CONNS=16 USERS=1 STORE=cluster benches/callgrind_flood.sh PATH OUT
 #
 # Needs valgrind, wrk and nginx (the upstream); redis-server and redis-cli
 # for STORE=redis or cluster.
@@ -84,14 +93,30 @@ E2
 printf '[[rule]]\nname = "per-user"\nkey = ["header:x-user-id"]\nalgorithm = "token_bucket"\nlimit = %s\nwindow = "1s"\n' "$LIMIT" > $D/rules.toml
 TOLLGATE_WORKERS=1 RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file=$OUTF $BIN --config $D/t.toml > $D/tg.log 2>&1 & TG=$!
 for i in $(seq 300); do (echo > /dev/tcp/127.0.0.1/$P) 2>/dev/null && break; sleep 0.1; done
-USERS=$USERS taskset -c 0 wrk -t1 -c"$CONNS" -d2s -s "$USERS_LUA" "http://127.0.0.1:$P" >/dev/null 2>&1 || true
-callgrind_control --zero $TG >/dev/null 2>&1 || true
-OUT=$(USERS=$USERS taskset -c 0 wrk -t1 -c"$CONNS" -d6s -s "$USERS_LUA" "http://127.0.0.1:$P" 2>&1)
+if [ -n "${RATE:-}" ]; then
+  taskset -c 0 python3 "$HERE/paced_client.py" "$P" "$RATE" 1 "$CONNS" "$USERS" 7 >/dev/null
+  callgrind_control --zero $TG >/dev/null 2>&1 || true
+  for r in "${REDIS[@]}"; do redis-cli -p "$r" config resetstat >/dev/null; done
+  OUT=$(taskset -c 0 python3 "$HERE/paced_client.py" "$P" "$RATE" "${SECS:-12}" "$CONNS" "$USERS" 2>&1)
+  LATE=$(echo "$OUT" | grep -o "late=[0-9]*" | cut -d= -f2)
+  [ "${LATE:-0}" -gt 0 ] && echo "callgrind_flood: $LATE requests went out late: lower RATE" >&2
+else
+  USERS=$USERS taskset -c 0 wrk -t1 -c"$CONNS" -d2s -s "$USERS_LUA" "http://127.0.0.1:$P" >/dev/null 2>&1 || true
+  callgrind_control --zero $TG >/dev/null 2>&1 || true
+  for r in "${REDIS[@]}"; do redis-cli -p "$r" config resetstat >/dev/null; done
+  OUT=$(USERS=$USERS taskset -c 0 wrk -t1 -c"$CONNS" -d6s -s "$USERS_LUA" "http://127.0.0.1:$P" 2>&1)
+fi
 callgrind_control --dump $TG >/dev/null 2>&1 || true; sleep 1
 N=$(echo "$OUT" | grep -o "requests=[0-9]*" | head -1 | cut -d= -f2)
 TOT=$(callgrind_annotate $OUTF.* 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1}' | tail -1)
 NON=$(echo "$OUT" | grep -o "non2xx=[0-9]*" | head -1)
-echo "requests=$N $NON instr=$TOT per_req=$((TOT / N))"
+# The store's scripts run while counting (Redis stores): what the store
+# was asked moves the count, so it is printed beside it.
+CALLS=""
+if [ ${#REDIS[@]} -gt 0 ]; then
+  CALLS=" redis_calls=$(for r in "${REDIS[@]}"; do redis-cli -p "$r" info commandstats; done | awk -F'[:=,]' '/^cmdstat_(fcall|evalsha|eval):/ {s += $3} END {print s + 0}')"
+fi
+echo "requests=$N $NON instr=$TOT per_req=$((TOT / N))$CALLS"
 kill $TG $NG; sleep 0.5
 for r in "${REDIS[@]}"; do redis-cli -p "$r" shutdown nosave >/dev/null 2>&1 || true; done
 rm -rf $D
