@@ -38,6 +38,7 @@ use super::main_file::Config;
 use super::raw::RawRulesFile;
 use super::spec::RuleSpec;
 use super::validate::Validator;
+use super::watch::breathe;
 
 /// The rules files as last read without error.
 #[derive(Debug, Default)]
@@ -79,7 +80,13 @@ impl RulesCache {
         config: &Config,
     ) -> Option<Vec<(Arc<RuleSpec>, Range<usize>)>> {
         let rules = self.files.remove(file)?.reuse(file, source, config)?;
-        let out = rules.iter().map(|k| (k.spec.clone(), k.name.clone())).collect();
+        let out = rules
+            .iter()
+            .map(|k| {
+                breathe();
+                (k.spec.clone(), k.name.clone())
+            })
+            .collect();
         self.files.insert(file.to_path_buf(), Seen { source: source.to_string(), rules });
         Some(out)
     }
@@ -167,6 +174,7 @@ impl Seen {
         rules.truncate(before);
         rules.append(&mut fresh);
         for k in &mut kept_after {
+            breathe();
             shift(k, delta, line_delta);
         }
         rules.append(&mut kept_after);
@@ -221,6 +229,7 @@ fn consistent(rules: &[Kept]) -> bool {
         HashSet::with_capacity_and_hasher(rules.len(), Default::default());
     let mut claim = None;
     for k in rules {
+        breathe();
         if !names.insert(k.spec.name.as_str()) {
             return false;
         }
@@ -288,8 +297,15 @@ fn common_suffix(a: &[u8], b: &[u8]) -> usize {
     n - end + a[..end].iter().rev().zip(b[..end].iter().rev()).take_while(|(x, y)| x == y).count()
 }
 
+/// A 64 KiB stretch at a time, [`breathe`] between them.
 fn newlines(text: &str) -> usize {
-    text.bytes().filter(|&b| b == b'\n').count()
+    text.as_bytes()
+        .chunks(1 << 16)
+        .map(|c| {
+            breathe();
+            c.iter().filter(|&&b| b == b'\n').count()
+        })
+        .sum()
 }
 
 #[cfg(test)]

@@ -209,3 +209,20 @@ fn common_prefix_and_suffix_count_as_byte_by_byte() {
         assert_eq!(common_suffix(&a, &b), naive_suffix(&a, &b));
     }
 }
+
+/// On the background thread, taking a file of many rules from the cache
+/// breathes at least once a rule (see [`crate::config::watch::breathe`]):
+/// the work between two breaths stays short, whatever the file's size.
+#[test]
+fn a_cached_reload_breathes_at_least_once_a_rule() {
+    let (c, path) = (config(), Path::new("r.toml"));
+    let old = file(2_000);
+    let new = old.replacen("limit = 10\n", "limit = 11\n", 1);
+    let mut cache = RulesCache::default();
+    let (first, errors) = validate_rules_file(path, &old, &c);
+    assert!(errors.is_empty());
+    cache.remember(path, &old, &first.rules, true);
+    let (reused, calls) = crate::config::watch::breathing(|| cache.reuse(path, &new, &c));
+    assert_eq!(reused.expect("taken from the cache").len(), 2_000);
+    assert!(calls >= 2 * 2_000, "{calls} breaths for 2,000 rules");
+}

@@ -8,6 +8,7 @@ use std::time::SystemTime;
 use super::facts::RequestFacts;
 use super::request::path_fits;
 use super::rule::Rule;
+use crate::config::watch::breathe;
 use crate::config::{DenySpec, EnvoyMapping, LoadedRules, RuleSpec, TierSource};
 use crate::limit::path_index::PathIndex;
 use crate::limiter::Nanos;
@@ -79,13 +80,17 @@ impl RuleSet {
         let rules: Vec<Arc<Rule>> = specs
             .into_iter()
             .enumerate()
-            .map(|(i, s)| kept.take(i, &s).unwrap_or_else(|| Arc::new(Rule::build(s, metrics))))
+            .map(|(i, s)| {
+                breathe();
+                kept.take(i, &s).unwrap_or_else(|| Arc::new(Rule::build(s, metrics)))
+            })
             .collect();
         // One pass over what each rule worked out when it was compiled.
         let (mut idle_horizon, mut read_headers) = (0, Vec::<http::HeaderName>::new());
         let (mut keys_on_user, mut any_needs_user, mut any_settles) = (false, false, false);
         let (mut any_reads_api_key, mut reads_method) = (false, false);
         for d in rules.iter().map(|r| &r.derived) {
+            breathe();
             idle_horizon = idle_horizon.max(d.idle_horizon);
             keys_on_user |= d.keys_on_user;
             any_needs_user |= d.needs_user;
@@ -232,11 +237,25 @@ impl<'p> Kept<'p> {
 impl crate::limit::top::Sketched for RuleSet {
     fn each_sketch(&mut self, f: &mut dyn FnMut(&str, &mut Option<std::sync::Arc<crate::limit::top::RuleTop>>)) {
         for rule in &mut self.rules {
+            breathe();
             match Arc::get_mut(rule) {
                 Some(fresh) => f(&fresh.spec.name, &mut fresh.top),
                 // A rule kept from the set in force: its sketches are those
                 // its name maps to, which `f` gives it again.
                 None => f(&rule.spec.name, &mut rule.top.clone()),
+            }
+        }
+    }
+
+    fn each_fresh_sketch(&mut self, f: &mut dyn FnMut(&str, &mut Option<std::sync::Arc<crate::limit::top::RuleTop>>)) {
+        for rule in &mut self.rules {
+            breathe();
+            // A rule kept from the set in force has its sketches (a plain
+            // read, where `get_mut` is an atomic exchange).
+            if rule.top.is_none()
+                && let Some(fresh) = Arc::get_mut(rule)
+            {
+                f(&fresh.spec.name, &mut fresh.top);
             }
         }
     }

@@ -93,6 +93,16 @@ impl By {
 pub trait Sketched {
     /// Calls `f` with each rule's name and where its sketches go.
     fn each_sketch(&mut self, f: &mut dyn FnMut(&str, &mut Option<Arc<RuleTop>>));
+
+    /// [`each_sketch`](Self::each_sketch) for the rules that have no
+    /// sketches yet (compiled anew); all of them unless told better.
+    fn each_fresh_sketch(&mut self, f: &mut dyn FnMut(&str, &mut Option<Arc<RuleTop>>)) {
+        self.each_sketch(&mut |name, slot| {
+            if slot.is_none() {
+                f(name, slot)
+            }
+        });
+    }
 }
 
 /// The sketches of every rule in force, kept across reloads by rule name.
@@ -209,10 +219,7 @@ impl TopKeys {
     /// rule has its own already).
     pub fn attach_fresh(&self, set: &mut impl Sketched) {
         let mut by_rule = self.by_rule.lock();
-        set.each_sketch(&mut |name, slot| {
-            if slot.is_some() {
-                return;
-            }
+        set.each_fresh_sketch(&mut |name, slot| {
             let top = match by_rule.get(name) {
                 Some(top) => Arc::clone(top),
                 None => {

@@ -138,3 +138,23 @@ fn a_reload_that_changed_no_rule_derives_what_a_full_compile_does() {
     assert!(again.reads_method && again.any_settles && !again.read_headers.is_empty());
     assert!(Arc::ptr_eq(&again.paths, &first.paths));
 }
+
+/// On the background thread, compiling a reload of many rules and giving
+/// the new ones their `/top` sketches breathe at least once a rule (see
+/// [`crate::config::watch::breathe`]).
+#[test]
+fn a_reload_of_many_rules_breathes_at_least_once_a_rule() {
+    let m = Metrics::new();
+    let text: String = (0..1_000).map(|i| rule(&format!("r{i}"), 1)).collect();
+    let first = RuleSet::from_loaded(loaded(&text), &m);
+    let top = crate::limit::top::TopKeys::new(8, Arc::new(crate::limiter::clock::SystemClock)).expect("top keys on");
+    let mut first = first;
+    top.attach(&mut first);
+    let edited = loaded(&text.replacen("limit = 1\n", "limit = 2\n", 1));
+    let (mut second, calls) =
+        crate::config::watch::breathing(|| RuleSet::from_loaded_reusing(edited, &m, Some(&first)));
+    assert!(calls >= 2 * 1_000, "{calls} breaths compiling 1,000 rules");
+    let ((), calls) = crate::config::watch::breathing(|| top.attach_fresh(&mut second));
+    assert!(calls >= 1_000, "{calls} breaths attaching sketches to 1,000 rules");
+    assert!(second.rules.iter().all(|r| r.top.is_some()));
+}
