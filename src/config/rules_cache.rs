@@ -38,7 +38,7 @@ use super::main_file::Config;
 use super::raw::RawRulesFile;
 use super::spec::RuleSpec;
 use super::validate::Validator;
-use super::watch::breathe;
+use super::watch::{breathe, breathe_now};
 
 /// The rules files as last read without error.
 #[derive(Debug, Default)]
@@ -274,13 +274,16 @@ fn multiline_strings(text: &str) -> bool {
 /// How many bytes `a` and `b` share at their start: compared a block at a
 /// time (a slice comparison, `memcmp`), then byte by byte in the block
 /// that differs. A file of 10,000 rules is a megabyte, read on every
-/// reload.
+/// reload: [`breathe_now`] every 64 KiB.
 fn common_prefix(a: &[u8], b: &[u8]) -> usize {
     const BLOCK: usize = 256;
     let n = a.len().min(b.len());
     let mut at = 0;
     while at + BLOCK <= n && a[at..at + BLOCK] == b[at..at + BLOCK] {
         at += BLOCK;
+        if at.is_multiple_of(1 << 16) {
+            breathe_now();
+        }
     }
     at + a[at..n].iter().zip(&b[at..n]).take_while(|(x, y)| x == y).count()
 }
@@ -293,16 +296,19 @@ fn common_suffix(a: &[u8], b: &[u8]) -> usize {
     let mut end = n;
     while end >= BLOCK && a[end - BLOCK..end] == b[end - BLOCK..end] {
         end -= BLOCK;
+        if end.is_multiple_of(1 << 16) {
+            breathe_now();
+        }
     }
     n - end + a[..end].iter().rev().zip(b[..end].iter().rev()).take_while(|(x, y)| x == y).count()
 }
 
-/// A 64 KiB stretch at a time, [`breathe`] between them.
+/// A 64 KiB stretch at a time, [`breathe_now`] between them.
 fn newlines(text: &str) -> usize {
     text.as_bytes()
         .chunks(1 << 16)
         .map(|c| {
-            breathe();
+            breathe_now();
             c.iter().filter(|&&b| b == b'\n').count()
         })
         .sum()

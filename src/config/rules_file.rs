@@ -17,6 +17,7 @@ use super::raw::{RawEnvoy, RawRulesFile};
 use super::rules_cache::RulesCache;
 use super::spec::{DenySpec, RuleSpec};
 use super::validate::Validator;
+use super::watch::breathe_now;
 
 /// Everything the rules path holds, validated.
 #[derive(Debug, Clone, Default)]
@@ -94,7 +95,7 @@ pub fn load_rules_cached(
     let mut envoy = Vec::new();
     let mut errors = Vec::new();
     for file in &files {
-        let source = match std::fs::read_to_string(file) {
+        let source = match read_text(file) {
             Ok(s) => s,
             Err(e) => {
                 errors.push(ConfigError::file(file, format!("cannot read the rules file: {e}")));
@@ -148,6 +149,23 @@ pub fn load_rules_cached(
         errors.append(&mut file_errors);
     }
     if errors.is_empty() { Ok(LoadedRules { rules: specs, denies, files, envoy }) } else { Err(ConfigErrors(errors)) }
+}
+
+/// `fs::read_to_string`, 64 KiB at a time with a [`breathe_now`] between: a
+/// file of 10,000 rules is a megabyte, and a reload reads it whole.
+fn read_text(file: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(file)?;
+    let size = f.metadata().map_or(0, |m| usize::try_from(m.len()).unwrap_or(0));
+    let mut bytes = Vec::with_capacity(size.saturating_add(1));
+    loop {
+        breathe_now();
+        if (&mut f).take(1 << 16).read_to_end(&mut bytes)? == 0 {
+            break;
+        }
+    }
+    String::from_utf8(bytes)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "stream did not contain valid UTF-8"))
 }
 
 /// Validates the text of one rules file: its rules alone (see
@@ -262,4 +280,25 @@ fn claim_conflict(first: &RuleSpec, rule: &RuleSpec) -> Option<String> {
 /// detection, where an unreadable path is simply a state to compare).
 pub fn rule_files_or_empty(path: &Path) -> Vec<PathBuf> {
     rule_files(path).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_text;
+
+    /// A file read 64 KiB at a time is the file; bytes that are not
+    /// UTF-8 are an error, as with `fs::read_to_string`.
+    #[test]
+    fn a_rules_file_is_read_whole_a_piece_at_a_time() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("r.toml");
+        let text: String = (0..20_000).map(|i| format!("# line {i} é\n")).collect();
+        assert!(text.len() > 3 << 16);
+        std::fs::write(&path, &text).expect("written");
+        assert_eq!(read_text(&path).expect("read"), text);
+        std::fs::write(&path, b"ok\xff").expect("written");
+        assert_eq!(read_text(&path).expect_err("not UTF-8").kind(), std::io::ErrorKind::InvalidData);
+        std::fs::write(&path, b"").expect("written");
+        assert_eq!(read_text(&path).expect("read"), "");
+    }
 }
