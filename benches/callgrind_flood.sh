@@ -93,17 +93,20 @@ E2
 printf '[[rule]]\nname = "per-user"\nkey = ["header:x-user-id"]\nalgorithm = "token_bucket"\nlimit = %s\nwindow = "1s"\n' "$LIMIT" > $D/rules.toml
 TOLLGATE_WORKERS=1 RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file=$OUTF $BIN --config $D/t.toml > $D/tg.log 2>&1 & TG=$!
 for i in $(seq 300); do (echo > /dev/tcp/127.0.0.1/$P) 2>/dev/null && break; sleep 0.1; done
-if [ -n "${RATE:-}" ]; then
-  taskset -c 0 python3 "$HERE/paced_client.py" "$P" "$RATE" 1 "$CONNS" "$USERS" 7 >/dev/null
+# After the warm-up: tollgate's counters and the store's call counts from zero.
+start_counting() {
   callgrind_control --zero $TG >/dev/null 2>&1 || true
   for r in "${REDIS[@]}"; do redis-cli -p "$r" config resetstat >/dev/null; done
+}
+if [ -n "${RATE:-}" ]; then
+  taskset -c 0 python3 "$HERE/paced_client.py" "$P" "$RATE" 1 "$CONNS" "$USERS" 7 >/dev/null
+  start_counting
   OUT=$(taskset -c 0 python3 "$HERE/paced_client.py" "$P" "$RATE" "${SECS:-12}" "$CONNS" "$USERS" 2>&1)
   LATE=$(echo "$OUT" | grep -o "late=[0-9]*" | cut -d= -f2)
   [ "${LATE:-0}" -gt 0 ] && echo "callgrind_flood: $LATE requests went out late: lower RATE" >&2
 else
   USERS=$USERS taskset -c 0 wrk -t1 -c"$CONNS" -d2s -s "$USERS_LUA" "http://127.0.0.1:$P" >/dev/null 2>&1 || true
-  callgrind_control --zero $TG >/dev/null 2>&1 || true
-  for r in "${REDIS[@]}"; do redis-cli -p "$r" config resetstat >/dev/null; done
+  start_counting
   OUT=$(USERS=$USERS taskset -c 0 wrk -t1 -c"$CONNS" -d6s -s "$USERS_LUA" "http://127.0.0.1:$P" 2>&1)
 fi
 callgrind_control --dump $TG >/dev/null 2>&1 || true; sleep 1

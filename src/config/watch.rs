@@ -171,27 +171,29 @@ impl Breath {
 /// next tick: the runtime's thread waited 2 to 4 ms at a time, about 20 ms
 /// over 9 reloads of 10,000 rules (`perf record -e sched:sched_switch`).
 pub fn breathe() {
+    take_breath(false);
+}
+
+/// [`breathe`] for a step of tens of microseconds (64 KiB of a file read,
+/// compared or counted): the clock is read on every call.
+pub fn breathe_now() {
+    take_breath(true);
+}
+
+fn take_breath(look_now: bool) {
     BREATHING.with(|b| {
-        let Some(breath) = b.get() else { return };
+        let Some(mut breath) = b.get() else { return };
         #[cfg(test)]
         CALLS.with(|c| c.set(c.get() + 1));
+        if look_now {
+            breath.left = 0;
+        }
         let (next, give_way) = breath.step(std::time::Instant::now);
         if give_way {
             std::thread::yield_now();
         }
         b.set(Some(next));
     });
-}
-
-/// [`breathe`] for a step of tens of microseconds (64 KiB of a file read,
-/// compared or counted): the clock is read on every call.
-pub fn breathe_now() {
-    BREATHING.with(|b| {
-        if let Some(breath) = b.get() {
-            b.set(Some(Breath { left: 0, ..breath }));
-        }
-    });
-    breathe();
 }
 
 /// Runs `f` on this thread as if on the [`background`] thread; returns

@@ -95,14 +95,8 @@ pub trait Sketched {
     fn each_sketch(&mut self, f: &mut dyn FnMut(&str, &mut Option<Arc<RuleTop>>));
 
     /// [`each_sketch`](Self::each_sketch) for the rules that have no
-    /// sketches yet (compiled anew); all of them unless told better.
-    fn each_fresh_sketch(&mut self, f: &mut dyn FnMut(&str, &mut Option<Arc<RuleTop>>)) {
-        self.each_sketch(&mut |name, slot| {
-            if slot.is_none() {
-                f(name, slot)
-            }
-        });
-    }
+    /// sketches yet (compiled anew).
+    fn each_fresh_sketch(&mut self, f: &mut dyn FnMut(&str, &mut Option<Arc<RuleTop>>));
 }
 
 /// The sketches of every rule in force, kept across reloads by rule name.
